@@ -1,0 +1,258 @@
+//! `FileStore`: a file read and written with `pread`/`pwrite`.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use super::{Store, StoreError, check_range};
+use crate::units::format_size;
+
+/// Alignment `O_DIRECT` needs for offsets, lengths and buffers on every Linux file system we
+/// target (4 KiB covers 512-byte and 4 KiB logical sectors).
+const DIRECT_ALIGN: usize = 4096;
+
+/// How to open a [`FileStore`].
+#[derive(Debug, Clone, Default)]
+pub struct FileStoreOptions {
+    /// Create the file if it does not exist (sparse, of the requested size).
+    pub create: bool,
+    /// Extend an existing file that is shorter than the requested size (with a sparse tail).
+    /// Without it a short file is an error, because a region over it would read past its end.
+    pub grow: bool,
+    /// Bypass the page cache with `O_DIRECT`. Unaligned requests go through an aligned bounce
+    /// buffer (read-modify-write for writes).
+    pub direct: bool,
+    /// Open read-only; writes fail with an error.
+    pub read_only: bool,
+}
+
+/// Why a [`FileStore`] could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum FileStoreOpenError {
+    /// `open(2)` failed.
+    #[error("cannot open {path}: {source}; check that the path exists (or ask to create it) and is accessible")]
+    Open {
+        /// The file.
+        path: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: io::Error,
+    },
+    /// The file is shorter than the store must be.
+    #[error("{path} holds {actual} bytes but the store needs {wanted}; pass a smaller size, or allow growing the file (FileStoreOptions::grow, --grow)")]
+    TooShort {
+        /// The file.
+        path: PathBuf,
+        /// Its current length.
+        actual: u64,
+        /// The size asked for.
+        wanted: u64,
+    },
+    /// Sizing the file failed.
+    #[error("cannot size {path} to {wanted} bytes: {source}; check free space and file-size limits")]
+    Resize {
+        /// The file.
+        path: PathBuf,
+        /// The size asked for.
+        wanted: u64,
+        /// The underlying error.
+        #[source]
+        source: io::Error,
+    },
+    /// A read-only store cannot create or grow its file.
+    #[error("{path}: a read-only store cannot create or grow its file; drop read_only or the create/grow options")]
+    ReadOnlyResize {
+        /// The file.
+        path: PathBuf,
+    },
+}
+
+/// A store over a regular file.
+#[derive(Debug)]
+pub struct FileStore {
+    file: File,
+    path: PathBuf,
+    size: u64,
+    direct: bool,
+    read_only: bool,
+}
+
+impl FileStore {
+    /// Opens (or creates) `path` as a store of `size` bytes. An existing file longer than
+    /// `size` is used as is: only its first `size` bytes are touched.
+    pub fn open(
+        path: impl AsRef<Path>,
+        size: u64,
+        options: &FileStoreOptions,
+    ) -> Result<Self, FileStoreOpenError> {
+        let path = path.as_ref().to_path_buf();
+        if options.read_only && (options.create || options.grow) {
+            return Err(FileStoreOpenError::ReadOnlyResize { path });
+        }
+        let mut open = OpenOptions::new();
+        open.read(true).write(!options.read_only).create(options.create);
+        if options.direct {
+            open.custom_flags(libc::O_DIRECT);
+        }
+        let file = open
+            .open(&path)
+            .map_err(|source| FileStoreOpenError::Open { path: path.clone(), source })?;
+        let actual = file
+            .metadata()
+            .map_err(|source| FileStoreOpenError::Open { path: path.clone(), source })?
+            .len();
+        if actual < size {
+            // A file we just created is empty and may be sized; so may one we were told to grow.
+            if !(options.grow || (options.create && actual == 0)) {
+                return Err(FileStoreOpenError::TooShort { path, actual, wanted: size });
+            }
+            file.set_len(size).map_err(|source| FileStoreOpenError::Resize {
+                path: path.clone(),
+                wanted: size,
+                source,
+            })?;
+        }
+        Ok(Self { file, path, size, direct: options.direct, read_only: options.read_only })
+    }
+
+    /// Creates `path` (truncating any existing file) as a sparse store of `size` bytes.
+    pub fn create(path: impl AsRef<Path>, size: u64) -> Result<Self, FileStoreOpenError> {
+        let path = path.as_ref();
+        let file = OpenOptions::new().write(true).create(true).truncate(true).open(path);
+        drop(file.map_err(|source| FileStoreOpenError::Open { path: path.into(), source })?);
+        Self::open(path, size, &FileStoreOptions { create: true, ..Default::default() })
+    }
+
+    /// The file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn io_error(&self, op: &'static str, offset: u64, len: usize, source: io::Error) -> StoreError {
+        StoreError::Io { store: self.describe(), op, offset, len: len as u64, source }
+    }
+
+    fn is_aligned(offset: u64, len: usize, ptr: *const u8) -> bool {
+        offset % DIRECT_ALIGN as u64 == 0
+            && len % DIRECT_ALIGN == 0
+            && (ptr as usize) % DIRECT_ALIGN == 0
+    }
+
+    /// The aligned window `[start, start + span)` covering `[offset, offset + len)`.
+    fn aligned_window(offset: u64, len: usize) -> (u64, usize) {
+        let align = DIRECT_ALIGN as u64;
+        let start = offset - offset % align;
+        let end = (offset + len as u64).div_ceil(align) * align;
+        // The span of one request is at most `len + 2 * DIRECT_ALIGN`, so it fits in usize.
+        (start, usize::try_from(end - start).expect("request span fits in memory"))
+    }
+
+    /// Reads `[start, start+span)` into an aligned bounce buffer. Bytes past the file's end
+    /// read as zero: the aligned tail of the last block can reach past it.
+    fn read_aligned(&self, start: u64, span: usize) -> io::Result<AlignedBuf> {
+        let mut bounce = AlignedBuf::zeroed(span);
+        let buf = bounce.as_mut_slice();
+        let mut done = 0;
+        while done < buf.len() {
+            match self.file.read_at(&mut buf[done..], start + done as u64) {
+                Ok(0) => break, // end of file: the rest stays zero
+                Ok(n) => done += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(bounce)
+    }
+}
+
+impl Store for FileStore {
+    fn size(&self) -> u64 {
+        self.size
+    }
+
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+        check_range(self, offset, buf.len())?;
+        if !self.direct {
+            return self
+                .file
+                .read_exact_at(buf, offset)
+                .map_err(|e| self.io_error("read", offset, buf.len(), e));
+        }
+        if Self::is_aligned(offset, buf.len(), buf.as_ptr()) {
+            return self
+                .file
+                .read_exact_at(buf, offset)
+                .map_err(|e| self.io_error("read", offset, buf.len(), e));
+        }
+        let (start, span) = Self::aligned_window(offset, buf.len());
+        let bounce =
+            self.read_aligned(start, span).map_err(|e| self.io_error("read", offset, buf.len(), e))?;
+        let skip = usize::try_from(offset - start).expect("skip is below DIRECT_ALIGN");
+        buf.copy_from_slice(&bounce.as_slice()[skip..skip + buf.len()]);
+        Ok(())
+    }
+
+    fn write_at(&self, offset: u64, buf: &[u8]) -> Result<(), StoreError> {
+        check_range(self, offset, buf.len())?;
+        if self.read_only {
+            return Err(self.io_error(
+                "write",
+                offset,
+                buf.len(),
+                io::Error::new(io::ErrorKind::PermissionDenied, "the store was opened read-only"),
+            ));
+        }
+        if !self.direct || Self::is_aligned(offset, buf.len(), buf.as_ptr()) {
+            return self
+                .file
+                .write_all_at(buf, offset)
+                .map_err(|e| self.io_error("write", offset, buf.len(), e));
+        }
+        // Read-modify-write of the covering aligned blocks. Concurrent unaligned writes that
+        // share a block can lose each other's bytes; pagers write whole aligned pages, which
+        // take the direct path above.
+        let (start, span) = Self::aligned_window(offset, buf.len());
+        let mut bounce = self
+            .read_aligned(start, span)
+            .map_err(|e| self.io_error("write", offset, buf.len(), e))?;
+        let skip = usize::try_from(offset - start).expect("skip is below DIRECT_ALIGN");
+        bounce.as_mut_slice()[skip..skip + buf.len()].copy_from_slice(buf);
+        self.file
+            .write_all_at(bounce.as_slice(), start)
+            .map_err(|e| self.io_error("write", offset, buf.len(), e))
+    }
+
+    fn flush(&self) -> Result<(), StoreError> {
+        if self.read_only {
+            return Ok(());
+        }
+        self.file.sync_data().map_err(|e| self.io_error("flush", 0, 0, e))
+    }
+
+    fn describe(&self) -> String {
+        format!("file:{} ({})", self.path.display(), format_size(self.size))
+    }
+}
+
+/// A heap buffer whose slice starts on a `DIRECT_ALIGN` boundary, built without unsafe code by
+/// over-allocating and skipping to the first aligned byte.
+struct AlignedBuf {
+    storage: Vec<u8>,
+    start: usize,
+    len: usize,
+}
+
+impl AlignedBuf {
+    fn zeroed(len: usize) -> Self {
+        let storage = vec![0u8; len + DIRECT_ALIGN];
+        let start = storage.as_ptr().align_offset(DIRECT_ALIGN);
+        Self { storage, start, len }
+    }
+    fn as_slice(&self) -> &[u8] {
+        &self.storage[self.start..self.start + self.len]
+    }
+    fn as_mut_slice(&mut self) -> &mut [u8] {
+        &mut self.storage[self.start..self.start + self.len]
+    }
+}
