@@ -13,22 +13,55 @@ use crate::units::{SizeParseError, format_size, parse_size};
 
 /// Every `STRATA_*` environment variable Strata reads, with its meaning.
 pub const KNOWN_VARIABLES: &[(&str, &str)] = &[
-    ("STRATA_PAGE_SIZE", "page size of new spaces and regions (4KiB..2MiB)"),
+    (
+        "STRATA_PAGE_SIZE",
+        "page size of new spaces and regions (4KiB..2MiB)",
+    ),
     ("STRATA_CACHE_SIZE", "GPU page-cache size of new spaces"),
-    ("STRATA_BUFFER_SIZE", "resident-set budget of a pager region"),
+    (
+        "STRATA_BUFFER_SIZE",
+        "resident-set budget of a pager region",
+    ),
     ("STRATA_FILLERS", "filler threads per pager region"),
     ("STRATA_EVICTORS", "evictor threads per pager region"),
-    ("STRATA_READ_AHEAD", "pages read ahead after a sequential fault"),
-    ("STRATA_EVICT_LOW_WATER", "percent of the buffer eviction stops at"),
-    ("STRATA_EVICT_HIGH_WATER", "percent of the buffer eviction starts at"),
-    ("STRATA_STORE", "backing store: memory, file:PATH or remote:HOST:PORT[,HOST:PORT...]"),
-    ("STRATA_FILE_DIRECT", "open file stores with O_DIRECT (true/false)"),
-    ("STRATA_FILE_GROW", "allow growing a file store that is too short (true/false)"),
+    (
+        "STRATA_READ_AHEAD",
+        "pages read ahead after a sequential fault",
+    ),
+    (
+        "STRATA_EVICT_LOW_WATER",
+        "percent of the buffer eviction stops at",
+    ),
+    (
+        "STRATA_EVICT_HIGH_WATER",
+        "percent of the buffer eviction starts at",
+    ),
+    (
+        "STRATA_STORE",
+        "backing store: memory, file:PATH or remote:HOST:PORT[,HOST:PORT...]",
+    ),
+    (
+        "STRATA_FILE_DIRECT",
+        "open file stores with O_DIRECT (true/false)",
+    ),
+    (
+        "STRATA_FILE_GROW",
+        "allow growing a file store that is too short (true/false)",
+    ),
     ("STRATA_CODEC", "page codec: none, lz4, or zfp:TOLERANCE"),
-    ("STRATA_REMOTE_TOKEN", "secret token presented to memory nodes"),
-    ("STRATA_REMOTE_TIMEOUT", "seconds before an unanswered remote request is an error"),
+    (
+        "STRATA_REMOTE_TOKEN",
+        "secret token presented to memory nodes",
+    ),
+    (
+        "STRATA_REMOTE_TIMEOUT",
+        "seconds before an unanswered remote request is an error",
+    ),
     ("STRATA_KERNEL_CACHE", "directory for compiled GPU kernels"),
-    ("STRATA_CUDA_HOME", "CUDA toolkit root for NVRTC include paths"),
+    (
+        "STRATA_CUDA_HOME",
+        "CUDA toolkit root for NVRTC include paths",
+    ),
 ];
 
 /// Why a configuration was refused.
@@ -38,7 +71,9 @@ pub enum ConfigError {
     #[error(transparent)]
     Geometry(#[from] GeometryError),
     /// A bad pager page size.
-    #[error("pager page size {0} is not a multiple of 4 KiB between 4 KiB and 2 MiB; use for example 4KiB, 12KiB, 64KiB or 2MiB")]
+    #[error(
+        "pager page size {0} is not a multiple of 4 KiB between 4 KiB and 2 MiB; use for example 4KiB, 12KiB, 64KiB or 2MiB"
+    )]
     PagerPageSize(u64),
     /// The resident budget cannot hold enough pages.
     #[error("{what} of {size} holds fewer than {min} pages of {page}; make it at least {needed}")]
@@ -65,7 +100,9 @@ pub enum ConfigError {
         max: usize,
     },
     /// Water marks out of order or range.
-    #[error("eviction water marks low={low}% high={high}% are invalid; need 0 <= low < high <= 100")]
+    #[error(
+        "eviction water marks low={low}% high={high}% are invalid; need 0 <= low < high <= 100"
+    )]
     WaterMarks {
         /// Low mark.
         low: u8,
@@ -94,10 +131,14 @@ pub enum ConfigError {
         hint: String,
     },
     /// A store description that does not parse.
-    #[error("store {0:?} not understood; write memory, file:PATH or remote:HOST:PORT[,HOST:PORT...]")]
+    #[error(
+        "store {0:?} not understood; write memory, file:PATH or remote:HOST:PORT[,HOST:PORT...]"
+    )]
     StoreSpec(String),
     /// A codec description that does not parse.
-    #[error("codec {0:?} not understood; write none, lz4 or zfp:TOLERANCE (an absolute error bound > 0, e.g. zfp:1e-6)")]
+    #[error(
+        "codec {0:?} not understood; write none, lz4 or zfp:TOLERANCE (an absolute error bound > 0, e.g. zfp:1e-6)"
+    )]
     CodecSpec(String),
     /// A required setting is missing.
     #[error("{0} is not set; set it on the builder or through its STRATA_ variable")]
@@ -110,7 +151,9 @@ pub type EnvVars = Vec<(String, String)>;
 
 /// The process's `STRATA_*` variables.
 pub fn process_env() -> EnvVars {
-    std::env::vars().filter(|(k, _)| k.starts_with("STRATA_")).collect()
+    std::env::vars()
+        .filter(|(k, _)| k.starts_with("STRATA_"))
+        .collect()
 }
 
 /// Checks that every `STRATA_*` name in `env` is known.
@@ -121,10 +164,17 @@ pub fn check_env_names(env: &EnvVars) -> Result<(), ConfigError> {
                 Some(k) => format!("did you mean {k}? (unset it, or see `strata info --env`)"),
                 None => format!(
                     "known names are {}",
-                    KNOWN_VARIABLES.iter().map(|(k, _)| *k).collect::<Vec<_>>().join(", ")
+                    KNOWN_VARIABLES
+                        .iter()
+                        .map(|(k, _)| *k)
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 ),
             };
-            return Err(ConfigError::UnknownEnv { name: name.clone(), hint });
+            return Err(ConfigError::UnknownEnv {
+                name: name.clone(),
+                hint,
+            });
         }
     }
     Ok(())
@@ -154,7 +204,10 @@ fn edit_distance(a: &str, b: &str) -> usize {
 }
 
 fn lookup<'e>(env: &'e EnvVars, name: &str) -> Option<&'e str> {
-    env.iter().rev().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+    env.iter()
+        .rev()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.as_str())
 }
 
 fn env_size(env: &EnvVars, name: &str) -> Result<Option<u64>, ConfigError> {
@@ -198,7 +251,9 @@ pub fn env_bool(env: &EnvVars, name: &str) -> Result<Option<bool>, ConfigError> 
 
 /// The number of CPUs this process may use (1 if unknown).
 pub fn available_cpus() -> usize {
-    std::thread::available_parallelism().map(usize::from).unwrap_or(1)
+    std::thread::available_parallelism()
+        .map(usize::from)
+        .unwrap_or(1)
 }
 
 const MAX_THREADS: usize = 1024;
@@ -218,7 +273,10 @@ pub struct SpaceConfig {
 impl SpaceConfig {
     /// A builder with defaults: 64 KiB pages, 1 GiB cache.
     pub fn builder() -> SpaceConfigBuilder {
-        SpaceConfigBuilder { page_size: 64 << 10, cache_bytes: 1 << 30 }
+        SpaceConfigBuilder {
+            page_size: 64 << 10,
+            cache_bytes: 1 << 30,
+        }
     }
 
     /// Frames in the cache.
@@ -267,7 +325,10 @@ impl SpaceConfigBuilder {
         if frames < 2 {
             return Err(too_small("cache", self.cache_bytes, 2, page_size.bytes()));
         }
-        Ok(SpaceConfig { page_size, cache_bytes: frames * page_size.bytes() })
+        Ok(SpaceConfig {
+            page_size,
+            cache_bytes: frames * page_size.bytes(),
+        })
     }
 }
 
@@ -412,11 +473,18 @@ impl PagerConfigBuilder {
         }
         for (what, value) in [("fillers", self.fillers), ("evictors", self.evictors)] {
             if value == 0 || value > MAX_THREADS {
-                return Err(ConfigError::ThreadCount { what, value, max: MAX_THREADS });
+                return Err(ConfigError::ThreadCount {
+                    what,
+                    value,
+                    max: MAX_THREADS,
+                });
             }
         }
         if self.low_water >= self.high_water || self.high_water > 100 {
-            return Err(ConfigError::WaterMarks { low: self.low_water, high: self.high_water });
+            return Err(ConfigError::WaterMarks {
+                low: self.low_water,
+                high: self.high_water,
+            });
         }
         if self.read_ahead > 1024 {
             return Err(ConfigError::ReadAhead(self.read_ahead));
@@ -482,7 +550,11 @@ impl std::str::FromStr for StoreKind {
                     n.rsplit_once(':')
                         .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok())
                 };
-                if nodes.iter().all(valid) { Ok(StoreKind::Remote { nodes }) } else { Err(bad()) }
+                if nodes.iter().all(valid) {
+                    Ok(StoreKind::Remote { nodes })
+                } else {
+                    Err(bad())
+                }
             }
             _ => Err(bad()),
         }
@@ -586,10 +658,14 @@ impl StoreConfigBuilder {
         check_env_names(env)?;
         let c = &mut self.config;
         if let Some(v) = lookup(env, "STRATA_STORE") {
-            c.kind = v.parse().map_err(|e: ConfigError| bad_env("STRATA_STORE", v, &e))?;
+            c.kind = v
+                .parse()
+                .map_err(|e: ConfigError| bad_env("STRATA_STORE", v, &e))?;
         }
         if let Some(v) = lookup(env, "STRATA_CODEC") {
-            c.codec = v.parse().map_err(|e: ConfigError| bad_env("STRATA_CODEC", v, &e))?;
+            c.codec = v
+                .parse()
+                .map_err(|e: ConfigError| bad_env("STRATA_CODEC", v, &e))?;
         }
         if let Some(v) = env_bool(env, "STRATA_FILE_DIRECT")? {
             c.direct = v;
@@ -609,7 +685,9 @@ impl StoreConfigBuilder {
     pub fn build(self) -> Result<StoreConfig, ConfigError> {
         let c = self.config;
         if matches!(c.kind, StoreKind::Remote { .. }) && c.token.is_none() {
-            return Err(ConfigError::Missing("the memory node token (STRATA_REMOTE_TOKEN)"));
+            return Err(ConfigError::Missing(
+                "the memory node token (STRATA_REMOTE_TOKEN)",
+            ));
         }
         if c.timeout_secs == 0 {
             return Err(ConfigError::BadEnv {
@@ -623,7 +701,11 @@ impl StoreConfigBuilder {
 }
 
 fn bad_env(name: &str, value: &str, error: &ConfigError) -> ConfigError {
-    ConfigError::BadEnv { name: name.into(), value: value.into(), reason: error.to_string() }
+    ConfigError::BadEnv {
+        name: name.into(),
+        value: value.into(),
+        reason: error.to_string(),
+    }
 }
 
 #[cfg(test)]
@@ -631,7 +713,10 @@ mod tests {
     use super::*;
 
     fn env(pairs: &[(&str, &str)]) -> EnvVars {
-        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
     #[test]
@@ -639,11 +724,17 @@ mod tests {
         let c = SpaceConfig::builder().build().unwrap();
         assert_eq!(c.page_size, PageSize::KIB64);
         let c = SpaceConfig::builder()
-            .with_env_vars(&env(&[("STRATA_PAGE_SIZE", "4KiB"), ("STRATA_CACHE_SIZE", "1MiB")]))
+            .with_env_vars(&env(&[
+                ("STRATA_PAGE_SIZE", "4KiB"),
+                ("STRATA_CACHE_SIZE", "1MiB"),
+            ]))
             .unwrap()
             .build()
             .unwrap();
-        assert_eq!((c.page_size.bytes(), c.cache_bytes, c.frames()), (4096, 1 << 20, 256));
+        assert_eq!(
+            (c.page_size.bytes(), c.cache_bytes, c.frames()),
+            (4096, 1 << 20, 256)
+        );
         // Explicit setters after with_env win.
         let c = SpaceConfig::builder()
             .with_env_vars(&env(&[("STRATA_PAGE_SIZE", "4KiB")]))
@@ -659,15 +750,29 @@ mod tests {
     fn space_validation_errors() {
         let e = SpaceConfig::builder().page_size(3000).build().unwrap_err();
         assert_eq!(e, ConfigError::Geometry(GeometryError::BadPageSize(3000)));
-        assert!(e.to_string().contains("page size 3000 is not a power of two between 4 KiB and 2 MiB"));
-        let e = SpaceConfig::builder().page_size(2 << 20).cache_bytes(3 << 20).build().unwrap_err();
-        assert!(matches!(e, ConfigError::TooSmall { what: "cache", .. }), "{e}");
+        assert!(
+            e.to_string()
+                .contains("page size 3000 is not a power of two between 4 KiB and 2 MiB")
+        );
+        let e = SpaceConfig::builder()
+            .page_size(2 << 20)
+            .cache_bytes(3 << 20)
+            .build()
+            .unwrap_err();
+        assert!(
+            matches!(e, ConfigError::TooSmall { what: "cache", .. }),
+            "{e}"
+        );
         assert!(e.to_string().contains("make it at least 4 MiB"), "{e}");
     }
 
     #[test]
     fn pager_validation_errors() {
-        let ok = PagerConfig::builder().page_bytes(12 << 10).buffer_bytes(1 << 20).build().unwrap();
+        let ok = PagerConfig::builder()
+            .page_bytes(12 << 10)
+            .buffer_bytes(1 << 20)
+            .build()
+            .unwrap();
         assert_eq!(ok.buffer_bytes, (1 << 20) / (12 << 10) * (12 << 10));
         for bad in [0, 4095, 6000, 4 << 20] {
             assert_eq!(
@@ -675,15 +780,42 @@ mod tests {
                 ConfigError::PagerPageSize(bad)
             );
         }
-        let e = PagerConfig::builder().page_bytes(4096).buffer_bytes(12288).build().unwrap_err();
-        assert!(matches!(e, ConfigError::TooSmall { what: "buffer", min: 4, .. }));
+        let e = PagerConfig::builder()
+            .page_bytes(4096)
+            .buffer_bytes(12288)
+            .build()
+            .unwrap_err();
+        assert!(matches!(
+            e,
+            ConfigError::TooSmall {
+                what: "buffer",
+                min: 4,
+                ..
+            }
+        ));
         let e = PagerConfig::builder().fillers(0).build().unwrap_err();
-        assert_eq!(e, ConfigError::ThreadCount { what: "fillers", value: 0, max: 1024 });
+        assert_eq!(
+            e,
+            ConfigError::ThreadCount {
+                what: "fillers",
+                value: 0,
+                max: 1024
+            }
+        );
         let e = PagerConfig::builder().evictors(5000).build().unwrap_err();
-        assert!(matches!(e, ConfigError::ThreadCount { what: "evictors", .. }));
+        assert!(matches!(
+            e,
+            ConfigError::ThreadCount {
+                what: "evictors",
+                ..
+            }
+        ));
         for (low, high) in [(90, 70), (50, 50), (10, 101)] {
             assert_eq!(
-                PagerConfig::builder().water_marks(low, high).build().unwrap_err(),
+                PagerConfig::builder()
+                    .water_marks(low, high)
+                    .build()
+                    .unwrap_err(),
                 ConfigError::WaterMarks { low, high }
             );
         }
@@ -709,7 +841,13 @@ mod tests {
             .build()
             .unwrap();
         assert_eq!(
-            (c.page_bytes, c.buffer_bytes, c.fillers, c.evictors, c.read_ahead),
+            (
+                c.page_bytes,
+                c.buffer_bytes,
+                c.fillers,
+                c.evictors,
+                c.read_ahead
+            ),
             (8192, 64 << 20, 3, 2, 8)
         );
         assert_eq!((c.low_water_percent, c.high_water_percent), (50, 80));
@@ -717,7 +855,10 @@ mod tests {
         let e = PagerConfig::builder()
             .with_env_vars(&env(&[("STRATA_FILLERS", "four")]))
             .unwrap_err();
-        assert!(matches!(&e, ConfigError::BadEnv { name, .. } if name == "STRATA_FILLERS"), "{e}");
+        assert!(
+            matches!(&e, ConfigError::BadEnv { name, .. } if name == "STRATA_FILLERS"),
+            "{e}"
+        );
         let e = PagerConfig::builder()
             .with_env_vars(&env(&[("STRATA_BUFFER_SIZE", "8 furlongs")]))
             .unwrap_err();
@@ -725,9 +866,17 @@ mod tests {
         let e = PagerConfig::builder()
             .with_env_vars(&env(&[("STRATA_PAGESIZE", "4096")]))
             .unwrap_err();
-        assert!(e.to_string().contains("did you mean STRATA_PAGE_SIZE"), "{e}");
-        let e = PagerConfig::builder().with_env_vars(&env(&[("STRATA_ZZZZZZZZZZZZ", "1")])).unwrap_err();
-        assert!(e.to_string().contains("known names are STRATA_PAGE_SIZE"), "{e}");
+        assert!(
+            e.to_string().contains("did you mean STRATA_PAGE_SIZE"),
+            "{e}"
+        );
+        let e = PagerConfig::builder()
+            .with_env_vars(&env(&[("STRATA_ZZZZZZZZZZZZ", "1")]))
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("known names are STRATA_PAGE_SIZE"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -735,17 +884,35 @@ mod tests {
         assert_eq!("memory".parse::<StoreKind>(), Ok(StoreKind::Memory));
         assert_eq!(
             "file:/tmp/x".parse::<StoreKind>(),
-            Ok(StoreKind::File { path: "/tmp/x".into() })
+            Ok(StoreKind::File {
+                path: "/tmp/x".into()
+            })
         );
         assert_eq!(
             "remote:127.0.0.1:7000,node2:7001".parse::<StoreKind>(),
-            Ok(StoreKind::Remote { nodes: vec!["127.0.0.1:7000".into(), "node2:7001".into()] })
+            Ok(StoreKind::Remote {
+                nodes: vec!["127.0.0.1:7000".into(), "node2:7001".into()]
+            })
         );
-        for bad in ["", "file:", "disk:/x", "remote:host", "remote:host:99999", "Memory"] {
-            assert_eq!(bad.parse::<StoreKind>(), Err(ConfigError::StoreSpec(bad.into())), "{bad}");
+        for bad in [
+            "",
+            "file:",
+            "disk:/x",
+            "remote:host",
+            "remote:host:99999",
+            "Memory",
+        ] {
+            assert_eq!(
+                bad.parse::<StoreKind>(),
+                Err(ConfigError::StoreSpec(bad.into())),
+                "{bad}"
+            );
         }
         assert_eq!("lz4".parse::<CodecKind>(), Ok(CodecKind::Lz4));
-        assert_eq!("zfp:1e-3".parse::<CodecKind>(), Ok(CodecKind::Zfp { tolerance: 1e-3 }));
+        assert_eq!(
+            "zfp:1e-3".parse::<CodecKind>(),
+            Ok(CodecKind::Zfp { tolerance: 1e-3 })
+        );
         for bad in ["zfp", "zfp:0", "zfp:-1", "zfp:nan", "gzip"] {
             assert!(bad.parse::<CodecKind>().is_err(), "{bad}");
         }
@@ -761,7 +928,9 @@ mod tests {
         assert_eq!(c.codec, CodecKind::Lz4);
         assert_eq!(c.token.as_deref(), Some("s3cret"));
         let e = StoreConfig::builder()
-            .kind(StoreKind::Remote { nodes: vec!["a:1".into()] })
+            .kind(StoreKind::Remote {
+                nodes: vec!["a:1".into()],
+            })
             .build()
             .unwrap_err();
         assert!(matches!(e, ConfigError::Missing(_)));

@@ -15,7 +15,9 @@ pub const MAX_PAGE_SIZE: u64 = 2 << 20;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum GeometryError {
     /// The page size is not a power of two in `[4 KiB, 2 MiB]`.
-    #[error("page size {0} is not a power of two between 4 KiB and 2 MiB; use 4KiB, 8KiB, ..., 2MiB")]
+    #[error(
+        "page size {0} is not a power of two between 4 KiB and 2 MiB; use 4KiB, 8KiB, ..., 2MiB"
+    )]
     BadPageSize(u64),
     /// A space must hold at least one byte.
     #[error("a space of 0 bytes holds nothing; give a size of at least one byte")]
@@ -49,7 +51,9 @@ impl PageSize {
     pub fn new(bytes: u64) -> Result<Self, GeometryError> {
         if bytes.is_power_of_two() && (MIN_PAGE_SIZE..=MAX_PAGE_SIZE).contains(&bytes) {
             // At most 2 MiB, so it fits in u32.
-            Ok(PageSize(u32::try_from(bytes).map_err(|_| GeometryError::BadPageSize(bytes))?))
+            Ok(PageSize(
+                u32::try_from(bytes).map_err(|_| GeometryError::BadPageSize(bytes))?,
+            ))
         } else {
             Err(GeometryError::BadPageSize(bytes))
         }
@@ -162,7 +166,11 @@ impl SpaceGeometry {
     }
 
     fn outside(&self, what: &'static str, value: u64, limit: u64) -> GeometryError {
-        let limit = if what == "page" { format!("{limit} pages") } else { format_size(limit) };
+        let limit = if what == "page" {
+            format!("{limit} pages")
+        } else {
+            format_size(limit)
+        };
         GeometryError::OutOfSpace { what, value, limit }
     }
 }
@@ -176,11 +184,29 @@ mod tests {
         for shift in 12..=21 {
             assert_eq!(PageSize::new(1 << shift).unwrap().shift(), shift);
         }
-        for bad in [0, 1, 2048, 3000, 4095, 4097, 12288, 4 << 20, u64::MAX, 1 << 63] {
-            assert_eq!(PageSize::new(bad), Err(GeometryError::BadPageSize(bad)), "{bad}");
+        for bad in [
+            0,
+            1,
+            2048,
+            3000,
+            4095,
+            4097,
+            12288,
+            4 << 20,
+            u64::MAX,
+            1 << 63,
+        ] {
+            assert_eq!(
+                PageSize::new(bad),
+                Err(GeometryError::BadPageSize(bad)),
+                "{bad}"
+            );
         }
         let message = PageSize::new(3000).unwrap_err().to_string();
-        assert!(message.contains("3000 is not a power of two between 4 KiB and 2 MiB"), "{message}");
+        assert!(
+            message.contains("3000 is not a power of two between 4 KiB and 2 MiB"),
+            "{message}"
+        );
     }
 
     #[test]
@@ -226,7 +252,10 @@ mod tests {
 
     #[test]
     fn zero_and_one_byte_spaces() {
-        assert_eq!(SpaceGeometry::new(0, PageSize::KIB4), Err(GeometryError::EmptySpace));
+        assert_eq!(
+            SpaceGeometry::new(0, PageSize::KIB4),
+            Err(GeometryError::EmptySpace)
+        );
         let g = SpaceGeometry::new(1, PageSize::MIB2).unwrap();
         assert_eq!(g.page_count(), 1);
         assert_eq!(g.page_len(0), Ok(1));

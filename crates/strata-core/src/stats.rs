@@ -25,7 +25,13 @@ pub enum Tier {
 
 impl Tier {
     /// Every tier, in hierarchy order.
-    pub const ALL: [Tier; 5] = [Tier::Gpu, Tier::PeerGpu, Tier::Host, Tier::Remote, Tier::File];
+    pub const ALL: [Tier; 5] = [
+        Tier::Gpu,
+        Tier::PeerGpu,
+        Tier::Host,
+        Tier::Remote,
+        Tier::File,
+    ];
 
     fn index(self) -> usize {
         self as usize
@@ -125,7 +131,11 @@ impl HistogramSnapshot {
             for (i, n) in buckets.iter().enumerate() {
                 seen += n;
                 if seen >= rank {
-                    let upper = if i + 1 >= 64 { u64::MAX } else { (1u64 << (i + 1)) - 1 };
+                    let upper = if i + 1 >= 64 {
+                        u64::MAX
+                    } else {
+                        (1u64 << (i + 1)) - 1
+                    };
                     return upper.min(max_ns);
                 }
             }
@@ -280,8 +290,16 @@ impl fmt::Display for StatsSnapshot {
         row(f, "prefetched pages", self.prefetched_pages.to_string())?;
         row(f, "errors", self.errors.to_string())?;
         for t in &self.tiers {
-            row(f, &format!("read from {}", t.tier), format_size(t.bytes_read))?;
-            row(f, &format!("written to {}", t.tier), format_size(t.bytes_written))?;
+            row(
+                f,
+                &format!("read from {}", t.tier),
+                format_size(t.bytes_read),
+            )?;
+            row(
+                f,
+                &format!("written to {}", t.tier),
+                format_size(t.bytes_written),
+            )?;
         }
         let s = &self.service_time;
         if s.count > 0 {
@@ -331,7 +349,10 @@ mod tests {
         assert_eq!(s.service_time.p50_ns, 4095);
         assert_eq!(s.service_time.p99_ns, 100_000);
         let table = s.to_string();
-        assert!(table.contains("hit rate") && table.contains("75.00%"), "{table}");
+        assert!(
+            table.contains("hit rate") && table.contains("75.00%"),
+            "{table}"
+        );
         let json: serde_json::Value = serde_json::from_str(&s.to_json()).unwrap();
         assert_eq!(json["faults"], 5);
         assert_eq!(json["tiers"][0]["tier"], "file");

@@ -4,13 +4,19 @@
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SizeParseError {
     /// Nothing to parse.
-    #[error("empty size; write a number of bytes with an optional unit, such as 4096, 64KiB or 8GiB")]
+    #[error(
+        "empty size; write a number of bytes with an optional unit, such as 4096, 64KiB or 8GiB"
+    )]
     Empty,
     /// The number part is not a number.
-    #[error("{0:?} is not a size; write a number of bytes with an optional unit, such as 4096, 64KiB or 8GiB")]
+    #[error(
+        "{0:?} is not a size; write a number of bytes with an optional unit, such as 4096, 64KiB or 8GiB"
+    )]
     Malformed(String),
     /// The unit is not one we know.
-    #[error("{unit:?} in {input:?} is not a size unit; use B, KiB, MiB, GiB, TiB (or K, M, G, T, KB, MB, GB, TB, all powers of 1024)")]
+    #[error(
+        "{unit:?} in {input:?} is not a size unit; use B, KiB, MiB, GiB, TiB (or K, M, G, T, KB, MB, GB, TB, all powers of 1024)"
+    )]
     UnknownUnit {
         /// The whole input.
         input: String,
@@ -47,7 +53,9 @@ pub fn parse_size(input: &str) -> Result<u64, SizeParseError> {
     if text.is_empty() {
         return Err(SizeParseError::Empty);
     }
-    let split = text.find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '_')).unwrap_or(text.len());
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '_'))
+        .unwrap_or(text.len());
     let (number, unit) = text.split_at(split);
     let number = number.replace('_', "");
     let unit_lower = unit.trim().to_ascii_lowercase();
@@ -55,7 +63,10 @@ pub fn parse_size(input: &str) -> Result<u64, SizeParseError> {
         .iter()
         .find(|(name, _)| *name == unit_lower)
         .map(|(_, m)| *m)
-        .ok_or_else(|| SizeParseError::UnknownUnit { input: input.into(), unit: unit.trim().into() })?;
+        .ok_or_else(|| SizeParseError::UnknownUnit {
+            input: input.into(),
+            unit: unit.trim().into(),
+        })?;
     if number.is_empty() {
         return Err(SizeParseError::Malformed(input.into()));
     }
@@ -70,10 +81,24 @@ pub fn parse_size(input: &str) -> Result<u64, SizeParseError> {
                 return Err(SizeParseError::Malformed(input.into()));
             }
             // Exact decimal arithmetic: value = (whole * 10^d + frac) * multiplier / 10^d.
-            let digits = u32::try_from(frac.len()).map_err(|_| SizeParseError::OutOfRange(input.into()))?;
-            let scale = 10u128.checked_pow(digits).ok_or_else(|| SizeParseError::OutOfRange(input.into()))?;
-            let whole: u128 = if whole.is_empty() { 0 } else { whole.parse().map_err(|_| SizeParseError::OutOfRange(input.into()))? };
-            let frac: u128 = if frac.is_empty() { 0 } else { frac.parse().map_err(|_| SizeParseError::OutOfRange(input.into()))? };
+            let digits =
+                u32::try_from(frac.len()).map_err(|_| SizeParseError::OutOfRange(input.into()))?;
+            let scale = 10u128
+                .checked_pow(digits)
+                .ok_or_else(|| SizeParseError::OutOfRange(input.into()))?;
+            let whole: u128 = if whole.is_empty() {
+                0
+            } else {
+                whole
+                    .parse()
+                    .map_err(|_| SizeParseError::OutOfRange(input.into()))?
+            };
+            let frac: u128 = if frac.is_empty() {
+                0
+            } else {
+                frac.parse()
+                    .map_err(|_| SizeParseError::OutOfRange(input.into()))?
+            };
             let scaled = whole
                 .checked_mul(scale)
                 .and_then(|w| w.checked_add(frac))
@@ -124,13 +149,34 @@ mod tests {
     #[test]
     fn rejects_bad_sizes() {
         assert_eq!(parse_size(""), Err(SizeParseError::Empty));
-        assert!(matches!(parse_size("lots"), Err(SizeParseError::Malformed(_))));
-        assert!(matches!(parse_size("12 parsecs"), Err(SizeParseError::UnknownUnit { .. })));
-        assert!(matches!(parse_size("1.1.1K"), Err(SizeParseError::Malformed(_))));
-        assert!(matches!(parse_size("0.3B"), Err(SizeParseError::OutOfRange(_))));
-        assert!(matches!(parse_size("99999999999TiB"), Err(SizeParseError::OutOfRange(_))));
-        assert!(matches!(parse_size("18446744073709551616"), Err(SizeParseError::OutOfRange(_))));
-        assert!(matches!(parse_size("-4K"), Err(SizeParseError::UnknownUnit { .. })));
+        assert!(matches!(
+            parse_size("lots"),
+            Err(SizeParseError::Malformed(_))
+        ));
+        assert!(matches!(
+            parse_size("12 parsecs"),
+            Err(SizeParseError::UnknownUnit { .. })
+        ));
+        assert!(matches!(
+            parse_size("1.1.1K"),
+            Err(SizeParseError::Malformed(_))
+        ));
+        assert!(matches!(
+            parse_size("0.3B"),
+            Err(SizeParseError::OutOfRange(_))
+        ));
+        assert!(matches!(
+            parse_size("99999999999TiB"),
+            Err(SizeParseError::OutOfRange(_))
+        ));
+        assert!(matches!(
+            parse_size("18446744073709551616"),
+            Err(SizeParseError::OutOfRange(_))
+        ));
+        assert!(matches!(
+            parse_size("-4K"),
+            Err(SizeParseError::UnknownUnit { .. })
+        ));
     }
 
     #[test]

@@ -31,7 +31,9 @@ pub struct FileStoreOptions {
 #[derive(Debug, thiserror::Error)]
 pub enum FileStoreOpenError {
     /// `open(2)` failed.
-    #[error("cannot open {path}: {source}; check that the path exists (or ask to create it) and is accessible")]
+    #[error(
+        "cannot open {path}: {source}; check that the path exists (or ask to create it) and is accessible"
+    )]
     Open {
         /// The file.
         path: PathBuf,
@@ -40,7 +42,9 @@ pub enum FileStoreOpenError {
         source: io::Error,
     },
     /// The file is shorter than the store must be.
-    #[error("{path} holds {actual} bytes but the store needs {wanted}; pass a smaller size, or allow growing the file (FileStoreOptions::grow, --grow)")]
+    #[error(
+        "{path} holds {actual} bytes but the store needs {wanted}; pass a smaller size, or allow growing the file (FileStoreOptions::grow, --grow)"
+    )]
     TooShort {
         /// The file.
         path: PathBuf,
@@ -50,7 +54,9 @@ pub enum FileStoreOpenError {
         wanted: u64,
     },
     /// Sizing the file failed.
-    #[error("cannot size {path} to {wanted} bytes: {source}; check free space and file-size limits")]
+    #[error(
+        "cannot size {path} to {wanted} bytes: {source}; check free space and file-size limits"
+    )]
     Resize {
         /// The file.
         path: PathBuf,
@@ -61,7 +67,9 @@ pub enum FileStoreOpenError {
         source: io::Error,
     },
     /// A read-only store cannot create or grow its file.
-    #[error("{path}: a read-only store cannot create or grow its file; drop read_only or the create/grow options")]
+    #[error(
+        "{path}: a read-only store cannot create or grow its file; drop read_only or the create/grow options"
+    )]
     ReadOnlyResize {
         /// The file.
         path: PathBuf,
@@ -91,37 +99,70 @@ impl FileStore {
             return Err(FileStoreOpenError::ReadOnlyResize { path });
         }
         let mut open = OpenOptions::new();
-        open.read(true).write(!options.read_only).create(options.create);
+        open.read(true)
+            .write(!options.read_only)
+            .create(options.create);
         if options.direct {
             open.custom_flags(libc::O_DIRECT);
         }
         let file = open
             .open(&path)
-            .map_err(|source| FileStoreOpenError::Open { path: path.clone(), source })?;
+            .map_err(|source| FileStoreOpenError::Open {
+                path: path.clone(),
+                source,
+            })?;
         let actual = file
             .metadata()
-            .map_err(|source| FileStoreOpenError::Open { path: path.clone(), source })?
+            .map_err(|source| FileStoreOpenError::Open {
+                path: path.clone(),
+                source,
+            })?
             .len();
         if actual < size {
             // A file we just created is empty and may be sized; so may one we were told to grow.
             if !(options.grow || (options.create && actual == 0)) {
-                return Err(FileStoreOpenError::TooShort { path, actual, wanted: size });
+                return Err(FileStoreOpenError::TooShort {
+                    path,
+                    actual,
+                    wanted: size,
+                });
             }
-            file.set_len(size).map_err(|source| FileStoreOpenError::Resize {
-                path: path.clone(),
-                wanted: size,
-                source,
-            })?;
+            file.set_len(size)
+                .map_err(|source| FileStoreOpenError::Resize {
+                    path: path.clone(),
+                    wanted: size,
+                    source,
+                })?;
         }
-        Ok(Self { file, path, size, direct: options.direct, read_only: options.read_only })
+        Ok(Self {
+            file,
+            path,
+            size,
+            direct: options.direct,
+            read_only: options.read_only,
+        })
     }
 
     /// Creates `path` (truncating any existing file) as a sparse store of `size` bytes.
     pub fn create(path: impl AsRef<Path>, size: u64) -> Result<Self, FileStoreOpenError> {
         let path = path.as_ref();
-        let file = OpenOptions::new().write(true).create(true).truncate(true).open(path);
-        drop(file.map_err(|source| FileStoreOpenError::Open { path: path.into(), source })?);
-        Self::open(path, size, &FileStoreOptions { create: true, ..Default::default() })
+        let file = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(path);
+        drop(file.map_err(|source| FileStoreOpenError::Open {
+            path: path.into(),
+            source,
+        })?);
+        Self::open(
+            path,
+            size,
+            &FileStoreOptions {
+                create: true,
+                ..Default::default()
+            },
+        )
     }
 
     /// The file's path.
@@ -130,7 +171,13 @@ impl FileStore {
     }
 
     fn io_error(&self, op: &'static str, offset: u64, len: usize, source: io::Error) -> StoreError {
-        StoreError::Io { store: self.describe(), op, offset, len: len as u64, source }
+        StoreError::Io {
+            store: self.describe(),
+            op,
+            offset,
+            len: len as u64,
+            source,
+        }
     }
 
     fn is_aligned(offset: u64, len: usize, ptr: *const u8) -> bool {
@@ -145,7 +192,10 @@ impl FileStore {
         let start = offset - offset % align;
         let end = (offset + len as u64).div_ceil(align) * align;
         // The span of one request is at most `len + 2 * DIRECT_ALIGN`, so it fits in usize.
-        (start, usize::try_from(end - start).expect("request span fits in memory"))
+        (
+            start,
+            usize::try_from(end - start).expect("request span fits in memory"),
+        )
     }
 
     /// Reads `[start, start+span)` into an aligned bounce buffer. Bytes past the file's end
@@ -186,8 +236,9 @@ impl Store for FileStore {
                 .map_err(|e| self.io_error("read", offset, buf.len(), e));
         }
         let (start, span) = Self::aligned_window(offset, buf.len());
-        let bounce =
-            self.read_aligned(start, span).map_err(|e| self.io_error("read", offset, buf.len(), e))?;
+        let bounce = self
+            .read_aligned(start, span)
+            .map_err(|e| self.io_error("read", offset, buf.len(), e))?;
         let skip = usize::try_from(offset - start).expect("skip is below DIRECT_ALIGN");
         buf.copy_from_slice(&bounce.as_slice()[skip..skip + buf.len()]);
         Ok(())
@@ -200,7 +251,10 @@ impl Store for FileStore {
                 "write",
                 offset,
                 buf.len(),
-                io::Error::new(io::ErrorKind::PermissionDenied, "the store was opened read-only"),
+                io::Error::new(
+                    io::ErrorKind::PermissionDenied,
+                    "the store was opened read-only",
+                ),
             ));
         }
         if !self.direct || Self::is_aligned(offset, buf.len(), buf.as_ptr()) {
@@ -227,7 +281,9 @@ impl Store for FileStore {
         if self.read_only {
             return Ok(());
         }
-        self.file.sync_data().map_err(|e| self.io_error("flush", 0, 0, e))
+        self.file
+            .sync_data()
+            .map_err(|e| self.io_error("flush", 0, 0, e))
     }
 
     fn describe(&self) -> String {
@@ -247,7 +303,11 @@ impl AlignedBuf {
     fn zeroed(len: usize) -> Self {
         let storage = vec![0u8; len + DIRECT_ALIGN];
         let start = storage.as_ptr().align_offset(DIRECT_ALIGN);
-        Self { storage, start, len }
+        Self {
+            storage,
+            start,
+            len,
+        }
     }
     fn as_slice(&self) -> &[u8] {
         &self.storage[self.start..self.start + self.len]

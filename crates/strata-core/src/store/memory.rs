@@ -30,7 +30,9 @@ impl MemoryStore {
     /// Creates a store holding a copy of `bytes`.
     pub fn from_bytes(bytes: &[u8]) -> Self {
         let store = Self::new(bytes.len() as u64);
-        store.write_at(0, bytes).expect("a fresh store holds its own initial contents");
+        store
+            .write_at(0, bytes)
+            .expect("a fresh store holds its own initial contents");
         store
     }
 
@@ -86,7 +88,9 @@ impl Store for MemoryStore {
         check_range(self, offset, buf.len())?;
         let mut done = 0;
         for (chunk, within, take) in Self::pieces(offset, buf.len()) {
-            let mut guard = self.chunks[chunk].write().unwrap_or_else(|e| e.into_inner());
+            let mut guard = self.chunks[chunk]
+                .write()
+                .unwrap_or_else(|e| e.into_inner());
             let data = guard.get_or_insert_with(|| vec![0u8; CHUNK_BYTES].into_boxed_slice());
             data[within..within + take].copy_from_slice(&buf[done..done + take]);
             done += take;

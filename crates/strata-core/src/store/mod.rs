@@ -19,7 +19,9 @@ use std::io;
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// The operating system refused the I/O.
-    #[error("{store}: {op} of {len} bytes at offset {offset} failed: {source}; check the backing device or file and retry")]
+    #[error(
+        "{store}: {op} of {len} bytes at offset {offset} failed: {source}; check the backing device or file and retry"
+    )]
     Io {
         /// Which store (for example `file:/data/x`).
         store: String,
@@ -34,7 +36,9 @@ pub enum StoreError {
         source: io::Error,
     },
     /// The request reaches past the end of the store.
-    #[error("{store}: request of {len} bytes at offset {offset} reaches past the store's end ({size} bytes); keep requests inside the store or create a larger one")]
+    #[error(
+        "{store}: request of {len} bytes at offset {offset} reaches past the store's end ({size} bytes); keep requests inside the store or create a larger one"
+    )]
     OutOfRange {
         /// Which store.
         store: String,
@@ -46,7 +50,9 @@ pub enum StoreError {
         size: u64,
     },
     /// The bytes read back are not what was written (a checksum, header or codec check failed).
-    #[error("{store}: data at offset {offset} is corrupt ({detail}); the page cannot be trusted, restore it from a good copy")]
+    #[error(
+        "{store}: data at offset {offset} is corrupt ({detail}); the page cannot be trusted, restore it from a good copy"
+    )]
     Corrupt {
         /// Which store.
         store: String,
@@ -68,7 +74,12 @@ pub enum StoreError {
 impl StoreError {
     /// Builds an [`StoreError::OutOfRange`] for `store` of `size` bytes.
     pub fn out_of_range(store: &dyn Store, offset: u64, len: u64) -> Self {
-        StoreError::OutOfRange { store: store.describe(), offset, len, size: store.size() }
+        StoreError::OutOfRange {
+            store: store.describe(),
+            offset,
+            len,
+            size: store.size(),
+        }
     }
 }
 

@@ -1,0 +1,124 @@
+//! `strata info`: what this machine offers Strata.
+
+use strata_core::format_size;
+
+/// Arguments of `strata info`.
+#[derive(Debug, clap::Args)]
+pub struct InfoArgs {
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Also list every STRATA_* environment variable and its meaning.
+    #[arg(long)]
+    env: bool,
+}
+
+#[derive(Debug, serde::Serialize)]
+struct Report {
+    cpus: usize,
+    memory_total_bytes: Option<u64>,
+    memory_available_bytes: Option<u64>,
+    userfaultfd: Result<String, String>,
+    gpus: Result<Vec<strata_gpu::probe::GpuInfo>, String>,
+    nvrtc: bool,
+    ucx: Result<String, String>,
+}
+
+/// Runs `strata info`.
+pub fn run(args: &InfoArgs) -> anyhow::Result<()> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let report = Report {
+        cpus: strata_core::config::available_cpus(),
+        memory_total_bytes: meminfo_kib(&meminfo, "MemTotal").map(|k| k * 1024),
+        memory_available_bytes: meminfo_kib(&meminfo, "MemAvailable").map(|k| k * 1024),
+        userfaultfd: strata_pager::probe::probe()
+            .map(|s| {
+                format!(
+                    "works (API {:#x}, write-protect {}, {})",
+                    s.api,
+                    if s.write_protect() { "yes" } else { "no" },
+                    if s.kernel_faults {
+                        "kernel and user faults"
+                    } else {
+                        "user-mode faults only"
+                    }
+                )
+            })
+            .map_err(|e| e.to_string()),
+        gpus: strata_gpu::probe::gpus(),
+        nvrtc: strata_gpu::probe::nvrtc_present(),
+        ucx: strata_ucx::probe::probe().map(str::to_string),
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print_table(&report);
+    }
+    if args.env {
+        println!("\nEnvironment variables:");
+        for (name, meaning) in strata_core::config::KNOWN_VARIABLES {
+            let value = std::env::var(name)
+                .map(|v| format!(" = {v:?}"))
+                .unwrap_or_default();
+            println!("  {name:<26} {meaning}{value}");
+        }
+        strata_core::config::check_env_names(&strata_core::config::process_env())?;
+    }
+    Ok(())
+}
+
+fn print_table(r: &Report) {
+    let size = |v: Option<u64>| v.map_or_else(|| "unknown".to_string(), format_size);
+    println!("{:<14} {}", "cpus", r.cpus);
+    println!(
+        "{:<14} {} total, {} available",
+        "memory",
+        size(r.memory_total_bytes),
+        size(r.memory_available_bytes)
+    );
+    match &r.userfaultfd {
+        Ok(s) => println!("{:<14} {s}", "userfaultfd"),
+        Err(e) => println!("{:<14} not usable: {e}", "userfaultfd"),
+    }
+    match &r.gpus {
+        Err(e) => println!("{:<14} {e}", "gpus"),
+        Ok(gpus) if gpus.is_empty() => println!("{:<14} CUDA driver found, but no GPU", "gpus"),
+        Ok(gpus) => {
+            for g in gpus {
+                println!(
+                    "{:<14} {} (sm_{}{}, {} SMs), {} total / {} free, PCI {} link {}, peers {:?}",
+                    format!("gpu {}", g.ordinal),
+                    g.name,
+                    g.compute_capability.0,
+                    g.compute_capability.1,
+                    g.multiprocessors,
+                    format_size(g.total_bytes),
+                    format_size(g.free_bytes),
+                    g.pci_address,
+                    g.pcie_link.as_deref().unwrap_or("unknown"),
+                    g.peers
+                );
+            }
+        }
+    }
+    println!(
+        "{:<14} {}",
+        "nvrtc",
+        if r.nvrtc {
+            "found"
+        } else {
+            "not found (GPU kernels cannot be compiled)"
+        }
+    );
+    match &r.ucx {
+        Ok(lib) => println!("{:<14} found ({lib})", "ucx"),
+        Err(e) => println!("{:<14} not found ({e}); remote memory needs libucx0", "ucx"),
+    }
+}
+
+fn meminfo_kib(meminfo: &str, key: &str) -> Option<u64> {
+    meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+}

@@ -1,0 +1,1 @@
+//! Page codecs (filled in by the network work).

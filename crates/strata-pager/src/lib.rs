@@ -1,0 +1,3 @@
+//! Strata's user-space pager (filled in by the pager work).
+#![warn(missing_docs)]
+pub mod probe;

@@ -1,0 +1,1 @@
+//! Umap-compatible C API over strata-pager (filled in by the pager work).

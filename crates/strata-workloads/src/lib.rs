@@ -1,0 +1,1 @@
+//! Workloads on GPU paging (filled in by the workloads work).
