@@ -464,7 +464,7 @@ impl PagerConfigBuilder {
     /// eviction always has a victim while fillers work.
     pub fn build(self) -> Result<PagerConfig, ConfigError> {
         let p = self.page_bytes;
-        if p % MIN_PAGE_SIZE != 0 || !(MIN_PAGE_SIZE..=MAX_PAGE_SIZE).contains(&p) {
+        if !p.is_multiple_of(MIN_PAGE_SIZE) || !(MIN_PAGE_SIZE..=MAX_PAGE_SIZE).contains(&p) {
             return Err(ConfigError::PagerPageSize(p));
         }
         let pages = self.buffer_bytes / p;

@@ -58,6 +58,9 @@ pub fn parse_size(input: &str) -> Result<u64, SizeParseError> {
         .unwrap_or(text.len());
     let (number, unit) = text.split_at(split);
     let number = number.replace('_', "");
+    if number.is_empty() {
+        return Err(SizeParseError::Malformed(input.into()));
+    }
     let unit_lower = unit.trim().to_ascii_lowercase();
     let multiplier = UNITS
         .iter()
@@ -121,7 +124,7 @@ pub fn format_size(bytes: u64) -> String {
         unit += 1;
     }
     let divisor = 1u64 << (10 * unit);
-    if bytes % divisor == 0 {
+    if bytes.is_multiple_of(divisor) {
         format!("{} {}", bytes / divisor, NAMES[unit])
     } else {
         #[allow(clippy::cast_precision_loss)] // display only
@@ -175,6 +178,10 @@ mod tests {
         ));
         assert!(matches!(
             parse_size("-4K"),
+            Err(SizeParseError::Malformed(_))
+        ));
+        assert!(matches!(
+            parse_size("4 KiBB"),
             Err(SizeParseError::UnknownUnit { .. })
         ));
     }

@@ -181,9 +181,9 @@ impl FileStore {
     }
 
     fn is_aligned(offset: u64, len: usize, ptr: *const u8) -> bool {
-        offset % DIRECT_ALIGN as u64 == 0
-            && len % DIRECT_ALIGN == 0
-            && (ptr as usize) % DIRECT_ALIGN == 0
+        offset.is_multiple_of(DIRECT_ALIGN as u64)
+            && len.is_multiple_of(DIRECT_ALIGN)
+            && (ptr as usize).is_multiple_of(DIRECT_ALIGN)
     }
 
     /// The aligned window `[start, start + span)` covering `[offset, offset + len)`.

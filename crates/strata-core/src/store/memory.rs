@@ -10,12 +10,15 @@ use crate::units::format_size;
 /// chunks never contend.
 const CHUNK_BYTES: usize = 256 * 1024;
 
+/// One chunk: `None` until first written (reads as zeros).
+type Chunk = RwLock<Option<Box<[u8]>>>;
+
 /// A store in host memory. Sparse (zero until written) and safe for concurrent use: each 256 KiB
 /// chunk sits behind its own reader-writer lock.
 #[derive(Debug)]
 pub struct MemoryStore {
     size: u64,
-    chunks: Box<[RwLock<Option<Box<[u8]>>>]>,
+    chunks: Box<[Chunk]>,
 }
 
 impl MemoryStore {
