@@ -1,6 +1,9 @@
 //! Both stores under concurrent readers and writers, checked against a reference; FileStore
 //! persistence, sizing rules, O_DIRECT, and out-of-range errors.
 
+// Test arithmetic runs on 64-bit hosts only; the casts below index in-memory buffers.
+#![allow(clippy::cast_possible_truncation)]
+
 use std::sync::{Arc, Mutex};
 
 use rand::{Rng, RngCore, SeedableRng, rngs::StdRng};
