@@ -1,1 +1,41 @@
-//! Workloads on GPU paging (filled in by the workloads work).
+//! Workloads that GPU-oversubscription systems are judged on, built locally from seeds:
+//! Graph500 Kronecker and uniform random graphs in CSR form ([`generate`], [`csr`], stored by
+//! [`format`]), CPU references for BFS, connected components and PageRank ([`reference`]),
+//! Graph500 BFS validation ([`validate`]), and Zipf-skewed embedding lookups with sum pooling
+//! ([`zipf`], [`embed`]).
+//!
+//! Everything here is deterministic from a seed and independent of the thread count, so a
+//! graph generated on one host and checked on another is the same graph.
+
+#![warn(missing_docs)]
+
+pub mod csr;
+pub mod embed;
+pub mod format;
+pub mod generate;
+pub mod par;
+pub mod reference;
+pub mod rng;
+pub mod validate;
+pub mod zipf;
+
+/// A fresh seed for a test run (time-based), printed so a failure can be replayed with
+/// `STRATA_TEST_SEED=<seed>`.
+#[cfg(test)]
+pub(crate) fn test_seed() -> u64 {
+    use std::sync::OnceLock;
+    static SEED: OnceLock<u64> = OnceLock::new();
+    *SEED.get_or_init(|| {
+        let seed = std::env::var("STRATA_TEST_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| {
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap_or_default();
+                u64::try_from(now.as_nanos() & u128::from(u64::MAX)).unwrap_or(1)
+            });
+        eprintln!("strata-workloads test seed: {seed} (replay with STRATA_TEST_SEED={seed})");
+        seed
+    })
+}
