@@ -1,3 +1,63 @@
-//! GPU-driven demand paging (filled in by the GPU work).
+//! GPU-driven demand paging: a *space* is a byte range that may be far larger than the GPU's
+//! memory. Its backing copy lives in pinned host memory mapped into the GPU; a page cache of
+//! frames in GPU memory holds the resident pages; a page table (one 64-bit word per page:
+//! state, dirty bit, frame, pin count) and a frame table (page, reference/protected bits) live
+//! in GPU memory. Kernels include `strata.cuh` and read and write elements or whole pages; a
+//! page fault is served by the faulting warp itself (claim, clock sweep with reference bits,
+//! dirty victim written back, 16-byte coalesced copy-in, release fence), with no CPU on the path.
+//!
+//! Layers: [`driver`] (thin safe wrappers over the CUDA driver, loaded at run time), [`nvrtc`]
+//! (run-time compilation to CUBIN with a disk cache in `STRATA_KERNEL_CACHE`), [`layout`] (the
+//! `#[repr(C)]` structures shared with the header), [`space`] (spaces and the runtime),
+//! [`bench`] (`strata bench gpu-micro`).
+//!
+//! ```no_run
+//! use strata_gpu::{Strata, SpaceOptions, ElementType, driver::Args};
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let strata = Strata::new(0)?;                       // GPU 0 + Strata's kernels
+//! let opts = SpaceOptions { page_size: 64 << 10, cache_bytes: 1 << 30,
+//!                           element: ElementType::F64, ..Default::default() };
+//! let n: u64 = 1 << 30;                               // 8 GiB of doubles, 1 GiB cache
+//! let mut space = strata.space(n * 8, &opts)?;
+//! space.with_host_mut(|bytes| bytes.fill(0))?;        // or fill_from_slice / fill_from_store
+//! let module = strata.compile(r#"
+//!     #include "strata.cuh"
+//!     extern "C" __global__ void scale(StrataSpace s, unsigned long long n, double k) {
+//!         strata::Array<double> a(s);
+//!         for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
+//!              i < n; i += (unsigned long long)gridDim.x * blockDim.x)
+//!             a.write(i, a.read(i) * k);
+//!     }"#, "scale.cu")?;                              // compile errors carry NVRTC's log
+//! let scale = module.function("scale")?;
+//! scale.launch(scale.full_grid(256)?, &Args::new().arg(space.handle()).arg(n).arg(2.0f64))?;
+//! space.check_errors()?;                              // out-of-range accesses surface here
+//! let mut head = vec![0f64; 16];
+//! space.read_back(0, &mut head)?;                     // flushes dirty pages first
+//! println!("{}", space.stats()?.to_snapshot());
+//! # Ok(()) }
+//! ```
+//!
+//! Device API (`strata.cuh`, path via [`nvrtc::STRATA_CUH`] for nvcc users: write it out):
+//! `strata::Array<T>(space)` with `read(i)`, `write(i, v)`, `atomic_add(i, v)` for 4/8-byte
+//! integers and floats; `strata::acquire(space, page, write)` / `strata::release(space, ref)`
+//! for bulk loops over a page's bytes (`ref.data`). All are warp-collective over the calling
+//! lanes, which coalesce on equal pages.
+//!
+//! Eviction: [`EvictionPolicy::Clock`] (clock with reference bits) or
+//! [`EvictionPolicy::ScanResistant`] (a protected segment that pages enter only when referenced
+//! again after the hand passed them), per space.
+//!
+//! Deviation from DESIGN.md, on purpose: the pin count lives in the page-table word rather than
+//! the frame table, so a hit is a single atomic that pins and reads the state at once, and an
+//! evictor's compare-and-swap fails whenever a pin exists (no window between check and pin).
 #![warn(missing_docs)]
+pub mod bench;
+pub mod driver;
+pub mod layout;
+pub mod nvrtc;
 pub mod probe;
+pub mod space;
+
+pub use space::{
+    ElementType, EvictionPolicy, GpuStats, KernelModule, Space, SpaceError, SpaceOptions, Strata,
+};

@@ -1,0 +1,116 @@
+// Kernels of `strata bench gpu-micro`: each pattern once through a Strata space and once over a
+// plain pointer (pinned host memory for zero-copy, device memory for chunked copies, managed
+// memory for UVM). Sums go to `sink` so that no load is optimised away.
+#include "strata.cuh"
+
+__device__ __forceinline__ strata_u64 mix64(strata_u64 x) {
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ull;
+    x ^= x >> 33;
+    return x;
+}
+__device__ __forceinline__ strata_u64 warp_global() {
+    return (blockIdx.x * (strata_u64)blockDim.x + threadIdx.x) / 32;
+}
+__device__ __forceinline__ strata_u64 warp_count() { return (strata_u64)gridDim.x * (blockDim.x / 32); }
+__device__ __forceinline__ void sink_add(strata_u64* sink, strata_u64 v) {
+    for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
+    if ((threadIdx.x & 31) == 0) atomicAdd(sink, v);
+}
+__device__ __forceinline__ strata_u64 sum_page(const unsigned char* p, strata_u64 bytes) {
+    const uint4* v = (const uint4*)p;
+    strata_u64 acc = 0;
+    const unsigned lane = threadIdx.x & 31;
+    for (strata_u64 i = lane; i < bytes / 16; i += 32) {
+        uint4 x = __ldcg(v + i);
+        acc += (strata_u64)x.x + x.y + x.z + x.w;
+    }
+    return acc;
+}
+__device__ __forceinline__ void bump_page(unsigned char* p, strata_u64 bytes) {
+    strata_u64* v = (strata_u64*)p;
+    const unsigned lane = threadIdx.x & 31;
+    for (strata_u64 i = lane * 2; i < bytes / 8; i += 64) {
+        strata_u64 a = __ldcg(v + i), b = __ldcg(v + i + 1);
+        __stcg(v + i, a + 1);
+        __stcg(v + i + 1, b + 1);
+    }
+}
+// Page order for the random-touch patterns: a bijection of [0, pages) when `cold` (every page
+// once, shuffled), else uniform with replacement. `pages` is a power of two.
+__device__ __forceinline__ strata_u64 touch_page(strata_u64 t, strata_u64 pages, strata_u64 seed, int cold) {
+    if (cold) return ((t ^ (seed & (pages - 1))) * 0x9E3779B97F4A7C15ull + seed) & (pages - 1);
+    return mix64(t ^ seed) & (pages - 1);
+}
+__device__ __forceinline__ strata_u64 gather_index(const strata_u64* idx, strata_u64 i, strata_u64 n,
+                                                   strata_u64 seed) {
+    return idx ? idx[i] : mix64(i ^ seed) % n;
+}
+
+// ---- through Strata -----------------------------------------------------------------------------
+extern "C" __global__ void strata_stream_read(StrataSpace s, strata_u64* sink) {
+    strata_u64 acc = 0;
+    for (strata_u64 p = warp_global(); p < s.pages; p += warp_count()) {
+        strata::PageRef r = strata::acquire(s, p, false);
+        acc += sum_page(r.data, strata::page_bytes(s));
+        strata::release(s, r);
+    }
+    sink_add(sink, acc);
+}
+extern "C" __global__ void strata_stream_rmw(StrataSpace s) {
+    for (strata_u64 p = warp_global(); p < s.pages; p += warp_count()) {
+        strata::PageRef r = strata::acquire(s, p, true);
+        bump_page(r.data, strata::page_bytes(s));
+        strata::release(s, r);
+    }
+}
+extern "C" __global__ void strata_page_touch(StrataSpace s, strata_u64 touches, strata_u64 seed, int cold,
+                                             strata_u64* sink) {
+    strata_u64 acc = 0;
+    for (strata_u64 t = warp_global(); t < touches; t += warp_count()) {
+        strata::PageRef r = strata::acquire(s, touch_page(t, s.pages, seed, cold), false);
+        acc += sum_page(r.data, strata::page_bytes(s));
+        strata::release(s, r);
+    }
+    sink_add(sink, acc);
+}
+extern "C" __global__ void strata_gather(StrataSpace s, const strata_u64* idx, strata_u64 count,
+                                         strata_u64 seed, strata_u64* sink) {
+    strata::Array<strata_u64> a(s);
+    const strata_u64 n = a.size();
+    strata_u64 acc = 0;
+    const strata_u64 threads = (strata_u64)gridDim.x * blockDim.x;
+    for (strata_u64 i = blockIdx.x * (strata_u64)blockDim.x + threadIdx.x; i < count; i += threads)
+        acc += a.read(gather_index(idx, i, n, seed));
+    sink_add(sink, acc);
+}
+
+// ---- over a plain pointer (zero-copy host, device chunk, managed) ------------------------------
+extern "C" __global__ void raw_stream_read(const unsigned char* p, strata_u64 bytes, strata_u64 page_bytes,
+                                           strata_u64* sink) {
+    strata_u64 acc = 0;
+    for (strata_u64 q = warp_global(); q < bytes / page_bytes; q += warp_count())
+        acc += sum_page(p + q * page_bytes, page_bytes);
+    sink_add(sink, acc);
+}
+extern "C" __global__ void raw_stream_rmw(unsigned char* p, strata_u64 bytes, strata_u64 page_bytes) {
+    for (strata_u64 q = warp_global(); q < bytes / page_bytes; q += warp_count())
+        bump_page(p + q * page_bytes, page_bytes);
+}
+extern "C" __global__ void raw_page_touch(const unsigned char* p, strata_u64 page_shift, strata_u64 pages,
+                                          strata_u64 touches, strata_u64 seed, int cold, strata_u64* sink) {
+    strata_u64 acc = 0;
+    for (strata_u64 t = warp_global(); t < touches; t += warp_count())
+        acc += sum_page(p + (touch_page(t, pages, seed, cold) << page_shift), 1ull << page_shift);
+    sink_add(sink, acc);
+}
+extern "C" __global__ void raw_gather(const strata_u64* p, strata_u64 n, const strata_u64* idx,
+                                      strata_u64 count, strata_u64 seed, strata_u64* sink) {
+    strata_u64 acc = 0;
+    const strata_u64 threads = (strata_u64)gridDim.x * blockDim.x;
+    for (strata_u64 i = blockIdx.x * (strata_u64)blockDim.x + threadIdx.x; i < count; i += threads)
+        acc += __ldcg(p + gather_index(idx, i, n, seed));
+    sink_add(sink, acc);
+}

@@ -1,0 +1,487 @@
+// strata.cuh: the device side of Strata's GPU-driven demand paging.
+//
+// A kernel that includes this header reads and writes a *space* (a byte range larger than the
+// GPU's memory) through a page cache in GPU memory. Every page fault is served by the warp that
+// takes it: no CPU, driver or OS is on the path.
+//
+//   #include "strata.cuh"
+//   extern "C" __global__ void sum(StrataSpace space, unsigned long long n, double* out) {
+//       strata::Array<double> a(space);
+//       for (unsigned long long i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
+//            i += gridDim.x * blockDim.x)
+//           atomicAdd(out, a.read(i));
+//   }
+//
+// Element access: `read(i)`, `write(i, v)`, `atomic_add(i, v)`. Bulk loops over whole pages:
+// `strata::acquire(space, page, write)` returns a pointer to the page's frame, valid until
+// `strata::release(space, ref)`; both are warp-collective over the calling lanes (lanes that pass
+// the same page share one pin).
+//
+// Self-contained on purpose: it includes no toolkit header, so NVRTC compiles it with no CUDA
+// toolkit installed (CI does exactly that). Needs sm_70 or newer (__match_any_sync, __nanosleep).
+//
+// The layout of every struct below is shared with Rust (`strata_gpu::layout`); both sides check
+// it (static_asserts here, const asserts and a layout-probe kernel there).
+#pragma once
+
+typedef unsigned long long strata_u64;
+typedef unsigned int strata_u32;
+
+// ---- page-table word (one per page, 64 bits) ---------------------------------------------------
+// bits  0..31  frame number (valid while RESIDENT, LOADING keeps 0 until publish)
+// bits 32..33  state
+// bit  34      dirty
+// bits 40..63  pin count: pins live in the page word itself, so a hit is one atomic that both
+//              pins the page and reads its state, and an evictor's single compare-and-swap can
+//              never race with a pin (it fails if any pin appears).
+#define STRATA_FRAME_MASK 0xFFFFFFFFull
+#define STRATA_STATE_SHIFT 32
+#define STRATA_STATE_MASK (3ull << STRATA_STATE_SHIFT)
+#define STRATA_NOT_RESIDENT 0ull
+#define STRATA_LOADING 1ull
+#define STRATA_RESIDENT 2ull
+#define STRATA_EVICTING 3ull
+#define STRATA_DIRTY (1ull << 34)
+#define STRATA_PIN_SHIFT 40
+#define STRATA_PIN_ONE (1ull << STRATA_PIN_SHIFT)
+#define STRATA_PIN_MASK (0xFFFFFFull << STRATA_PIN_SHIFT)
+
+// ---- frame table (one entry per frame of the page cache) --------------------------------------
+#define STRATA_NO_PAGE 0xFFFFFFFFu
+#define STRATA_FRAME_REF 1u        // referenced since the clock hand last passed
+#define STRATA_FRAME_PROTECTED 2u  // in the protected segment (scan-resistant policy)
+#define STRATA_AGE_SHIFT 8
+#define STRATA_AGE_MASK (0xFFu << STRATA_AGE_SHIFT)
+// Protected frames survive this many clock passes without a reference before demotion.
+#define STRATA_AGE_LIMIT 16u
+
+// ---- policies and error flags ----------------------------------------------------------------
+#define STRATA_POLICY_CLOCK 0u
+#define STRATA_POLICY_SCAN_RESISTANT 1u
+#define STRATA_ERR_OUT_OF_RANGE 1ull
+#define STRATA_ERR_NO_FRAME 2ull
+
+#define STRATA_HIT_SHARDS 32
+#define STRATA_SHARD_STRIDE 16  // u64s between shards: one 128-byte line each
+
+struct StrataFrame {
+    strata_u32 page;   // page held, or STRATA_NO_PAGE
+    strata_u32 flags;  // STRATA_FRAME_* bits and the age
+};
+
+struct StrataCounters {
+    strata_u64 hits[STRATA_HIT_SHARDS * STRATA_SHARD_STRIDE];  // sharded by SM
+    strata_u64 faults;
+    strata_u64 evictions;
+    strata_u64 writebacks;
+    strata_u64 bytes_in;       // host -> GPU frames
+    strata_u64 bytes_out;      // GPU frames -> host
+    strata_u64 fault_ns_total; // sum of fault service times (claim to publish)
+    strata_u64 fault_ns_max;
+    strata_u64 prefetched;
+    strata_u64 error_flags;    // STRATA_ERR_* bits
+    strata_u64 first_bad_index;// first out-of-range element index seen (~0 if none)
+    strata_u64 no_frame_retries;
+    strata_u32 clock_hand;
+    strata_u32 protected_now;  // frames in the protected segment
+    strata_u64 reserved[4];
+};
+
+// The space handle a kernel receives (by value). Pointers are device addresses.
+struct StrataSpace {
+    strata_u64* page_table;      // [pages]
+    StrataFrame* frames;         // [frame_count]
+    unsigned char* frame_data;   // frame_count * page_size bytes, in GPU memory
+    unsigned char* host;         // the backing copy: pinned host memory mapped into the GPU
+    StrataCounters* counters;    // in GPU memory
+    strata_u64 size_bytes;       // bytes addressable by kernels
+    strata_u64 pages;
+    strata_u32 frame_count;
+    strata_u32 page_shift;
+    strata_u32 policy;           // STRATA_POLICY_*
+    strata_u32 protected_quota;  // most frames the protected segment may hold
+};
+
+static_assert(sizeof(StrataFrame) == 8, "StrataFrame layout changed: update strata_gpu::layout");
+static_assert(sizeof(StrataCounters) == 8 * (STRATA_HIT_SHARDS * STRATA_SHARD_STRIDE + 11) + 8 + 32,
+              "StrataCounters layout changed: update strata_gpu::layout");
+static_assert(sizeof(StrataSpace) == 72, "StrataSpace layout changed: update strata_gpu::layout");
+
+namespace strata {
+
+namespace detail {
+
+__device__ __forceinline__ unsigned lane_id() {
+    unsigned l;
+    asm volatile("mov.u32 %0, %%laneid;" : "=r"(l));
+    return l;
+}
+__device__ __forceinline__ unsigned sm_id() {
+    unsigned s;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(s));
+    return s;
+}
+__device__ __forceinline__ strata_u64 now_ns() {
+    strata_u64 t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+__device__ __forceinline__ strata_u64 load_volatile(const strata_u64* p) {
+    return *(const volatile strata_u64*)p;
+}
+__device__ __forceinline__ strata_u32 load_volatile(const strata_u32* p) {
+    return *(const volatile strata_u32*)p;
+}
+// Unpin with release semantics: the group's loads and stores of the frame are ordered before
+// the pin drops, so an evictor that sees zero pins also sees the final bytes.
+__device__ __forceinline__ void unpin_release(strata_u64* word) {
+    strata_u64 minus_one = 0ull - STRATA_PIN_ONE;
+    strata_u64 old;
+    asm volatile("atom.add.release.gpu.u64 %0, [%1], %2;"
+                 : "=l"(old)
+                 : "l"(word), "l"(minus_one)
+                 : "memory");
+    (void)old;
+}
+__device__ __forceinline__ strata_u64 state_of(strata_u64 w) {
+    return (w & STRATA_STATE_MASK) >> STRATA_STATE_SHIFT;
+}
+
+__device__ __forceinline__ void report_error(const StrataSpace& s, strata_u64 flag, strata_u64 index) {
+    atomicOr(&s.counters->error_flags, flag);
+    if (flag == STRATA_ERR_OUT_OF_RANGE) atomicMin(&s.counters->first_bad_index, index);
+}
+
+__device__ __forceinline__ void touch_frame(const StrataSpace& s, strata_u32 frame) {
+    strata_u32* flags = &s.frames[frame].flags;
+    if (!(load_volatile(flags) & STRATA_FRAME_REF)) atomicOr(flags, STRATA_FRAME_REF);
+}
+
+enum PinStatus { PIN_NONE = 0, PIN_HIT = 1, PIN_BUSY = 2, PIN_CLAIMED = 3 };
+
+// One attempt by a group leader: pin a resident page, or claim a missing one for loading (the
+// claim keeps the pin), or report that someone else is moving it.
+__device__ __forceinline__ int try_pin(const StrataSpace& s, strata_u64 page, bool write,
+                                       strata_u32* frame) {
+    strata_u64* word = &s.page_table[page];
+    strata_u64 old = atomicAdd(word, STRATA_PIN_ONE);
+    strata_u64 st = state_of(old);
+    if (st == STRATA_RESIDENT) {
+        *frame = (strata_u32)(old & STRATA_FRAME_MASK);
+        if (write && !(old & STRATA_DIRTY)) atomicOr(word, STRATA_DIRTY);
+        touch_frame(s, *frame);
+        return PIN_HIT;
+    }
+    if (st == STRATA_NOT_RESIDENT) {
+        strata_u64 cur = old + STRATA_PIN_ONE;
+        while (state_of(cur) == STRATA_NOT_RESIDENT) {
+            strata_u64 claimed = (cur & ~STRATA_STATE_MASK) | (STRATA_LOADING << STRATA_STATE_SHIFT);
+            strata_u64 prev = atomicCAS(word, cur, claimed);
+            if (prev == cur) return PIN_CLAIMED;
+            cur = prev;
+        }
+    }
+    atomicAdd(word, 0ull - STRATA_PIN_ONE);
+    return PIN_BUSY;
+}
+
+// Takes a frame for `page` by a clock sweep (leader lane only). Returns the frame, or
+// STRATA_NO_PAGE when every frame stayed pinned for the whole sweep. `victim` is the page
+// evicted from it (STRATA_NO_PAGE if the frame was free), `victim_dirty` whether it needs
+// writing back. The victim's page word is left EVICTING.
+__device__ strata_u32 take_frame(const StrataSpace& s, strata_u32 page, strata_u32* victim,
+                                 bool* victim_dirty) {
+    const strata_u32 n = s.frame_count;
+    const bool scan_resistant = s.policy == STRATA_POLICY_SCAN_RESISTANT;
+    const strata_u64 max_steps = (strata_u64)n * (scan_resistant ? STRATA_AGE_LIMIT + 4 : 3) + 64;
+    for (strata_u64 step = 0; step < max_steps; ++step) {
+        strata_u32 f = atomicAdd(&s.counters->clock_hand, 1u) % n;
+        StrataFrame* fr = &s.frames[f];
+        strata_u32 owner = load_volatile(&fr->page);
+        if (owner == STRATA_NO_PAGE) {
+            if (atomicCAS(&fr->page, STRATA_NO_PAGE, page) == STRATA_NO_PAGE) {
+                *victim = STRATA_NO_PAGE;
+                *victim_dirty = false;
+                return f;
+            }
+            continue;
+        }
+        strata_u32 flags = load_volatile(&fr->flags);
+        if (flags & STRATA_FRAME_PROTECTED) {
+            if (flags & STRATA_FRAME_REF) {
+                atomicAnd(&fr->flags, ~(STRATA_FRAME_REF | STRATA_AGE_MASK));
+            } else if (((flags & STRATA_AGE_MASK) >> STRATA_AGE_SHIFT) < STRATA_AGE_LIMIT) {
+                atomicAdd(&fr->flags, 1u << STRATA_AGE_SHIFT);
+            } else {
+                strata_u32 before = atomicAnd(&fr->flags, ~(STRATA_FRAME_PROTECTED | STRATA_AGE_MASK));
+                if (before & STRATA_FRAME_PROTECTED) atomicSub(&s.counters->protected_now, 1u);
+            }
+            continue;
+        }
+        if (flags & STRATA_FRAME_REF) {
+            // Second chance. Under the scan-resistant policy a re-referenced page also enters
+            // the protected segment while it has room.
+            if (scan_resistant && atomicAdd(&s.counters->protected_now, 1u) < s.protected_quota) {
+                strata_u32 before = atomicOr(&fr->flags, STRATA_FRAME_PROTECTED);
+                if (before & STRATA_FRAME_PROTECTED) atomicSub(&s.counters->protected_now, 1u);
+                atomicAnd(&fr->flags, ~(STRATA_FRAME_REF | STRATA_AGE_MASK));
+            } else {
+                if (scan_resistant) atomicSub(&s.counters->protected_now, 1u);
+                atomicAnd(&fr->flags, ~STRATA_FRAME_REF);
+            }
+            continue;
+        }
+        strata_u64* vword = &s.page_table[owner];
+        strata_u64 w = load_volatile(vword);
+        if (state_of(w) != STRATA_RESIDENT || (w & STRATA_FRAME_MASK) != f || (w & STRATA_PIN_MASK))
+            continue;
+        strata_u64 evicting = (w & ~STRATA_STATE_MASK) | (STRATA_EVICTING << STRATA_STATE_SHIFT);
+        if (atomicCAS(vword, w, evicting) != w) continue;
+        *victim = owner;
+        *victim_dirty = (w & STRATA_DIRTY) != 0;
+        return f;
+    }
+    return STRATA_NO_PAGE;
+}
+
+// Warp-cooperative copy of one page with 16-byte loads, eight in flight per lane.
+__device__ __forceinline__ void warp_copy(unsigned char* dst, const unsigned char* src,
+                                          strata_u64 bytes, unsigned lane, unsigned lanes_mask) {
+    const uint4* s = (const uint4*)src;
+    uint4* d = (uint4*)dst;
+    const strata_u64 vecs = bytes / 16;
+    const unsigned nl = __popc(lanes_mask);
+    const unsigned rank = __popc(lanes_mask & ((1u << lane) - 1u));
+    strata_u64 i = rank;
+    for (; i + 7 * nl < vecs; i += 8 * nl) {
+        uint4 v[8];
+#pragma unroll
+        for (int k = 0; k < 8; ++k) v[k] = __ldcg(s + i + k * nl);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) __stcg(d + i + k * nl, v[k]);
+    }
+    for (; i < vecs; i += nl) __stcg(d + i, __ldcg(s + i));
+}
+
+// The whole warp serves the fault that lane `leader` claimed for `page`. Returns the frame, or
+// STRATA_NO_PAGE (the claim is undone) when no frame could be taken.
+__device__ strata_u32 serve_fault(const StrataSpace& s, strata_u64 page, unsigned leader,
+                                  unsigned lane, unsigned mask, bool write, bool prefetch) {
+    strata_u32 frame = 0, victim = STRATA_NO_PAGE;
+    bool dirty = false;
+    strata_u64 t0 = 0;
+    if (lane == leader) {
+        t0 = now_ns();
+        frame = take_frame(s, (strata_u32)page, &victim, &dirty);
+    }
+    frame = __shfl_sync(mask, frame, leader);
+    victim = __shfl_sync(mask, victim, leader);
+    dirty = __shfl_sync(mask, (int)dirty, leader) != 0;
+    const strata_u64 ps = 1ull << s.page_shift;
+    if (frame == STRATA_NO_PAGE) {
+        if (lane == leader) {
+            // Undo the claim: back to NOT_RESIDENT, drop the claim's pin.
+            atomicAdd(&s.page_table[page], 0ull - (STRATA_LOADING << STRATA_STATE_SHIFT) - STRATA_PIN_ONE);
+            atomicAdd(&s.counters->no_frame_retries, 1ull);
+        }
+        return STRATA_NO_PAGE;
+    }
+    unsigned char* fdata = s.frame_data + (strata_u64)frame * ps;
+    if (victim != STRATA_NO_PAGE && dirty) {
+        warp_copy(s.host + ((strata_u64)victim << s.page_shift), fdata, ps, lane, mask);
+        __syncwarp(mask);
+        if (lane == leader) {
+            __threadfence_system();
+            atomicAdd(&s.counters->writebacks, 1ull);
+            atomicAdd(&s.counters->bytes_out, ps);
+        }
+    }
+    if (lane == leader) {
+        if (victim != STRATA_NO_PAGE) {
+            s.frames[frame].page = (strata_u32)page;
+            __threadfence();
+            // Victim back to NOT_RESIDENT, frame and dirty cleared; transient pins stay counted.
+            atomicAnd(&s.page_table[victim], STRATA_PIN_MASK);
+            atomicAdd(&s.counters->evictions, 1ull);
+        }
+        strata_u32 before = atomicExch(&s.frames[frame].flags,
+                                       s.policy == STRATA_POLICY_CLOCK ? STRATA_FRAME_REF : 0u);
+        if (before & STRATA_FRAME_PROTECTED) atomicSub(&s.counters->protected_now, 1u);
+    }
+    __syncwarp(mask);
+    warp_copy(fdata, s.host + (page << s.page_shift), ps, lane, mask);
+    __syncwarp(mask);
+    if (lane == leader) {
+        __threadfence();
+        strata_u64 publish = (1ull << STRATA_STATE_SHIFT) + frame + (write ? STRATA_DIRTY : 0ull);
+        atomicAdd(&s.page_table[page], publish);
+        atomicAdd(&s.counters->faults, 1ull);
+        atomicAdd(&s.counters->bytes_in, ps);
+        if (prefetch) atomicAdd(&s.counters->prefetched, 1ull);
+        strata_u64 dt = now_ns() - t0;
+        atomicAdd(&s.counters->fault_ns_total, dt);
+        atomicMax(&s.counters->fault_ns_max, dt);
+    }
+    return frame;
+}
+
+}  // namespace detail
+
+// A pinned page: what acquire() returns. `data` points at the page's frame in GPU memory.
+struct PageRef {
+    unsigned char* data;
+    strata_u64 page;
+    unsigned peers;   // lanes sharing this pin
+    unsigned leader;  // the lane that holds it
+};
+
+// Warp-collective over the calling lanes: every calling lane gets its page pinned (lanes with
+// the same page share one pin). Faults are served by this warp. `prefetch` only labels the
+// statistics.
+__device__ __forceinline__ PageRef acquire_page(const StrataSpace& s, strata_u64 page, bool write,
+                                                bool prefetch = false) {
+    const unsigned mask = __activemask();
+    const unsigned lane = detail::lane_id();
+    const unsigned peers = __match_any_sync(mask, page);
+    const unsigned leader = __ffs(peers) - 1;
+    const bool is_leader = lane == leader;
+    strata_u32 frame = 0;
+    unsigned pending = __ballot_sync(mask, is_leader);
+    unsigned sleep_ns = 64;
+    unsigned idle_rounds = 0;
+    unsigned hits_here = 0;
+    while (pending) {
+        int status = detail::PIN_NONE;
+        if (is_leader && ((pending >> lane) & 1u)) status = detail::try_pin(s, page, write, &frame);
+        const unsigned hit = __ballot_sync(mask, status == detail::PIN_HIT);
+        unsigned claimed = __ballot_sync(mask, status == detail::PIN_CLAIMED);
+        hits_here += __popc(hit);
+        pending &= ~hit;
+        bool starved = false;
+        unsigned served = 0;
+        while (claimed) {
+            const unsigned l = __ffs(claimed) - 1;
+            claimed &= claimed - 1;
+            const strata_u64 p = __shfl_sync(mask, page, l);
+            const strata_u32 f = detail::serve_fault(s, p, l, lane, mask, write, prefetch);
+            if (f == STRATA_NO_PAGE) {
+                starved = true;
+            } else {
+                if (lane == l) frame = f;
+                pending &= ~(1u << l);
+                served |= 1u << l;
+            }
+        }
+        idle_rounds = (hit | served) ? 0 : idle_rounds + 1;
+        if (starved || idle_rounds > 64) {
+            // Every frame stayed pinned for a whole sweep, or we waited long on pages others
+            // are moving. Drop this warp's pins so that warps needing frames we hold can
+            // finish (no deadlock however small the cache), then try again after a pause.
+            idle_rounds = 0;
+            const unsigned held = __ballot_sync(mask, is_leader) & ~pending;
+            if (is_leader && ((held >> lane) & 1u)) detail::unpin_release(&s.page_table[page]);
+            pending |= held;
+            hits_here = 0;
+        }
+        if (pending && (starved || !(hit | served))) {
+            __nanosleep(sleep_ns);
+            if (sleep_ns < 4096) sleep_ns *= 2;
+        }
+    }
+    if (lane == __ffs(mask) - 1 && hits_here)
+        atomicAdd(&s.counters->hits[(detail::sm_id() % STRATA_HIT_SHARDS) * STRATA_SHARD_STRIDE],
+                  (strata_u64)hits_here);
+    frame = __shfl_sync(mask, frame, leader);
+    PageRef r;
+    r.data = s.frame_data + ((strata_u64)frame << s.page_shift);
+    r.page = page;
+    r.peers = peers;
+    r.leader = leader;
+    return r;
+}
+
+// Drops the pin acquire_page() took. Call with the same lanes.
+__device__ __forceinline__ void release_page(const StrataSpace& s, const PageRef& r) {
+    __syncwarp(r.peers);
+    if (detail::lane_id() == r.leader) detail::unpin_release(&s.page_table[r.page]);
+}
+
+// Bulk access: acquire makes the page's bytes visible to this thread's ordinary loads (it
+// fences, so no stale L1 line of an earlier page in the same frame is read).
+__device__ __forceinline__ PageRef acquire(const StrataSpace& s, strata_u64 page, bool write) {
+    PageRef r = acquire_page(s, page, write);
+    __threadfence();
+    return r;
+}
+__device__ __forceinline__ void release(const StrataSpace& s, const PageRef& r) { release_page(s, r); }
+
+__device__ __forceinline__ strata_u64 page_bytes(const StrataSpace& s) { return 1ull << s.page_shift; }
+__device__ __forceinline__ strata_u64 page_count(const StrataSpace& s) { return s.pages; }
+
+namespace detail {
+template <typename T, int N = sizeof(T)> struct Bits;
+template <typename T> struct Bits<T, 4> { typedef unsigned int type; };
+template <typename T> struct Bits<T, 8> { typedef strata_u64 type; };
+
+// Loads through L2 only: frames are reused by other pages, and L1 is not coherent.
+template <typename T> __device__ __forceinline__ T load_cg(const T* p) {
+    typedef typename Bits<T>::type B;
+    B b = __ldcg((const B*)p);
+    union { B b; T t; } u;
+    u.b = b;
+    return u.t;
+}
+template <typename T> __device__ __forceinline__ T atomic_add_elem(T* p, T v) { return atomicAdd(p, v); }
+template <> __device__ __forceinline__ long long atomic_add_elem<long long>(long long* p, long long v) {
+    return (long long)atomicAdd((strata_u64*)p, (strata_u64)v);
+}
+}  // namespace detail
+
+// A typed view of a space. Elements must be 4 or 8 bytes (pages are powers of two, so an
+// element never straddles two pages).
+template <typename T> struct Array {
+    StrataSpace s;
+    __device__ explicit Array(const StrataSpace& space) : s(space) {}
+
+    __device__ __forceinline__ strata_u64 size() const { return s.size_bytes / sizeof(T); }
+
+    __device__ __forceinline__ T read(strata_u64 i) const {
+        if (i >= size()) {
+            detail::report_error(s, STRATA_ERR_OUT_OF_RANGE, i);
+            return T(0);
+        }
+        const strata_u64 byte = i * sizeof(T);
+        PageRef r = acquire_page(s, byte >> s.page_shift, false);
+        T v = detail::load_cg((const T*)(r.data + (byte & ((1ull << s.page_shift) - 1))));
+        release_page(s, r);
+        return v;
+    }
+
+    __device__ __forceinline__ void write(strata_u64 i, T v) const {
+        if (i >= size()) {
+            detail::report_error(s, STRATA_ERR_OUT_OF_RANGE, i);
+            return;
+        }
+        const strata_u64 byte = i * sizeof(T);
+        PageRef r = acquire_page(s, byte >> s.page_shift, true);
+        __stcg((typename detail::Bits<T>::type*)(r.data + (byte & ((1ull << s.page_shift) - 1))),
+               *(const typename detail::Bits<T>::type*)&v);
+        release_page(s, r);
+    }
+
+    // Atomic add (int, unsigned, long long, unsigned long long, float, double); returns the old
+    // value. Atomics act in L2, so concurrent adders on other SMs see each other.
+    __device__ __forceinline__ T atomic_add(strata_u64 i, T v) const {
+        if (i >= size()) {
+            detail::report_error(s, STRATA_ERR_OUT_OF_RANGE, i);
+            return T(0);
+        }
+        const strata_u64 byte = i * sizeof(T);
+        PageRef r = acquire_page(s, byte >> s.page_shift, true);
+        T old = detail::atomic_add_elem((T*)(r.data + (byte & ((1ull << s.page_shift) - 1))), v);
+        release_page(s, r);
+        return old;
+    }
+};
+
+}  // namespace strata

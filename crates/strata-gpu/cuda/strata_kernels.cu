@@ -1,0 +1,105 @@
+// Strata's own kernels: host-driven maintenance of a space's page cache (flush, evict,
+// prefetch) and the layout probe. They run stream-ordered between user kernels, so no user
+// access races with them; prefetch reuses the fault path and is safe under any concurrency.
+#include "strata.cuh"
+
+// Writes every dirty resident page back to the host copy and marks it clean. A warp per frame.
+extern "C" __global__ void strata_flush(StrataSpace s) {
+    const unsigned lane = threadIdx.x & 31;
+    const strata_u64 warps = (strata_u64)gridDim.x * (blockDim.x / 32);
+    const strata_u64 ps = 1ull << s.page_shift;
+    for (strata_u64 f = (blockIdx.x * (strata_u64)blockDim.x + threadIdx.x) / 32; f < s.frame_count;
+         f += warps) {
+        const strata_u32 page = s.frames[f].page;
+        if (page == STRATA_NO_PAGE) continue;
+        const strata_u64 w = s.page_table[page];
+        if (strata::detail::state_of(w) != STRATA_RESIDENT || (w & STRATA_FRAME_MASK) != f ||
+            !(w & STRATA_DIRTY))
+            continue;
+        strata::detail::warp_copy(s.host + ((strata_u64)page << s.page_shift), s.frame_data + f * ps,
+                                  ps, lane, 0xFFFFFFFFu);
+        __syncwarp();
+        if (lane == 0) {
+            __threadfence_system();
+            atomicAnd(&s.page_table[page], ~STRATA_DIRTY);
+            atomicAdd(&s.counters->writebacks, 1ull);
+            atomicAdd(&s.counters->bytes_out, ps);
+        }
+    }
+}
+
+// Evicts resident pages in [first, last): dirty ones are written back first, their frames
+// become free. A warp per frame.
+extern "C" __global__ void strata_evict(StrataSpace s, strata_u64 first, strata_u64 last) {
+    const unsigned lane = threadIdx.x & 31;
+    const strata_u64 warps = (strata_u64)gridDim.x * (blockDim.x / 32);
+    const strata_u64 ps = 1ull << s.page_shift;
+    for (strata_u64 f = (blockIdx.x * (strata_u64)blockDim.x + threadIdx.x) / 32; f < s.frame_count;
+         f += warps) {
+        const strata_u32 page = s.frames[f].page;
+        if (page == STRATA_NO_PAGE || page < first || page >= last) continue;
+        const strata_u64 w = s.page_table[page];
+        const bool owns = strata::detail::state_of(w) == STRATA_RESIDENT && (w & STRATA_FRAME_MASK) == f;
+        if (owns && (w & STRATA_DIRTY)) {
+            strata::detail::warp_copy(s.host + ((strata_u64)page << s.page_shift),
+                                      s.frame_data + f * ps, ps, lane, 0xFFFFFFFFu);
+            __syncwarp();
+            if (lane == 0) {
+                __threadfence_system();
+                atomicAdd(&s.counters->writebacks, 1ull);
+                atomicAdd(&s.counters->bytes_out, ps);
+            }
+        }
+        if (lane == 0) {
+            if (owns) {
+                atomicAnd(&s.page_table[page], STRATA_PIN_MASK);
+                atomicAdd(&s.counters->evictions, 1ull);
+            }
+            const strata_u32 before = atomicExch(&s.frames[f].flags, 0u);
+            if (before & STRATA_FRAME_PROTECTED) atomicSub(&s.counters->protected_now, 1u);
+            s.frames[f].page = STRATA_NO_PAGE;
+        }
+    }
+}
+
+// Brings pages [first, last) in through the ordinary fault path. A warp per page.
+extern "C" __global__ void strata_prefetch(StrataSpace s, strata_u64 first, strata_u64 last) {
+    const strata_u64 warps = (strata_u64)gridDim.x * (blockDim.x / 32);
+    for (strata_u64 p = first + (blockIdx.x * (strata_u64)blockDim.x + threadIdx.x) / 32; p < last;
+         p += warps) {
+        strata::PageRef r = strata::acquire_page(s, p, false, true);
+        strata::release_page(s, r);
+    }
+}
+
+// Writes sizes and field offsets as the device compiler lays them out; the host compares
+// them with its own (strata_gpu::layout).
+extern "C" __global__ void strata_layout_probe(strata_u64* out) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    StrataSpace s;
+    StrataCounters c;
+    const char* sb = (const char*)&s;
+    const char* cb = (const char*)&c;
+    int i = 0;
+    out[i++] = sizeof(StrataSpace);
+    out[i++] = (const char*)&s.page_table - sb;
+    out[i++] = (const char*)&s.frames - sb;
+    out[i++] = (const char*)&s.frame_data - sb;
+    out[i++] = (const char*)&s.host - sb;
+    out[i++] = (const char*)&s.counters - sb;
+    out[i++] = (const char*)&s.size_bytes - sb;
+    out[i++] = (const char*)&s.pages - sb;
+    out[i++] = (const char*)&s.frame_count - sb;
+    out[i++] = (const char*)&s.page_shift - sb;
+    out[i++] = (const char*)&s.policy - sb;
+    out[i++] = (const char*)&s.protected_quota - sb;
+    out[i++] = sizeof(StrataCounters);
+    out[i++] = (const char*)&c.faults - cb;
+    out[i++] = (const char*)&c.error_flags - cb;
+    out[i++] = (const char*)&c.first_bad_index - cb;
+    out[i++] = (const char*)&c.clock_hand - cb;
+    out[i++] = (const char*)&c.protected_now - cb;
+    out[i++] = sizeof(StrataFrame);
+    out[i++] = STRATA_PIN_ONE;
+    out[i++] = STRATA_DIRTY;
+}

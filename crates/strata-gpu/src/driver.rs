@@ -1,0 +1,718 @@
+//! A thin safe layer over the CUDA driver calls Strata needs (cudarc's `sys` bindings, loaded at
+//! run time): the GPU handle, device and pinned host buffers, events, module loading and
+//! launching. Everything unsafe about the driver lives here.
+
+use std::ffi::{CStr, CString, c_void};
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, sys};
+
+/// A failed CUDA driver call.
+#[derive(Debug, thiserror::Error)]
+pub enum DriverError {
+    /// libcuda could not be loaded.
+    #[error(
+        "no CUDA driver found (libcuda.so could not be loaded): run on a machine with an NVIDIA GPU and driver"
+    )]
+    NoDriver,
+    /// A driver call returned an error.
+    #[error("CUDA call {call} failed: {code:?} ({message}){hint}")]
+    Call {
+        /// The driver function.
+        call: &'static str,
+        /// Its result code.
+        code: sys::CUresult,
+        /// The driver's description.
+        message: String,
+        /// What to do about it.
+        hint: &'static str,
+    },
+    /// A kernel name not found in a module.
+    #[error(
+        "kernel {0:?} is not in the module: declare it `extern \"C\" __global__` so its name is not mangled"
+    )]
+    NoSuchKernel(String),
+}
+
+pub(crate) fn check(code: sys::CUresult, call: &'static str) -> Result<(), DriverError> {
+    if code == sys::CUresult::CUDA_SUCCESS {
+        return Ok(());
+    }
+    let mut text: *const std::ffi::c_char = std::ptr::null();
+    // SAFETY: cuGetErrorString only writes a pointer to a static string into `text`.
+    let message = unsafe {
+        if sys::cuGetErrorString(code, &raw mut text) == sys::CUresult::CUDA_SUCCESS
+            && !text.is_null()
+        {
+            CStr::from_ptr(text).to_string_lossy().into_owned()
+        } else {
+            "unknown error".to_string()
+        }
+    };
+    let hint = match code {
+        sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
+            ": ask for a smaller cache or space, or free GPU memory"
+        }
+        sys::CUresult::CUDA_ERROR_ILLEGAL_ADDRESS | sys::CUresult::CUDA_ERROR_LAUNCH_FAILED => {
+            ": a kernel accessed memory outside its buffers; the context is unusable, restart the process"
+        }
+        _ => "",
+    };
+    Err(DriverError::Call {
+        call,
+        code,
+        message,
+        hint,
+    })
+}
+
+/// One GPU, its primary context and a stream that Strata's work is ordered on.
+#[derive(Debug)]
+pub struct Gpu {
+    ctx: Arc<CudaContext>,
+    stream: sys::CUstream,
+    /// Compute capability (major, minor).
+    pub compute_capability: (i32, i32),
+    /// Multiprocessors.
+    pub multiprocessors: u32,
+    /// Device name.
+    pub name: String,
+}
+
+// SAFETY: the stream handle is only used with the context made current on the calling thread
+// (`bind`), and CUDA streams may be used from any thread.
+unsafe impl Send for Gpu {}
+// SAFETY: as above; the driver serialises calls on one stream internally.
+unsafe impl Sync for Gpu {}
+
+impl Gpu {
+    /// Opens GPU `ordinal` (its primary context, shared with other libraries in the process).
+    pub fn open(ordinal: usize) -> Result<Arc<Gpu>, DriverError> {
+        if !crate::probe::driver_present() {
+            return Err(DriverError::NoDriver);
+        }
+        let ctx = CudaContext::new(ordinal).map_err(|e| DriverError::Call {
+            call: "cuDevicePrimaryCtxRetain",
+            code: e.0,
+            message: e.to_string(),
+            hint: "",
+        })?;
+        ctx.bind_to_thread().map_err(|e| DriverError::Call {
+            call: "cuCtxSetCurrent",
+            code: e.0,
+            message: e.to_string(),
+            hint: "",
+        })?;
+        let mut stream: sys::CUstream = std::ptr::null_mut();
+        check(
+            // SAFETY: the context is current; `stream` is a valid out-pointer.
+            unsafe {
+                sys::cuStreamCreate(
+                    &raw mut stream,
+                    sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32,
+                )
+            },
+            "cuStreamCreate",
+        )?;
+        use sys::CUdevice_attribute as A;
+        let attr = |a| {
+            ctx.attribute(a).map_err(|e| DriverError::Call {
+                call: "cuDeviceGetAttribute",
+                code: e.0,
+                message: e.to_string(),
+                hint: "",
+            })
+        };
+        let compute_capability = (
+            attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+            attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+        );
+        let multiprocessors =
+            u32::try_from(attr(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?).unwrap_or(1);
+        let name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
+        Ok(Arc::new(Gpu {
+            ctx,
+            stream,
+            compute_capability,
+            multiprocessors,
+            name,
+        }))
+    }
+
+    /// Makes this GPU's context current on the calling thread.
+    pub fn bind(&self) -> Result<(), DriverError> {
+        check(
+            // SAFETY: the context handle is alive as long as `self.ctx`.
+            unsafe { sys::cuCtxSetCurrent(self.ctx.cu_ctx()) },
+            "cuCtxSetCurrent",
+        )
+    }
+
+    /// The stream Strata orders its work on.
+    pub fn stream(&self) -> sys::CUstream {
+        self.stream
+    }
+
+    /// Free and total GPU memory in bytes.
+    pub fn mem_info(&self) -> Result<(u64, u64), DriverError> {
+        self.bind()?;
+        let (mut free, mut total) = (0usize, 0usize);
+        check(
+            // SAFETY: valid out-pointers; context current.
+            unsafe { sys::cuMemGetInfo_v2(&raw mut free, &raw mut total) },
+            "cuMemGetInfo",
+        )?;
+        Ok((free as u64, total as u64))
+    }
+
+    /// Waits for everything queued on Strata's stream.
+    pub fn synchronize(&self) -> Result<(), DriverError> {
+        self.bind()?;
+        check(
+            // SAFETY: the stream belongs to this context and is alive.
+            unsafe { sys::cuStreamSynchronize(self.stream) },
+            "cuStreamSynchronize",
+        )
+    }
+
+    /// `sm_XY` for NVRTC.
+    pub fn arch(&self) -> String {
+        format!(
+            "sm_{}{}",
+            self.compute_capability.0, self.compute_capability.1
+        )
+    }
+}
+
+impl Drop for Gpu {
+    fn drop(&mut self) {
+        if self.bind().is_ok() {
+            // SAFETY: the stream was created by us in this context and is destroyed once.
+            unsafe {
+                sys::cuStreamDestroy_v2(self.stream);
+            }
+        }
+    }
+}
+
+/// An extra stream on a GPU (for overlapping copies with kernels), destroyed on drop.
+#[derive(Debug)]
+pub struct Stream {
+    gpu: Arc<Gpu>,
+    raw: sys::CUstream,
+}
+
+impl Stream {
+    /// A new non-blocking stream.
+    pub fn new(gpu: &Arc<Gpu>) -> Result<Self, DriverError> {
+        gpu.bind()?;
+        let mut raw: sys::CUstream = std::ptr::null_mut();
+        let rc =
+            // SAFETY: the context is current; `raw` is a valid out-pointer.
+            unsafe { sys::cuStreamCreate(&raw mut raw, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32) };
+        check(rc, "cuStreamCreate")?;
+        Ok(Stream {
+            gpu: gpu.clone(),
+            raw,
+        })
+    }
+    /// The raw handle.
+    pub fn raw(&self) -> sys::CUstream {
+        self.raw
+    }
+    /// Copies `bytes` from host address `src` to device address `dst`, queued on this stream.
+    ///
+    /// # Safety
+    /// `src` must be valid for `bytes` bytes until the copy completes (pinned memory for a truly
+    /// asynchronous copy), and `dst..dst+bytes` must be device memory the caller owns.
+    pub unsafe fn copy_htod(
+        &self,
+        dst: u64,
+        src: *const u8,
+        bytes: usize,
+    ) -> Result<(), DriverError> {
+        // SAFETY: the caller guarantees both ranges (function contract).
+        check(
+            unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src.cast(), bytes, self.raw) },
+            "cuMemcpyHtoDAsync",
+        )
+    }
+    /// Copies `bytes` from device address `src` to host address `dst`, queued on this stream.
+    ///
+    /// # Safety
+    /// As [`Stream::copy_htod`], with the directions swapped.
+    pub unsafe fn copy_dtoh(
+        &self,
+        dst: *mut u8,
+        src: u64,
+        bytes: usize,
+    ) -> Result<(), DriverError> {
+        // SAFETY: the caller guarantees both ranges (function contract).
+        check(
+            unsafe { sys::cuMemcpyDtoHAsync_v2(dst.cast(), src, bytes, self.raw) },
+            "cuMemcpyDtoHAsync",
+        )
+    }
+    /// Waits for the stream.
+    pub fn synchronize(&self) -> Result<(), DriverError> {
+        // SAFETY: stream alive.
+        check(
+            unsafe { sys::cuStreamSynchronize(self.raw) },
+            "cuStreamSynchronize",
+        )
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        if self.gpu.bind().is_ok() {
+            // SAFETY: created by us, destroyed once.
+            unsafe {
+                sys::cuStreamDestroy_v2(self.raw);
+            }
+        }
+    }
+}
+
+/// GPU memory from `cuMemAlloc`, freed on drop.
+#[derive(Debug)]
+pub struct DeviceBuffer {
+    gpu: Arc<Gpu>,
+    ptr: sys::CUdeviceptr,
+    bytes: usize,
+}
+
+impl DeviceBuffer {
+    /// Allocates `bytes` (at least 1) of GPU memory, zeroed.
+    pub fn zeroed(gpu: &Arc<Gpu>, bytes: usize) -> Result<Self, DriverError> {
+        gpu.bind()?;
+        let mut ptr: sys::CUdeviceptr = 0;
+        check(
+            // SAFETY: valid out-pointer; context current.
+            unsafe { sys::cuMemAlloc_v2(&raw mut ptr, bytes.max(1)) },
+            "cuMemAlloc",
+        )?;
+        let buf = DeviceBuffer {
+            gpu: gpu.clone(),
+            ptr,
+            bytes,
+        };
+        buf.fill_bytes(0)?;
+        Ok(buf)
+    }
+
+    /// Sets every byte to `value`.
+    pub fn fill_bytes(&self, value: u8) -> Result<(), DriverError> {
+        self.gpu.bind()?;
+        check(
+            // SAFETY: `ptr` points at `bytes` bytes we own.
+            unsafe { sys::cuMemsetD8_v2(self.ptr, value, self.bytes) },
+            "cuMemsetD8",
+        )
+    }
+
+    /// Device address.
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+
+    /// Size in bytes.
+    pub fn len(&self) -> usize {
+        self.bytes
+    }
+
+    /// Whether the buffer is empty.
+    pub fn is_empty(&self) -> bool {
+        self.bytes == 0
+    }
+
+    /// Copies `src` into the buffer at byte `offset` (synchronous).
+    pub fn upload<T: Copy>(&self, offset: usize, src: &[T]) -> Result<(), DriverError> {
+        let bytes = std::mem::size_of_val(src);
+        assert!(
+            offset + bytes <= self.bytes,
+            "upload past the end of a device buffer"
+        );
+        self.gpu.bind()?;
+        check(
+            // SAFETY: the range lies inside our allocation (asserted); `src` is valid for `bytes`.
+            unsafe { sys::cuMemcpyHtoD_v2(self.ptr + offset as u64, src.as_ptr().cast(), bytes) },
+            "cuMemcpyHtoD",
+        )
+    }
+
+    /// Copies from byte `offset` of the buffer into `dst` (synchronous).
+    pub fn download<T: Copy>(&self, offset: usize, dst: &mut [T]) -> Result<(), DriverError> {
+        let bytes = std::mem::size_of_val(dst);
+        assert!(
+            offset + bytes <= self.bytes,
+            "download past the end of a device buffer"
+        );
+        self.gpu.bind()?;
+        check(
+            // SAFETY: the range lies inside our allocation; `dst` is valid for writes of `bytes`.
+            unsafe {
+                sys::cuMemcpyDtoH_v2(dst.as_mut_ptr().cast(), self.ptr + offset as u64, bytes)
+            },
+            "cuMemcpyDtoH",
+        )
+    }
+}
+
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        if self.gpu.bind().is_ok() {
+            // SAFETY: `ptr` came from cuMemAlloc and is freed once.
+            unsafe {
+                sys::cuMemFree_v2(self.ptr);
+            }
+        }
+    }
+}
+
+/// Pinned host memory mapped into the GPU's address space (`cuMemHostAlloc` with DEVICEMAP):
+/// kernels read and write it directly over PCIe.
+#[derive(Debug)]
+pub struct MappedHostBuffer {
+    gpu: Arc<Gpu>,
+    host: *mut u8,
+    device: sys::CUdeviceptr,
+    bytes: usize,
+}
+
+// SAFETY: the buffer is plain memory owned by this value; access goes through &/&mut self.
+unsafe impl Send for MappedHostBuffer {}
+// SAFETY: shared access only reads through `as_slice`.
+unsafe impl Sync for MappedHostBuffer {}
+
+impl MappedHostBuffer {
+    /// Allocates `bytes` of pinned, mapped host memory.
+    pub fn new(gpu: &Arc<Gpu>, bytes: usize) -> Result<Self, DriverError> {
+        gpu.bind()?;
+        let mut host: *mut c_void = std::ptr::null_mut();
+        check(
+            // SAFETY: valid out-pointer; context current.
+            unsafe {
+                sys::cuMemHostAlloc(
+                    &raw mut host,
+                    bytes.max(1),
+                    sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE,
+                )
+            },
+            "cuMemHostAlloc",
+        )?;
+        let mut device: sys::CUdeviceptr = 0;
+        // SAFETY: `host` was just allocated with DEVICEMAP.
+        let rc = unsafe { sys::cuMemHostGetDevicePointer_v2(&raw mut device, host, 0) };
+        if let Err(e) = check(rc, "cuMemHostGetDevicePointer") {
+            // SAFETY: freeing what we just allocated.
+            unsafe {
+                sys::cuMemFreeHost(host);
+            }
+            return Err(e);
+        }
+        Ok(MappedHostBuffer {
+            gpu: gpu.clone(),
+            host: host.cast(),
+            device,
+            bytes,
+        })
+    }
+
+    /// The device address kernels use.
+    pub fn device_ptr(&self) -> u64 {
+        self.device
+    }
+
+    /// The bytes, for the CPU.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: `host` points at `bytes` bytes we own for our lifetime.
+        unsafe { std::slice::from_raw_parts(self.host, self.bytes) }
+    }
+
+    /// The bytes, for the CPU to write.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as above, and `&mut self` makes this the only reference.
+        unsafe { std::slice::from_raw_parts_mut(self.host, self.bytes) }
+    }
+
+    /// Host address.
+    pub fn host_ptr(&self) -> *const u8 {
+        self.host
+    }
+}
+
+impl Drop for MappedHostBuffer {
+    fn drop(&mut self) {
+        if self.gpu.bind().is_ok() {
+            // SAFETY: `host` came from cuMemHostAlloc and is freed once.
+            unsafe {
+                sys::cuMemFreeHost(self.host.cast());
+            }
+        }
+    }
+}
+
+/// A loaded module (CUBIN).
+#[derive(Debug)]
+pub struct Module {
+    gpu: Arc<Gpu>,
+    module: sys::CUmodule,
+}
+
+// SAFETY: module handles are context-wide and usable from any thread with the context current.
+unsafe impl Send for Module {}
+// SAFETY: as above.
+unsafe impl Sync for Module {}
+
+impl Module {
+    /// Loads a CUBIN image.
+    pub fn load(gpu: &Arc<Gpu>, image: &[u8]) -> Result<Self, DriverError> {
+        gpu.bind()?;
+        let mut module: sys::CUmodule = std::ptr::null_mut();
+        check(
+            // SAFETY: `image` is a complete CUBIN produced by NVRTC for this device.
+            unsafe { sys::cuModuleLoadData(&raw mut module, image.as_ptr().cast()) },
+            "cuModuleLoadData",
+        )?;
+        Ok(Module {
+            gpu: gpu.clone(),
+            module,
+        })
+    }
+
+    /// Looks up an `extern "C"` kernel.
+    pub fn function(&self, name: &str) -> Result<Function, DriverError> {
+        self.gpu.bind()?;
+        let cname = CString::new(name).map_err(|_| DriverError::NoSuchKernel(name.into()))?;
+        let mut f: sys::CUfunction = std::ptr::null_mut();
+        // SAFETY: module alive; valid out-pointer and C string.
+        let rc = unsafe { sys::cuModuleGetFunction(&raw mut f, self.module, cname.as_ptr()) };
+        if rc == sys::CUresult::CUDA_ERROR_NOT_FOUND {
+            return Err(DriverError::NoSuchKernel(name.into()));
+        }
+        check(rc, "cuModuleGetFunction")?;
+        Ok(Function {
+            gpu: self.gpu.clone(),
+            f,
+            name: name.into(),
+        })
+    }
+}
+
+impl Drop for Module {
+    fn drop(&mut self) {
+        if self.gpu.bind().is_ok() {
+            // SAFETY: loaded by us, unloaded once; Functions hold an Arc<Gpu>, not the module,
+            // so callers keep the Module alive while launching (documented on Function).
+            unsafe {
+                sys::cuModuleUnload(self.module);
+            }
+        }
+    }
+}
+
+/// A kernel in a loaded [`Module`]; keep the module alive while you use it.
+#[derive(Debug, Clone)]
+pub struct Function {
+    gpu: Arc<Gpu>,
+    f: sys::CUfunction,
+    name: String,
+}
+
+// SAFETY: function handles are context-wide.
+unsafe impl Send for Function {}
+// SAFETY: as above.
+unsafe impl Sync for Function {}
+
+/// A value that can be passed to a kernel by value: plain data with the layout the kernel
+/// expects.
+///
+/// # Safety
+/// The type must be `Copy`, hold no host references the kernel would follow, and match the
+/// kernel parameter's C layout.
+pub unsafe trait KernelParam: Copy {}
+// SAFETY: primitives have their C layout.
+unsafe impl KernelParam for u32 {}
+// SAFETY: as above.
+unsafe impl KernelParam for i32 {}
+// SAFETY: as above.
+unsafe impl KernelParam for u64 {}
+// SAFETY: as above.
+unsafe impl KernelParam for i64 {}
+// SAFETY: as above.
+unsafe impl KernelParam for f32 {}
+// SAFETY: as above.
+unsafe impl KernelParam for f64 {}
+
+/// Kernel arguments, in order.
+#[derive(Debug, Default)]
+pub struct Args {
+    storage: Vec<Box<[u64]>>,
+}
+
+impl Args {
+    /// No arguments yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+    /// Appends one argument.
+    pub fn arg<T: KernelParam>(mut self, value: T) -> Self {
+        let words = std::mem::size_of::<T>().div_ceil(8).max(1);
+        let mut slot = vec![0u64; words].into_boxed_slice();
+        // SAFETY: `slot` has at least size_of::<T>() bytes and u64 alignment (>= T's for all
+        // KernelParam types, which are at most 8-aligned).
+        unsafe { std::ptr::write_unaligned(slot.as_mut_ptr().cast::<T>(), value) };
+        self.storage.push(slot);
+        self
+    }
+}
+
+/// Launch geometry.
+#[derive(Debug, Clone, Copy)]
+pub struct Grid {
+    /// Blocks.
+    pub blocks: u32,
+    /// Threads per block.
+    pub threads: u32,
+}
+
+impl Function {
+    /// The kernel's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Blocks of `threads` that fit on one multiprocessor at once.
+    pub fn blocks_per_sm(&self, threads: u32) -> Result<u32, DriverError> {
+        self.gpu.bind()?;
+        let mut n = 0i32;
+        check(
+            // SAFETY: valid function and out-pointer.
+            unsafe {
+                sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                    &raw mut n,
+                    self.f,
+                    i32::try_from(threads).unwrap_or(i32::MAX),
+                    0,
+                )
+            },
+            "cuOccupancyMaxActiveBlocksPerMultiprocessor",
+        )?;
+        Ok(u32::try_from(n).unwrap_or(0).max(1))
+    }
+
+    /// A grid that fills the GPU with resident blocks of `threads` (a persistent grid).
+    pub fn full_grid(&self, threads: u32) -> Result<Grid, DriverError> {
+        Ok(Grid {
+            blocks: self.blocks_per_sm(threads)? * self.gpu.multiprocessors,
+            threads,
+        })
+    }
+
+    /// Queues the kernel on `stream` (Strata's stream when `None`).
+    pub fn launch_on(
+        &self,
+        grid: Grid,
+        args: &Args,
+        stream: Option<&Stream>,
+    ) -> Result<(), DriverError> {
+        self.gpu.bind()?;
+        let mut ptrs: Vec<*mut c_void> = args
+            .storage
+            .iter()
+            .map(|s| s.as_ptr().cast_mut().cast::<c_void>())
+            .collect();
+        // SAFETY: every pointer in `ptrs` points at a live argument slot laid out as the
+        // kernel parameter (KernelParam contract); the driver copies them before returning.
+        check(
+            unsafe {
+                sys::cuLaunchKernel(
+                    self.f,
+                    grid.blocks.max(1),
+                    1,
+                    1,
+                    grid.threads.max(1),
+                    1,
+                    1,
+                    0,
+                    stream.map_or(self.gpu.stream, Stream::raw),
+                    ptrs.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                )
+            },
+            "cuLaunchKernel",
+        )
+    }
+
+    /// Queues the kernel on Strata's stream.
+    pub fn launch(&self, grid: Grid, args: &Args) -> Result<(), DriverError> {
+        self.launch_on(grid, args, None)
+    }
+}
+
+/// A CUDA event for timing.
+#[derive(Debug)]
+pub struct Event {
+    gpu: Arc<Gpu>,
+    e: sys::CUevent,
+}
+
+impl Event {
+    /// A timing event.
+    pub fn new(gpu: &Arc<Gpu>) -> Result<Self, DriverError> {
+        gpu.bind()?;
+        let mut e: sys::CUevent = std::ptr::null_mut();
+        check(
+            // SAFETY: valid out-pointer.
+            unsafe { sys::cuEventCreate(&raw mut e, 0) },
+            "cuEventCreate",
+        )?;
+        Ok(Event {
+            gpu: gpu.clone(),
+            e,
+        })
+    }
+    /// Records on `stream` (Strata's when `None`).
+    pub fn record(&self, stream: Option<&Stream>) -> Result<(), DriverError> {
+        check(
+            // SAFETY: event and stream alive.
+            unsafe { sys::cuEventRecord(self.e, stream.map_or(self.gpu.stream, Stream::raw)) },
+            "cuEventRecord",
+        )
+    }
+    /// Makes `stream` wait for this event.
+    pub fn wait_on(&self, stream: Option<&Stream>) -> Result<(), DriverError> {
+        check(
+            // SAFETY: event and stream alive.
+            unsafe {
+                sys::cuStreamWaitEvent(stream.map_or(self.gpu.stream, Stream::raw), self.e, 0)
+            },
+            "cuStreamWaitEvent",
+        )
+    }
+    /// Milliseconds from `self` to `end`, waiting for `end`.
+    pub fn elapsed_ms(&self, end: &Event) -> Result<f32, DriverError> {
+        check(
+            // SAFETY: both events alive.
+            unsafe { sys::cuEventSynchronize(end.e) },
+            "cuEventSynchronize",
+        )?;
+        let mut ms = 0f32;
+        check(
+            // SAFETY: valid out-pointer; both events recorded.
+            unsafe { sys::cuEventElapsedTime_v2(&raw mut ms, self.e, end.e) },
+            "cuEventElapsedTime",
+        )?;
+        Ok(ms)
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        // SAFETY: created by us, destroyed once.
+        unsafe {
+            sys::cuEventDestroy_v2(self.e);
+        }
+    }
+}

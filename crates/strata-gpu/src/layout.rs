@@ -1,0 +1,282 @@
+//! The structures Rust and `strata.cuh` share, with one layout checked on both sides: const
+//! asserts here, `static_assert`s in the header, a CI test that compiles the header with
+//! these sizes through NVRTC, and a GPU test that runs `strata_layout_probe`.
+
+use std::mem::{offset_of, size_of};
+
+/// Page-table word: frame number bits.
+pub const FRAME_MASK: u64 = 0xFFFF_FFFF;
+/// Page-table word: state shift.
+pub const STATE_SHIFT: u32 = 32;
+/// State: not resident.
+pub const NOT_RESIDENT: u64 = 0;
+/// State: a warp is copying the page in.
+pub const LOADING: u64 = 1;
+/// State: resident in the frame named by the low bits.
+pub const RESIDENT: u64 = 2;
+/// State: being evicted.
+pub const EVICTING: u64 = 3;
+/// Page-table word: dirty bit.
+pub const DIRTY: u64 = 1 << 34;
+/// Page-table word: one pin.
+pub const PIN_ONE: u64 = 1 << 40;
+/// Frame table: no page.
+pub const NO_PAGE: u32 = 0xFFFF_FFFF;
+/// Error flag: an index outside the space.
+pub const ERR_OUT_OF_RANGE: u64 = 1;
+/// Error flag: no frame could be taken.
+pub const ERR_NO_FRAME: u64 = 2;
+/// Hit counter shards.
+pub const HIT_SHARDS: usize = 32;
+/// u64s between hit shards.
+pub const SHARD_STRIDE: usize = 16;
+
+/// Decoded page-table word.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PageWord {
+    /// State (one of the four constants).
+    pub state: u64,
+    /// Frame (meaningful when resident).
+    pub frame: u32,
+    /// Dirty bit.
+    pub dirty: bool,
+    /// Pins held.
+    pub pins: u32,
+}
+
+impl PageWord {
+    /// Decodes a raw word.
+    pub fn decode(w: u64) -> Self {
+        PageWord {
+            state: (w >> STATE_SHIFT) & 3,
+            frame: u32::try_from(w & FRAME_MASK).unwrap_or(u32::MAX),
+            dirty: w & DIRTY != 0,
+            pins: u32::try_from(w >> 40).unwrap_or(u32::MAX),
+        }
+    }
+    /// Encodes.
+    pub fn encode(self) -> u64 {
+        u64::from(self.frame)
+            | (self.state << STATE_SHIFT)
+            | if self.dirty { DIRTY } else { 0 }
+            | (u64::from(self.pins) << 40)
+    }
+}
+
+/// One frame-table entry (`StrataFrame`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrameEntry {
+    /// Page held, or [`NO_PAGE`].
+    pub page: u32,
+    /// Reference, protected and age bits.
+    pub flags: u32,
+}
+
+/// Device-side statistics (`StrataCounters`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct DeviceCounters {
+    /// Page pins that found their page resident, sharded by SM.
+    pub hits: [u64; HIT_SHARDS * SHARD_STRIDE],
+    /// Faults served.
+    pub faults: u64,
+    /// Pages evicted.
+    pub evictions: u64,
+    /// Dirty pages written back.
+    pub writebacks: u64,
+    /// Bytes copied host -> frames.
+    pub bytes_in: u64,
+    /// Bytes copied frames -> host.
+    pub bytes_out: u64,
+    /// Sum of fault service times, ns.
+    pub fault_ns_total: u64,
+    /// Longest fault service time, ns.
+    pub fault_ns_max: u64,
+    /// Pages brought in by prefetch.
+    pub prefetched: u64,
+    /// Error flags.
+    pub error_flags: u64,
+    /// First out-of-range index (`u64::MAX` if none).
+    pub first_bad_index: u64,
+    /// Sweeps that found every frame pinned (the warp backed off and retried).
+    pub no_frame_retries: u64,
+    /// Clock hand.
+    pub clock_hand: u32,
+    /// Frames in the protected segment.
+    pub protected_now: u32,
+    /// Reserved.
+    pub reserved: [u64; 4],
+}
+
+impl DeviceCounters {
+    /// Counters at rest: zero, with no bad index recorded.
+    pub fn initial() -> Self {
+        DeviceCounters {
+            hits: [0; HIT_SHARDS * SHARD_STRIDE],
+            faults: 0,
+            evictions: 0,
+            writebacks: 0,
+            bytes_in: 0,
+            bytes_out: 0,
+            fault_ns_total: 0,
+            fault_ns_max: 0,
+            prefetched: 0,
+            error_flags: 0,
+            first_bad_index: u64::MAX,
+            no_frame_retries: 0,
+            clock_hand: 0,
+            protected_now: 0,
+            reserved: [0; 4],
+        }
+    }
+}
+
+/// The space handle kernels receive (`StrataSpace`), passed by value.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SpaceHandle {
+    /// Page table (device).
+    pub page_table: u64,
+    /// Frame table (device).
+    pub frames: u64,
+    /// Frame data (device).
+    pub frame_data: u64,
+    /// Host copy (device address of mapped pinned memory).
+    pub host: u64,
+    /// Counters (device).
+    pub counters: u64,
+    /// Bytes addressable.
+    pub size_bytes: u64,
+    /// Pages.
+    pub pages: u64,
+    /// Frames.
+    pub frame_count: u32,
+    /// log2(page size).
+    pub page_shift: u32,
+    /// Eviction policy (0 clock, 1 scan-resistant).
+    pub policy: u32,
+    /// Most frames the protected segment holds.
+    pub protected_quota: u32,
+}
+
+// SAFETY: SpaceHandle is #[repr(C)], Copy, all plain integers laid out as StrataSpace.
+unsafe impl crate::driver::KernelParam for SpaceHandle {}
+
+const _: () = assert!(size_of::<FrameEntry>() == 8);
+const _: () = assert!(size_of::<SpaceHandle>() == 72);
+const _: () = assert!(offset_of!(SpaceHandle, size_bytes) == 40);
+const _: () = assert!(offset_of!(SpaceHandle, frame_count) == 56);
+const _: () = assert!(offset_of!(SpaceHandle, protected_quota) == 68);
+const _: () = assert!(size_of::<DeviceCounters>() == 8 * (HIT_SHARDS * SHARD_STRIDE + 11) + 8 + 32);
+
+/// The layout as Rust sees it, in the order `strata_layout_probe` writes it.
+pub fn host_layout() -> Vec<u64> {
+    let v = [
+        size_of::<SpaceHandle>(),
+        offset_of!(SpaceHandle, page_table),
+        offset_of!(SpaceHandle, frames),
+        offset_of!(SpaceHandle, frame_data),
+        offset_of!(SpaceHandle, host),
+        offset_of!(SpaceHandle, counters),
+        offset_of!(SpaceHandle, size_bytes),
+        offset_of!(SpaceHandle, pages),
+        offset_of!(SpaceHandle, frame_count),
+        offset_of!(SpaceHandle, page_shift),
+        offset_of!(SpaceHandle, policy),
+        offset_of!(SpaceHandle, protected_quota),
+        size_of::<DeviceCounters>(),
+        offset_of!(DeviceCounters, faults),
+        offset_of!(DeviceCounters, error_flags),
+        offset_of!(DeviceCounters, first_bad_index),
+        offset_of!(DeviceCounters, clock_hand),
+        offset_of!(DeviceCounters, protected_now),
+        size_of::<FrameEntry>(),
+    ];
+    let mut out: Vec<u64> = v.iter().map(|&x| x as u64).collect();
+    out.push(PIN_ONE);
+    out.push(DIRTY);
+    out
+}
+
+/// A translation unit that includes `strata.cuh` and asserts, at compile time, the sizes and
+/// constants Rust uses. NVRTC compiling it proves the header agrees with this crate.
+pub fn static_check_source() -> String {
+    format!(
+        "#include \"strata.cuh\"\n\
+         static_assert(sizeof(StrataSpace) == {}, \"StrataSpace size\");\n\
+         static_assert(sizeof(StrataCounters) == {}, \"StrataCounters size\");\n\
+         static_assert(sizeof(StrataFrame) == {}, \"StrataFrame size\");\n\
+         static_assert(STRATA_PIN_ONE == {}ull, \"pin unit\");\n\
+         static_assert(STRATA_DIRTY == {}ull, \"dirty bit\");\n\
+         static_assert(STRATA_NO_PAGE == {}u, \"no page\");\n\
+         static_assert(STRATA_RESIDENT == {}ull && STRATA_LOADING == {}ull && STRATA_EVICTING == {}ull, \"states\");\n\
+         static_assert(STRATA_HIT_SHARDS == {} && STRATA_SHARD_STRIDE == {}, \"shards\");\n\
+         static_assert(STRATA_ERR_OUT_OF_RANGE == {}ull, \"error flag\");\n\
+         extern \"C\" __global__ void strata_static_layout_check() {{}}\n",
+        size_of::<SpaceHandle>(),
+        size_of::<DeviceCounters>(),
+        size_of::<FrameEntry>(),
+        PIN_ONE,
+        DIRTY,
+        NO_PAGE,
+        RESIDENT,
+        LOADING,
+        EVICTING,
+        HIT_SHARDS,
+        SHARD_STRIDE,
+        ERR_OUT_OF_RANGE,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn page_word_round_trips() {
+        for (state, frame, dirty, pins) in [
+            (RESIDENT, 7, true, 3),
+            (LOADING, 0, false, 1),
+            (EVICTING, u32::MAX, true, 0xFF_FFFF),
+            (NOT_RESIDENT, 0, false, 0),
+        ] {
+            let w = PageWord {
+                state,
+                frame,
+                dirty,
+                pins,
+            };
+            assert_eq!(PageWord::decode(w.encode()), w);
+        }
+        // Pin arithmetic as the device does it: pins never spill into the state bits.
+        let w = PageWord {
+            state: RESIDENT,
+            frame: 5,
+            dirty: false,
+            pins: 0,
+        }
+        .encode();
+        let pinned = w + 3 * PIN_ONE;
+        assert_eq!(PageWord::decode(pinned).pins, 3);
+        assert_eq!(PageWord::decode(pinned).state, RESIDENT);
+        // Publish from LOADING adds one state step and the frame.
+        let loading = (LOADING << STATE_SHIFT) + PIN_ONE;
+        let published = loading + (1 << STATE_SHIFT) + 9;
+        assert_eq!(
+            PageWord::decode(published),
+            PageWord {
+                state: RESIDENT,
+                frame: 9,
+                dirty: false,
+                pins: 1
+            }
+        );
+    }
+
+    #[test]
+    fn host_layout_lists_every_probe_field() {
+        assert_eq!(host_layout().len(), 21);
+        assert_eq!(host_layout()[0], 72);
+    }
+}

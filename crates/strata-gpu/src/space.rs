@@ -1,0 +1,646 @@
+//! Spaces: a byte range larger than GPU memory, backed by pinned host memory and cached in
+//! GPU frames, that kernels including `strata.cuh` read and write through a page table.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use strata_core::stats::{HISTOGRAM_BUCKETS, HistogramSnapshot, StatsSnapshot, Tier, TierBytes};
+use strata_core::store::{Store, StoreError};
+
+use crate::driver::{
+    Args, DeviceBuffer, DriverError, Function, Gpu, Grid, MappedHostBuffer, Module,
+};
+use crate::layout::{DeviceCounters, FrameEntry, NO_PAGE, SpaceHandle};
+use crate::nvrtc::{self, CompileError};
+
+/// Errors of the GPU runtime and its spaces.
+#[derive(Debug, thiserror::Error)]
+pub enum SpaceError {
+    /// A driver call failed.
+    #[error(transparent)]
+    Driver(#[from] DriverError),
+    /// A kernel did not compile.
+    #[error(transparent)]
+    Compile(#[from] CompileError),
+    /// A bad size or option.
+    #[error("invalid space option: {0}")]
+    Invalid(String),
+    /// The cache does not fit in free GPU memory.
+    #[error(
+        "page cache of {cache} plus {tables} of tables does not fit in the {free} of free GPU memory: ask for a smaller cache (STRATA_CACHE_SIZE)"
+    )]
+    CacheTooLarge {
+        /// Requested cache.
+        cache: String,
+        /// Tables.
+        tables: String,
+        /// Free GPU memory.
+        free: String,
+    },
+    /// A device access fell outside the space.
+    #[error(
+        "a kernel accessed element {index} of a space of {elements} elements (element size {elem} bytes); the access was dropped: check the kernel's index arithmetic"
+    )]
+    OutOfRange {
+        /// First bad element index seen.
+        index: u64,
+        /// Elements in the space at that element size (as the kernel saw them).
+        elements: u64,
+        /// Element size assumed.
+        elem: u64,
+    },
+    /// A host-side range outside the space.
+    #[error("range {start}..{end} is outside the space of {size} bytes")]
+    Range {
+        /// Start.
+        start: u64,
+        /// End.
+        end: u64,
+        /// Space size.
+        size: u64,
+    },
+    /// Filling from a store failed.
+    #[error("filling the space from {store} failed: {source}")]
+    Store {
+        /// The store.
+        store: String,
+        /// Why.
+        source: StoreError,
+    },
+}
+
+/// Element types a space may be declared with (4 or 8 bytes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum ElementType {
+    /// `int`.
+    I32,
+    /// `unsigned`.
+    U32,
+    /// `long long`.
+    I64,
+    /// `unsigned long long`.
+    U64,
+    /// `float`.
+    F32,
+    /// `double`.
+    F64,
+}
+
+impl ElementType {
+    /// Bytes per element.
+    pub fn size(self) -> u64 {
+        match self {
+            ElementType::I32 | ElementType::U32 | ElementType::F32 => 4,
+            _ => 8,
+        }
+    }
+}
+
+/// Eviction policy of a space's page cache.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub enum EvictionPolicy {
+    /// Clock with reference bits (second chance).
+    Clock,
+    /// Clock plus a protected segment: a page enters it only when referenced again after the
+    /// clock hand passed it, and leaves it after many passes without a reference. A loop
+    /// larger than the cache keeps the protected part resident instead of thrashing it all.
+    ScanResistant {
+        /// Fraction of frames the protected segment may hold (0 to 0.95).
+        protected_fraction: f64,
+    },
+}
+
+/// Options of a new space.
+#[derive(Debug, Clone)]
+pub struct SpaceOptions {
+    /// Page size in bytes (power of two, 4 KiB to 2 MiB).
+    pub page_size: u64,
+    /// GPU memory for the page cache, in bytes (rounded down to whole pages, at least 2).
+    pub cache_bytes: u64,
+    /// Element type (for the typed host calls).
+    pub element: ElementType,
+    /// Eviction policy.
+    pub policy: EvictionPolicy,
+}
+
+impl Default for SpaceOptions {
+    fn default() -> Self {
+        SpaceOptions {
+            page_size: 64 << 10,
+            cache_bytes: 1 << 30,
+            element: ElementType::U64,
+            policy: EvictionPolicy::Clock,
+        }
+    }
+}
+
+/// One GPU with Strata's kernels loaded: creates spaces and compiles users' kernels.
+#[derive(Debug)]
+pub struct Strata {
+    gpu: Arc<Gpu>,
+    _kernels: Module,
+    flush: Function,
+    evict: Function,
+    prefetch: Function,
+    layout_probe: Function,
+}
+
+/// A user kernel module compiled against `strata.cuh`.
+#[derive(Debug)]
+pub struct KernelModule {
+    module: Module,
+    /// Whether the CUBIN came from the disk cache.
+    pub cache: nvrtc::CacheOutcome,
+}
+
+impl KernelModule {
+    /// A kernel by its `extern "C"` name.
+    pub fn function(&self, name: &str) -> Result<Function, SpaceError> {
+        Ok(self.module.function(name)?)
+    }
+}
+
+impl Strata {
+    /// Opens GPU `ordinal` and loads Strata's kernels (compiled through NVRTC, or from the disk
+    /// cache).
+    pub fn new(ordinal: usize) -> Result<Self, SpaceError> {
+        let gpu = Gpu::open(ordinal)?;
+        let (cubin, _) = nvrtc::compile_cached(
+            nvrtc::STRATA_KERNELS_CU,
+            "strata_kernels.cu",
+            &gpu.arch(),
+            &[],
+        )?;
+        let kernels = Module::load(&gpu, &cubin)?;
+        Ok(Strata {
+            flush: kernels.function("strata_flush")?,
+            evict: kernels.function("strata_evict")?,
+            prefetch: kernels.function("strata_prefetch")?,
+            layout_probe: kernels.function("strata_layout_probe")?,
+            _kernels: kernels,
+            gpu,
+        })
+    }
+
+    /// The GPU.
+    pub fn gpu(&self) -> &Arc<Gpu> {
+        &self.gpu
+    }
+
+    /// Compiles a user kernel source that may `#include "strata.cuh"`, for this GPU, through the
+    /// disk cache. A compile error carries NVRTC's log.
+    pub fn compile(&self, source: &str, name: &str) -> Result<KernelModule, SpaceError> {
+        self.compile_with(source, name, &[])
+    }
+
+    /// [`Strata::compile`] with extra NVRTC options (e.g. `-DN=4`, `--use_fast_math`).
+    pub fn compile_with(
+        &self,
+        source: &str,
+        name: &str,
+        options: &[String],
+    ) -> Result<KernelModule, SpaceError> {
+        let (cubin, cache) = nvrtc::compile_cached(source, name, &self.gpu.arch(), options)?;
+        Ok(KernelModule {
+            module: Module::load(&self.gpu, &cubin)?,
+            cache,
+        })
+    }
+
+    /// Runs the layout probe kernel and returns what the device compiler laid out, in the order
+    /// of [`crate::layout::host_layout`].
+    pub fn device_layout(&self) -> Result<Vec<u64>, SpaceError> {
+        let n = crate::layout::host_layout().len();
+        let buf = DeviceBuffer::zeroed(&self.gpu, n * 8)?;
+        self.layout_probe.launch(
+            Grid {
+                blocks: 1,
+                threads: 32,
+            },
+            &Args::new().arg(buf.ptr()),
+        )?;
+        self.gpu.synchronize()?;
+        let mut out = vec![0u64; n];
+        buf.download(0, &mut out)?;
+        Ok(out)
+    }
+
+    /// Creates a space of `size_bytes`, zero-filled, with an empty cache.
+    pub fn space(&self, size_bytes: u64, options: &SpaceOptions) -> Result<Space, SpaceError> {
+        Space::new(self, size_bytes, options)
+    }
+
+    fn maintenance_grid(&self) -> Grid {
+        Grid {
+            blocks: self.gpu.multiprocessors * 8,
+            threads: 256,
+        }
+    }
+}
+
+/// A space: see the crate docs.
+#[derive(Debug)]
+pub struct Space {
+    gpu: Arc<Gpu>,
+    flush_fn: Function,
+    evict_fn: Function,
+    prefetch_fn: Function,
+    grid: Grid,
+    host: MappedHostBuffer,
+    page_table: DeviceBuffer,
+    frames: DeviceBuffer,
+    frame_data: DeviceBuffer,
+    counters: DeviceBuffer,
+    handle: SpaceHandle,
+    options: SpaceOptions,
+}
+
+fn fmt(bytes: u64) -> String {
+    strata_core::units::format_size(bytes)
+}
+
+impl Space {
+    fn new(strata: &Strata, size_bytes: u64, options: &SpaceOptions) -> Result<Self, SpaceError> {
+        let page = strata_core::geometry::PageSize::new(options.page_size)
+            .map_err(|e| SpaceError::Invalid(e.to_string()))?;
+        let ps = page.bytes();
+        if size_bytes == 0 {
+            return Err(SpaceError::Invalid(
+                "a space needs at least one byte: give a positive size".into(),
+            ));
+        }
+        if !size_bytes.is_multiple_of(options.element.size()) {
+            return Err(SpaceError::Invalid(format!(
+                "size {size_bytes} is not a whole number of {}-byte elements",
+                options.element.size()
+            )));
+        }
+        let pages = size_bytes.div_ceil(ps);
+        if pages >= u64::from(NO_PAGE) {
+            return Err(SpaceError::Invalid(format!(
+                "{pages} pages is more than a space can index (2^32 - 1): use larger pages"
+            )));
+        }
+        let frames = (options.cache_bytes / ps).min(pages.max(2));
+        if frames < 2 {
+            return Err(SpaceError::Invalid(format!(
+                "a cache of {} holds fewer than 2 pages of {}: ask for at least {}",
+                fmt(options.cache_bytes),
+                fmt(ps),
+                fmt(2 * ps)
+            )));
+        }
+        let protected_quota = match options.policy {
+            EvictionPolicy::Clock => 0,
+            EvictionPolicy::ScanResistant { protected_fraction } => {
+                if !(0.0..=0.95).contains(&protected_fraction) {
+                    return Err(SpaceError::Invalid(format!(
+                        "protected fraction {protected_fraction} is outside 0..=0.95"
+                    )));
+                }
+                #[allow(
+                    clippy::cast_possible_truncation,
+                    clippy::cast_sign_loss,
+                    clippy::cast_precision_loss
+                )]
+                let q = (frames as f64 * protected_fraction) as u32;
+                q
+            }
+        };
+        let gpu = strata.gpu.clone();
+        let frame_bytes = frames * ps;
+        let table_bytes = pages * 8 + frames * 8 + std::mem::size_of::<DeviceCounters>() as u64;
+        let (free, _) = gpu.mem_info()?;
+        // Keep 256 MiB of headroom for kernels, modules and other users of the GPU.
+        if frame_bytes + table_bytes + (256 << 20) > free {
+            return Err(SpaceError::CacheTooLarge {
+                cache: fmt(frame_bytes),
+                tables: fmt(table_bytes),
+                free: fmt(free),
+            });
+        }
+        let to_usize = |v: u64| {
+            usize::try_from(v).map_err(|_| SpaceError::Invalid(format!("{v} bytes is too large")))
+        };
+        let host = MappedHostBuffer::new(&gpu, to_usize(pages * ps)?)?;
+        let page_table = DeviceBuffer::zeroed(&gpu, to_usize(pages * 8)?)?;
+        let frames_buf = DeviceBuffer::zeroed(&gpu, to_usize(frames * 8)?)?;
+        frames_buf.fill_bytes(0xFF)?;
+        let frame_data = DeviceBuffer::zeroed(&gpu, to_usize(frame_bytes)?)?;
+        let counters = DeviceBuffer::zeroed(&gpu, std::mem::size_of::<DeviceCounters>())?;
+        counters.upload(0, std::slice::from_ref(&DeviceCounters::initial()))?;
+        let frame_count = u32::try_from(frames)
+            .map_err(|_| SpaceError::Invalid("more than 2^32 frames: use larger pages".into()))?;
+        // Frame flags start at zero; the 0xFF fill above made every page field NO_PAGE.
+        let zero_flags: Vec<FrameEntry> = vec![
+            FrameEntry {
+                page: NO_PAGE,
+                flags: 0
+            };
+            to_usize(frames)?
+        ];
+        frames_buf.upload(0, &zero_flags)?;
+        let handle = SpaceHandle {
+            page_table: page_table.ptr(),
+            frames: frames_buf.ptr(),
+            frame_data: frame_data.ptr(),
+            host: host.device_ptr(),
+            counters: counters.ptr(),
+            size_bytes,
+            pages,
+            frame_count,
+            page_shift: page.shift(),
+            policy: match options.policy {
+                EvictionPolicy::Clock => 0,
+                EvictionPolicy::ScanResistant { .. } => 1,
+            },
+            protected_quota,
+        };
+        let mut space = Space {
+            gpu,
+            flush_fn: strata.flush.clone(),
+            evict_fn: strata.evict.clone(),
+            prefetch_fn: strata.prefetch.clone(),
+            grid: strata.maintenance_grid(),
+            host,
+            page_table,
+            frames: frames_buf,
+            frame_data,
+            counters,
+            handle,
+            options: options.clone(),
+        };
+        space.host.as_mut_slice().fill(0);
+        Ok(space)
+    }
+
+    /// The handle to pass to kernels (`StrataSpace` by value).
+    pub fn handle(&self) -> SpaceHandle {
+        self.handle
+    }
+
+    /// Bytes addressable.
+    pub fn size(&self) -> u64 {
+        self.handle.size_bytes
+    }
+
+    /// Page size in bytes.
+    pub fn page_size(&self) -> u64 {
+        1 << self.handle.page_shift
+    }
+
+    /// Frames in the cache.
+    pub fn frames(&self) -> u32 {
+        self.handle.frame_count
+    }
+
+    /// The options it was made with.
+    pub fn options(&self) -> &SpaceOptions {
+        &self.options
+    }
+
+    /// The GPU.
+    pub fn gpu(&self) -> &Arc<Gpu> {
+        &self.gpu
+    }
+
+    fn check_range(&self, r: &Range<u64>) -> Result<(), SpaceError> {
+        if r.start > r.end || r.end > self.size() {
+            return Err(SpaceError::Range {
+                start: r.start,
+                end: r.end,
+                size: self.size(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Runs `f` on the host copy's bytes (after writing back and dropping every cached page,
+    /// so the GPU sees exactly what `f` leaves). The slice covers whole pages.
+    pub fn with_host_mut<R>(&mut self, f: impl FnOnce(&mut [u8]) -> R) -> Result<R, SpaceError> {
+        self.evict(0..self.size())?;
+        let size = usize::try_from(self.size()).unwrap_or(usize::MAX);
+        Ok(f(&mut self.host.as_mut_slice()[..size]))
+    }
+
+    /// Copies `data` into the space at byte `offset`.
+    pub fn fill_from_slice<T: Copy>(&mut self, offset: u64, data: &[T]) -> Result<(), SpaceError> {
+        let bytes = std::mem::size_of_val(data) as u64;
+        self.check_range(&(offset..offset.saturating_add(bytes)))?;
+        // SAFETY: `data` is valid for `bytes` bytes; T: Copy has no drop or interior pointers
+        // the byte copy could break.
+        let src = unsafe {
+            std::slice::from_raw_parts(data.as_ptr().cast::<u8>(), std::mem::size_of_val(data))
+        };
+        let start = usize::try_from(offset).unwrap_or(usize::MAX);
+        self.with_host_mut(|h| h[start..start + src.len()].copy_from_slice(src))
+    }
+
+    /// Zero-fills the space.
+    pub fn fill_zero(&mut self) -> Result<(), SpaceError> {
+        self.with_host_mut(|h| h.fill(0))
+    }
+
+    /// Fills the space from the start of `store` (up to the smaller of the two sizes; the rest
+    /// reads as zero).
+    pub fn fill_from_store(&mut self, store: &dyn Store) -> Result<(), SpaceError> {
+        let n = self.size().min(store.size());
+        let len = usize::try_from(n).unwrap_or(usize::MAX);
+        self.with_host_mut(|h| {
+            h.fill(0);
+            store.read_at(0, &mut h[..len])
+        })?
+        .map_err(|source| SpaceError::Store {
+            store: store.describe(),
+            source,
+        })
+    }
+
+    /// Writes every dirty cached page back to the host copy (pages stay cached, now clean).
+    pub fn flush(&self) -> Result<(), SpaceError> {
+        self.flush_fn
+            .launch(self.grid, &Args::new().arg(self.handle))?;
+        self.gpu.synchronize()?;
+        self.check_errors()
+    }
+
+    /// Copies `out.len()` elements from byte `offset` into `out`, after a flush.
+    pub fn read_back<T: Copy>(&self, offset: u64, out: &mut [T]) -> Result<(), SpaceError> {
+        let bytes = std::mem::size_of_val(out) as u64;
+        self.check_range(&(offset..offset.saturating_add(bytes)))?;
+        self.flush()?;
+        let start = usize::try_from(offset).unwrap_or(usize::MAX);
+        let len = usize::try_from(bytes).unwrap_or(usize::MAX);
+        // SAFETY: `out` is valid for `len` bytes of writes; T: Copy, and the caller asked for
+        // these bytes reinterpreted as T (plain numeric element types).
+        let dst = unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr().cast::<u8>(), len) };
+        dst.copy_from_slice(&self.host.as_slice()[start..start + len]);
+        Ok(())
+    }
+
+    fn page_range(&self, r: &Range<u64>) -> Result<(u64, u64), SpaceError> {
+        self.check_range(r)?;
+        let ps = self.page_size();
+        Ok((r.start / ps, r.end.div_ceil(ps)))
+    }
+
+    /// Brings the pages of byte range `r` into the cache (as far as it holds them).
+    pub fn prefetch(&self, r: Range<u64>) -> Result<(), SpaceError> {
+        let (first, last) = self.page_range(&r)?;
+        self.prefetch_fn.launch(
+            self.grid,
+            &Args::new().arg(self.handle).arg(first).arg(last),
+        )?;
+        self.gpu.synchronize()?;
+        self.check_errors()
+    }
+
+    /// Drops the pages of byte range `r` from the cache, writing dirty ones back first.
+    pub fn evict(&self, r: Range<u64>) -> Result<(), SpaceError> {
+        let (first, last) = self.page_range(&r)?;
+        self.evict_fn.launch(
+            self.grid,
+            &Args::new().arg(self.handle).arg(first).arg(last),
+        )?;
+        self.gpu.synchronize()?;
+        self.check_errors()
+    }
+
+    fn counters(&self) -> Result<DeviceCounters, SpaceError> {
+        self.gpu.synchronize()?;
+        let mut c = [DeviceCounters::initial()];
+        self.counters.download(0, &mut c)?;
+        Ok(c[0])
+    }
+
+    /// Returns the out-of-range error a kernel reported, if any, and clears it.
+    pub fn check_errors(&self) -> Result<(), SpaceError> {
+        let c = self.counters()?;
+        if c.error_flags & crate::layout::ERR_OUT_OF_RANGE != 0 {
+            let mut fresh = c;
+            fresh.error_flags = 0;
+            fresh.first_bad_index = u64::MAX;
+            self.counters.upload(0, std::slice::from_ref(&fresh))?;
+            let elem = self.options.element.size();
+            return Err(SpaceError::OutOfRange {
+                index: c.first_bad_index,
+                elements: self.size() / elem,
+                elem,
+            });
+        }
+        Ok(())
+    }
+
+    /// Statistics kept on the device.
+    pub fn stats(&self) -> Result<GpuStats, SpaceError> {
+        let c = self.counters()?;
+        Ok(GpuStats {
+            hits: c.hits.iter().sum(),
+            faults: c.faults,
+            evictions: c.evictions,
+            writebacks: c.writebacks,
+            prefetched: c.prefetched,
+            bytes_in: c.bytes_in,
+            bytes_out: c.bytes_out,
+            fault_ns_total: c.fault_ns_total,
+            fault_ns_max: c.fault_ns_max,
+            no_frame_retries: c.no_frame_retries,
+            protected_frames: c.protected_now,
+        })
+    }
+
+    /// Zeroes the statistics (not the error flag).
+    pub fn reset_stats(&self) -> Result<(), SpaceError> {
+        let c = self.counters()?;
+        let mut fresh = DeviceCounters::initial();
+        fresh.error_flags = c.error_flags;
+        fresh.first_bad_index = c.first_bad_index;
+        fresh.clock_hand = c.clock_hand;
+        fresh.protected_now = c.protected_now;
+        self.counters.upload(0, std::slice::from_ref(&fresh))?;
+        Ok(())
+    }
+
+    /// Reads the raw page table (for tests and debugging).
+    pub fn page_table(&self) -> Result<Vec<u64>, SpaceError> {
+        self.gpu.synchronize()?;
+        let mut out = vec![0u64; usize::try_from(self.handle.pages).unwrap_or(0)];
+        self.page_table.download(0, &mut out)?;
+        Ok(out)
+    }
+
+    /// Reads the raw frame table (for tests and debugging).
+    pub fn frame_table(&self) -> Result<Vec<FrameEntry>, SpaceError> {
+        self.gpu.synchronize()?;
+        let n = self.handle.frame_count as usize;
+        let mut out = vec![FrameEntry { page: 0, flags: 0 }; n];
+        self.frames.download(0, &mut out)?;
+        Ok(out)
+    }
+
+    /// Bytes of GPU memory the frames take.
+    pub fn cache_bytes(&self) -> u64 {
+        self.frame_data.len() as u64
+    }
+}
+
+/// A space's device statistics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct GpuStats {
+    /// Page pins that found the page resident (one per warp group, not per element).
+    pub hits: u64,
+    /// Faults served.
+    pub faults: u64,
+    /// Evictions.
+    pub evictions: u64,
+    /// Write-backs.
+    pub writebacks: u64,
+    /// Pages brought in by prefetch.
+    pub prefetched: u64,
+    /// Bytes host -> GPU.
+    pub bytes_in: u64,
+    /// Bytes GPU -> host.
+    pub bytes_out: u64,
+    /// Sum of fault service times, ns.
+    pub fault_ns_total: u64,
+    /// Longest fault, ns.
+    pub fault_ns_max: u64,
+    /// Sweeps that found every frame pinned.
+    pub no_frame_retries: u64,
+    /// Frames in the protected segment now.
+    pub protected_frames: u32,
+}
+
+impl GpuStats {
+    /// Mean fault service time in ns.
+    pub fn mean_fault_ns(&self) -> u64 {
+        self.fault_ns_total.checked_div(self.faults).unwrap_or(0)
+    }
+
+    /// As the workspace's common statistics snapshot (fault times as a one-bucket histogram at
+    /// the mean, since the device keeps only sum and max).
+    pub fn to_snapshot(&self) -> StatsSnapshot {
+        let mut buckets = [0u64; HISTOGRAM_BUCKETS];
+        let mean = self.mean_fault_ns();
+        let b = (64 - mean.leading_zeros()).saturating_sub(1) as usize;
+        buckets[b.min(HISTOGRAM_BUCKETS - 1)] = self.faults;
+        StatsSnapshot {
+            faults: self.faults,
+            hits: self.hits,
+            evictions: self.evictions,
+            writebacks: self.writebacks,
+            prefetched_pages: self.prefetched,
+            errors: 0,
+            tiers: vec![TierBytes {
+                tier: Tier::Host,
+                bytes_read: self.bytes_in,
+                bytes_written: self.bytes_out,
+            }],
+            service_time: HistogramSnapshot::from_buckets(
+                buckets,
+                self.fault_ns_total,
+                self.fault_ns_max,
+            ),
+        }
+    }
+}
