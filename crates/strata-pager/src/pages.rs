@@ -1,0 +1,315 @@
+//! Per-page state in one atomic word, and the frame pool.
+//!
+//! Layout of a page word (`u64`):
+//!
+//! | bits   | meaning |
+//! |--------|---------|
+//! | 0..3   | [`State`] |
+//! | 3      | `REF`: referenced since the clock hand last passed (fill, write, re-fault) |
+//! | 4      | `WAITER`: a fault arrived while the page was in transition; wake on completion |
+//! | 5      | `HOT`: the page came back soon after eviction (a re-fault), so it earns an extra pass |
+//! | 6      | `GHOST`: the page was evicted before and bits 8..32 hold when |
+//! | 8..32  | eviction stamp (coarse eviction clock, for the re-fault distance) |
+//! | 32..64 | frame index while the page holds a frame |
+//!
+//! Every transition is a compare-and-swap on this word, so fillers, evictors, `flush` and
+//! `evict` never need a lock to agree on who owns a page. Transitional states (`Filling`,
+//! `Evicting`, `Flushing`, `Unprotecting`) belong to exactly one thread; a fault that meets
+//! one sets `WAITER` and returns, and the owner wakes the range when it finishes.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Condvar, Mutex};
+
+/// Where a page is in its life cycle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum State {
+    /// Not resident: the next access faults.
+    Absent = 0,
+    /// A filler owns it and is installing it.
+    Filling = 1,
+    /// Resident, write-protected, equal to the store's copy.
+    Clean = 2,
+    /// Resident and written since it was last stored.
+    Dirty = 3,
+    /// An evictor owns it and is dropping it (after writing it back if dirty).
+    Evicting = 4,
+    /// `flush` owns it and is writing it back; it stays resident.
+    Flushing = 5,
+    /// A write fault is lifting its write protection.
+    Unprotecting = 6,
+    /// Its fill failed: a poison marker makes every access raise `SIGBUS` until it is evicted.
+    Poisoned = 7,
+}
+
+const STATE_MASK: u64 = 0b111;
+/// Referenced bit.
+pub const REF: u64 = 1 << 3;
+/// Someone waits for the transition to end.
+pub const WAITER: u64 = 1 << 4;
+/// Re-faulted soon after eviction.
+pub const HOT: u64 = 1 << 5;
+/// Evicted before; the stamp is valid.
+pub const GHOST: u64 = 1 << 6;
+const STAMP_SHIFT: u32 = 8;
+/// Bits of the eviction stamp.
+pub const STAMP_BITS: u32 = 24;
+const STAMP_MASK: u64 = ((1 << STAMP_BITS) - 1) << STAMP_SHIFT;
+const FRAME_SHIFT: u32 = 32;
+
+/// Helpers on raw page words.
+pub mod word {
+    use super::*;
+
+    /// The state of `w`.
+    pub fn state(w: u64) -> State {
+        match w & STATE_MASK {
+            0 => State::Absent,
+            1 => State::Filling,
+            2 => State::Clean,
+            3 => State::Dirty,
+            4 => State::Evicting,
+            5 => State::Flushing,
+            6 => State::Unprotecting,
+            _ => State::Poisoned,
+        }
+    }
+
+    /// `w` with its state replaced.
+    pub fn with_state(w: u64, s: State) -> u64 {
+        (w & !STATE_MASK) | s as u64
+    }
+
+    /// The frame index held in `w`.
+    pub fn frame(w: u64) -> u32 {
+        u32::try_from(w >> FRAME_SHIFT).unwrap_or(u32::MAX)
+    }
+
+    /// `w` holding `frame`.
+    pub fn with_frame(w: u64, frame: u32) -> u64 {
+        (w & ((1 << FRAME_SHIFT) - 1)) | (u64::from(frame) << FRAME_SHIFT)
+    }
+
+    /// The eviction stamp of `w` (meaningful with `GHOST`).
+    pub fn stamp(w: u64) -> u64 {
+        (w & STAMP_MASK) >> STAMP_SHIFT
+    }
+
+    /// An absent page word remembering an eviction at `stamp`.
+    pub fn evicted(stamp: u64) -> u64 {
+        State::Absent as u64 | GHOST | ((stamp << STAMP_SHIFT) & STAMP_MASK)
+    }
+
+    /// Whether the state is one a single thread is in the middle of.
+    pub fn in_transition(w: u64) -> bool {
+        matches!(
+            state(w),
+            State::Filling | State::Evicting | State::Flushing | State::Unprotecting
+        )
+    }
+}
+
+/// The page table: one word per page of the region.
+#[derive(Debug)]
+pub struct PageTable {
+    words: Box<[AtomicU64]>,
+}
+
+impl PageTable {
+    /// `pages` absent pages.
+    pub fn new(pages: usize) -> Self {
+        Self {
+            words: (0..pages).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    /// Number of pages.
+    pub fn len(&self) -> usize {
+        self.words.len()
+    }
+
+    /// Whether the table is empty.
+    pub fn is_empty(&self) -> bool {
+        self.words.is_empty()
+    }
+
+    /// The word of page `page`.
+    pub fn get(&self, page: usize) -> &AtomicU64 {
+        &self.words[page]
+    }
+
+    /// Loads page `page`'s word.
+    pub fn load(&self, page: usize) -> u64 {
+        self.words[page].load(Ordering::Acquire)
+    }
+
+    /// Compare-and-swap on page `page`.
+    pub fn cas(&self, page: usize, old: u64, new: u64) -> bool {
+        self.words[page]
+            .compare_exchange(old, new, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// Ends a transition: stores `new` and reports whether a waiter must be woken.
+    pub fn finish(&self, page: usize, new: u64) -> bool {
+        self.words[page].swap(new & !WAITER, Ordering::AcqRel) & WAITER != 0
+    }
+
+    /// Marks that a fault waits on a page in transition. Returns false if the page left
+    /// its transition meanwhile (the caller re-examines it).
+    pub fn add_waiter(&self, page: usize) -> bool {
+        let slot = &self.words[page];
+        let mut w = slot.load(Ordering::Acquire);
+        loop {
+            if !word::in_transition(w) {
+                return false;
+            }
+            match slot.compare_exchange_weak(w, w | WAITER, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return true,
+                Err(now) => w = now,
+            }
+        }
+    }
+}
+
+/// Sentinel for a frame that holds no page.
+pub const NO_PAGE: u64 = u64::MAX;
+
+/// The resident-set budget: `frames` slots, the page each holds, a free list, and the
+/// clock hand.
+#[derive(Debug)]
+pub struct FramePool {
+    /// Page held by each frame, or [`NO_PAGE`].
+    owners: Box<[AtomicU64]>,
+    free: Mutex<Vec<u32>>,
+    free_count: AtomicUsize,
+    hand: AtomicUsize,
+    /// Evictors sleep here until the free count falls below the high-water target.
+    pub pressure: Condvar,
+    /// Paired with `pressure`.
+    pub pressure_lock: Mutex<()>,
+}
+
+impl FramePool {
+    /// A pool of `frames` free frames.
+    pub fn new(frames: usize) -> Self {
+        let frames32 = u32::try_from(frames).expect("frame count fits in 32 bits");
+        Self {
+            owners: (0..frames).map(|_| AtomicU64::new(NO_PAGE)).collect(),
+            // Popped from the back: hand out low frames first.
+            free: Mutex::new((0..frames32).rev().collect()),
+            free_count: AtomicUsize::new(frames),
+            hand: AtomicUsize::new(0),
+            pressure: Condvar::new(),
+            pressure_lock: Mutex::new(()),
+        }
+    }
+
+    /// Number of frames.
+    pub fn len(&self) -> usize {
+        self.owners.len()
+    }
+
+    /// Whether the pool is empty.
+    pub fn is_empty(&self) -> bool {
+        self.owners.is_empty()
+    }
+
+    /// Free frames now.
+    pub fn free_count(&self) -> usize {
+        self.free_count.load(Ordering::Acquire)
+    }
+
+    /// Takes a free frame, if any.
+    pub fn pop(&self) -> Option<u32> {
+        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        let f = free.pop()?;
+        self.free_count.fetch_sub(1, Ordering::AcqRel);
+        Some(f)
+    }
+
+    /// Returns a frame to the free list.
+    pub fn push(&self, frame: u32) {
+        self.owners[frame as usize].store(NO_PAGE, Ordering::Release);
+        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        free.push(frame);
+        self.free_count.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Records that `frame` now holds `page`.
+    pub fn assign(&self, frame: u32, page: usize) {
+        self.owners[frame as usize].store(page as u64, Ordering::Release);
+    }
+
+    /// The page `frame` holds, or [`NO_PAGE`].
+    pub fn owner(&self, frame: usize) -> u64 {
+        self.owners[frame].load(Ordering::Acquire)
+    }
+
+    /// Advances the clock hand and returns the frame it now points at.
+    pub fn tick(&self) -> usize {
+        self.hand.fetch_add(1, Ordering::Relaxed) % self.owners.len()
+    }
+
+    /// Wakes evictors.
+    pub fn nudge(&self) {
+        self.pressure.notify_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn word_fields_round_trip() {
+        let w = word::with_frame(word::with_state(REF | HOT, State::Dirty), 123_456);
+        assert_eq!(word::state(w), State::Dirty);
+        assert_eq!(word::frame(w), 123_456);
+        assert_ne!(w & REF, 0);
+        assert_ne!(w & HOT, 0);
+        let e = word::evicted((1 << STAMP_BITS) + 77);
+        assert_eq!(word::state(e), State::Absent);
+        assert_eq!(word::stamp(e), 77, "stamps wrap within their bits");
+        assert_ne!(e & GHOST, 0);
+        for s in [
+            State::Absent,
+            State::Filling,
+            State::Clean,
+            State::Dirty,
+            State::Evicting,
+            State::Flushing,
+            State::Unprotecting,
+            State::Poisoned,
+        ] {
+            assert_eq!(word::state(word::with_state(u64::MAX, s)), s);
+        }
+    }
+
+    #[test]
+    fn waiters_only_attach_to_transitions() {
+        let t = PageTable::new(2);
+        assert!(!t.add_waiter(0), "an absent page has no owner to wake us");
+        assert!(t.cas(0, 0, State::Filling as u64));
+        assert!(t.add_waiter(0));
+        assert!(
+            t.finish(0, State::Clean as u64),
+            "finish reports the waiter"
+        );
+        assert!(!t.finish(0, State::Clean as u64));
+        assert_eq!(t.load(0) & WAITER, 0);
+    }
+
+    #[test]
+    fn frame_pool_hands_out_each_frame_once() {
+        let pool = FramePool::new(4);
+        let got: Vec<u32> = std::iter::from_fn(|| pool.pop()).collect();
+        assert_eq!(got, vec![0, 1, 2, 3]);
+        assert_eq!(pool.free_count(), 0);
+        pool.assign(2, 99);
+        assert_eq!(pool.owner(2), 99);
+        pool.push(2);
+        assert_eq!((pool.free_count(), pool.owner(2)), (1, NO_PAGE));
+        assert_eq!(pool.pop(), Some(2));
+    }
+}
