@@ -9,10 +9,12 @@
 
 #![warn(missing_docs)]
 
+pub mod bench;
 pub mod csr;
 pub mod embed;
 pub mod format;
 pub mod generate;
+pub mod gpu;
 pub mod par;
 pub mod reference;
 pub mod rng;

@@ -1,0 +1,96 @@
+// Embedding lookups with sum pooling for `strata bench embed`.
+//
+// One warp per bag: for each of the bag's row ids the warp reads the whole row (EMBED_DIM
+// floats, EMBED_DIM / 32 consecutive floats per lane, so a row is one contiguous coalesced read)
+// and accumulates it in registers; the pooled row is written once at the end.
+//
+// Compile with -DEMBED_DIM=<floats per row> (a multiple of 32, at most 1024). Rows never
+// straddle pages: the host checks that the row size divides the page size.
+//   gather_space  the table lives in a Strata space (one page pin per row read)
+//   gather_ptr    a plain pointer: GPU memory, zero-copy pinned host memory, or UVM
+#include "strata.cuh"
+
+typedef unsigned long long u64;
+typedef unsigned int u32;
+
+#ifndef EMBED_DIM
+#error "compile with -DEMBED_DIM=<floats per row>"
+#endif
+#if EMBED_DIM % 32 != 0 || EMBED_DIM > 1024
+#error "EMBED_DIM must be a multiple of 32 and at most 1024"
+#endif
+#define PER_LANE (EMBED_DIM / 32)
+#define FULL_MASK 0xFFFFFFFFu
+
+// Adds this lane's PER_LANE floats of a row to acc (widest aligned vector loads).
+__device__ __forceinline__ void add_row(const float* row, float* acc) {
+    const unsigned lane = threadIdx.x & 31;
+    const float* mine = row + lane * PER_LANE;
+#if PER_LANE % 4 == 0
+#pragma unroll
+    for (int k = 0; k < PER_LANE / 4; ++k) {
+        const float4 v = __ldcg((const float4*)mine + k);
+        acc[4 * k] += v.x;
+        acc[4 * k + 1] += v.y;
+        acc[4 * k + 2] += v.z;
+        acc[4 * k + 3] += v.w;
+    }
+#elif PER_LANE % 2 == 0
+#pragma unroll
+    for (int k = 0; k < PER_LANE / 2; ++k) {
+        const float2 v = __ldcg((const float2*)mine + k);
+        acc[2 * k] += v.x;
+        acc[2 * k + 1] += v.y;
+    }
+#else
+    acc[0] += __ldcg(mine);
+#endif
+}
+
+struct PtrTable {
+    const float* base;
+    __device__ __forceinline__ void add(u32 row, float* acc) const { add_row(base + (u64)row * EMBED_DIM, acc); }
+};
+
+struct SpaceTable {
+    StrataSpace s;
+    __device__ __forceinline__ void add(u32 row, float* acc) const {
+        const u64 byte = (u64)row * (EMBED_DIM * 4);
+        if (byte + EMBED_DIM * 4 > s.size_bytes) {  // warp-uniform: one row per warp
+            if ((threadIdx.x & 31) == 0) strata::detail::report_error(s, STRATA_ERR_OUT_OF_RANGE, byte / 4);
+            return;
+        }
+        const strata::PageRef r = strata::acquire_page(s, byte >> s.page_shift, false);
+        add_row((const float*)(r.data + (byte & ((1ull << s.page_shift) - 1))), acc);
+        strata::release_page(s, r);
+    }
+};
+
+template <class Table>
+__device__ void gather(const Table& table, const u32* ids, u64 bags, u32 bag, float* out) {
+    const unsigned lane = threadIdx.x & 31;
+    const u64 warps = ((u64)gridDim.x * blockDim.x) >> 5;
+    for (u64 b = (blockIdx.x * (u64)blockDim.x + threadIdx.x) >> 5; b < bags; b += warps) {
+        float acc[PER_LANE];
+#pragma unroll
+        for (int k = 0; k < PER_LANE; ++k) acc[k] = 0.0f;
+        const u32* mine = ids + b * bag;
+        for (u32 j0 = 0; j0 < bag; j0 += 32) {
+            // Each lane loads one id of the next 32; the warp walks them via shuffles.
+            const u32 count = bag - j0 < 32 ? bag - j0 : 32;
+            const u32 id = lane < count ? mine[j0 + lane] : 0u;
+            for (u32 j = 0; j < count; ++j) table.add(__shfl_sync(FULL_MASK, id, j), acc);
+        }
+        float* dst = out + b * EMBED_DIM + lane * PER_LANE;
+#pragma unroll
+        for (int k = 0; k < PER_LANE; ++k) dst[k] = acc[k];
+    }
+}
+
+extern "C" __global__ void gather_space(StrataSpace s, const u32* ids, u64 bags, u32 bag, float* out) {
+    gather(SpaceTable{s}, ids, bags, bag, out);
+}
+
+extern "C" __global__ void gather_ptr(const float* table, const u32* ids, u64 bags, u32 bag, float* out) {
+    gather(PtrTable{table}, ids, bags, bag, out);
+}

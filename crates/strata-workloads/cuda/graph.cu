@@ -1,0 +1,265 @@
+// Graph kernels of `strata bench graph`: BFS (top-down and bottom-up steps of a
+// direction-optimising BFS), connected components (hook + compress) and PageRank (pull).
+//
+// The CSR's neighbour array is the large structure. Every kernel is written once as a template
+// over how that array is read, and instantiated twice:
+//   *_space  the array lives in a Strata space: a warp pins each page of a row once
+//            (strata::acquire_page, all lanes on one page) and reads it from the frame;
+//   *_ptr    a plain pointer: GPU memory (the upper bound), pinned host memory mapped into
+//            the GPU (zero-copy, the EMOGI approach) or CUDA managed memory (UVM).
+// Vertex arrays (offsets, levels, parents, labels, ranks) live in GPU memory.
+//
+// Work layout: one warp per vertex (EMOGI's coalesced kernel): the warp reads the row in
+// 128-byte aligned groups of 32 ids, so every load is one coalesced transaction. Launches must
+// use whole warps (blockDim a multiple of 32); control flow around the row readers is
+// warp-uniform, as strata::acquire_page requires.
+#include "strata.cuh"
+
+typedef unsigned long long u64;
+typedef unsigned int u32;
+
+#define UNREACHED 0xFFFFFFFFu
+#define FULL_MASK 0xFFFFFFFFu
+
+__device__ __forceinline__ u64 warp_index() { return (blockIdx.x * (u64)blockDim.x + threadIdx.x) >> 5; }
+__device__ __forceinline__ u64 warp_total() { return ((u64)gridDim.x * blockDim.x) >> 5; }
+__device__ __forceinline__ unsigned lane() { return threadIdx.x & 31; }
+__device__ __forceinline__ u64 thread_index() { return blockIdx.x * (u64)blockDim.x + threadIdx.x; }
+__device__ __forceinline__ u64 thread_total() { return (u64)gridDim.x * blockDim.x; }
+
+template <typename T> __device__ __forceinline__ T warp_sum(T v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
+    return v;
+}
+
+// Neighbour array behind a plain pointer.
+struct PtrEdges {
+    const u32* ids;
+    // Calls visit(id) for every id of [start, end) (start < end), 32 at a time across the warp.
+    // Stops after the group in which any lane's visit returned true; returns whether it did.
+    template <class Visit> __device__ __forceinline__ bool row(u64 start, u64 end, Visit& visit) const {
+        for (u64 base = start & ~31ull; base < end; base += 32) {
+            const u64 i = base + lane();
+            bool stop = false;
+            if (i >= start && i < end) stop = visit(ids[i]);
+            if (__any_sync(FULL_MASK, stop)) return true;
+        }
+        return false;
+    }
+};
+
+// Neighbour array in a Strata space of 32-bit ids: one pin per page of the row.
+struct SpaceEdges {
+    StrataSpace s;
+    template <class Visit> __device__ __forceinline__ bool row(u64 start, u64 end, Visit& visit) const {
+        const u32 shift = s.page_shift - 2;  // ids per page = page bytes / 4
+        if (end > (s.size_bytes >> 2)) {  // warp-uniform: a row outside the space
+            if (lane() == 0) strata::detail::report_error(s, STRATA_ERR_OUT_OF_RANGE, end - 1);
+            return false;
+        }
+        const u64 last = (end - 1) >> shift;
+        for (u64 page = start >> shift; page <= last; ++page) {
+            const strata::PageRef r = strata::acquire_page(s, page, false);
+            const u32* frame = (const u32*)r.data;
+            const u64 first = page << shift;
+            const u64 lo = start > first ? start : first;
+            const u64 hi = end < first + (1ull << shift) ? end : first + (1ull << shift);
+            bool stop = false;
+            for (u64 base = lo & ~31ull; base < hi && !stop; base += 32) {
+                const u64 i = base + lane();
+                bool mine = false;
+                if (i >= lo && i < hi) mine = visit(__ldcg(frame + (i - first)));
+                stop = __any_sync(FULL_MASK, mine);
+            }
+            strata::release_page(s, r);
+            if (stop) return true;
+        }
+        return false;
+    }
+};
+
+// ---- BFS ---------------------------------------------------------------------------------
+// counters[0]: vertices discovered by this step; counters[1]: the sum of their degrees.
+__device__ __forceinline__ void report_found(u64 found, u64 found_degree, u64* counters) {
+    found = warp_sum(found);
+    found_degree = warp_sum(found_degree);
+    if (lane() == 0 && found) {
+        atomicAdd(&counters[0], found);
+        atomicAdd(&counters[1], found_degree);
+    }
+}
+
+template <class Edges>
+__device__ void bfs_top_down(const Edges& edges, const u64* offsets, u64 n, u32* levels, u32* parents,
+                             u32 level, u64* counters) {
+    u64 found = 0, found_degree = 0;
+    for (u64 v = warp_index(); v < n; v += warp_total()) {
+        if (levels[v] != level) continue;
+        const u64 start = offsets[v], end = offsets[v + 1];
+        if (start == end) continue;
+        auto visit = [&](u32 w) -> bool {
+            if (*(volatile u32*)&levels[w] == UNREACHED &&
+                atomicCAS(&parents[w], UNREACHED, (u32)v) == UNREACHED) {
+                levels[w] = level + 1;
+                found += 1;
+                found_degree += offsets[w + 1] - offsets[w];
+            }
+            return false;
+        };
+        edges.row(start, end, visit);
+    }
+    report_found(found, found_degree, counters);
+}
+
+// Bottom-up: every unreached vertex looks for a neighbour on `level` and stops at the first.
+template <class Edges>
+__device__ void bfs_bottom_up(const Edges& edges, const u64* offsets, u64 n, u32* levels, u32* parents,
+                              u32 level, u64* counters) {
+    u64 found = 0, found_degree = 0;
+    for (u64 v = warp_index(); v < n; v += warp_total()) {
+        if (levels[v] != UNREACHED) continue;
+        const u64 start = offsets[v], end = offsets[v + 1];
+        if (start == end) continue;
+        u32 parent = UNREACHED;
+        auto visit = [&](u32 w) -> bool {
+            // Vertices found in this step carry level + 1, never `level`: no confusion.
+            if (*(volatile u32*)&levels[w] == level) {
+                parent = w;
+                return true;
+            }
+            return false;
+        };
+        if (edges.row(start, end, visit)) {
+            const unsigned with = __ballot_sync(FULL_MASK, parent != UNREACHED);
+            const u32 chosen = __shfl_sync(FULL_MASK, parent, __ffs(with) - 1);
+            if (lane() == 0) {
+                parents[v] = chosen;
+                levels[v] = level + 1;
+                found += 1;
+                found_degree += end - start;
+            }
+        }
+    }
+    report_found(found, found_degree, counters);
+}
+
+// ---- connected components -------------------------------------------------------------------
+// labels[v] always names a vertex of v's component and never grows. Hook: for an arc v->w with
+// labels[w] < labels[v], lower the label of v's label (and of v). Compress: pointer jumping.
+// At the fixed point every component carries its smallest vertex id.
+
+template <class Edges>
+__device__ void cc_hook(const Edges& edges, const u64* offsets, u64 n, u32* labels, u32* changed) {
+    bool any = false;
+    for (u64 v = warp_index(); v < n; v += warp_total()) {
+        const u64 start = offsets[v], end = offsets[v + 1];
+        if (start == end) continue;
+        const u32 mine = *(volatile u32*)&labels[v];
+        auto visit = [&](u32 w) -> bool {
+            const u32 theirs = *(volatile u32*)&labels[w];
+            if (theirs < mine) {
+                atomicMin(&labels[mine], theirs);
+                atomicMin(&labels[v], theirs);
+                any = true;
+            }
+            return false;
+        };
+        edges.row(start, end, visit);
+    }
+    if (__any_sync(FULL_MASK, any) && lane() == 0) *changed = 1;
+}
+
+extern "C" __global__ void cc_init(u32* labels, u64 n) {
+    for (u64 v = thread_index(); v < n; v += thread_total()) labels[v] = (u32)v;
+}
+
+extern "C" __global__ void cc_compress(u32* labels, u64 n) {
+    for (u64 v = thread_index(); v < n; v += thread_total()) {
+        u32 c = *(volatile u32*)&labels[v];
+        u32 next = *(volatile u32*)&labels[c];
+        while (c != next) {
+            c = next;
+            next = *(volatile u32*)&labels[c];
+        }
+        labels[v] = c;
+    }
+}
+
+// ---- PageRank -------------------------------------------------------------------------------
+// contribution[v] = rank[v] / degree(v); degree-0 ranks are summed into *dangling (double).
+extern "C" __global__ void pr_contribution(const u64* offsets, u64 n, const float* rank, float* contribution,
+                                           double* dangling) {
+    double lost = 0.0;
+    for (u64 v = thread_index(); v < n; v += thread_total()) {
+        const u64 degree = offsets[v + 1] - offsets[v];
+        if (degree == 0) {
+            lost += rank[v];
+            contribution[v] = 0.0f;
+        } else {
+            contribution[v] = rank[v] / (float)degree;
+        }
+    }
+    lost = warp_sum(lost);
+    if (lane() == 0 && lost != 0.0) atomicAdd(dangling, lost);
+}
+
+extern "C" __global__ void pr_init(float* rank, u64 n) {
+    for (u64 v = thread_index(); v < n; v += thread_total()) rank[v] = 1.0f / (float)n;
+}
+
+template <class Edges>
+__device__ void pr_pull(const Edges& edges, const u64* offsets, u64 n, const float* contribution,
+                        const double* dangling, float damping, float* next) {
+    const float base = (float)((1.0 - damping) / (double)n + damping * *dangling / (double)n);
+    for (u64 v = warp_index(); v < n; v += warp_total()) {
+        const u64 start = offsets[v], end = offsets[v + 1];
+        float sum = 0.0f;
+        if (start != end) {
+            auto visit = [&](u32 w) -> bool {
+                sum += contribution[w];
+                return false;
+            };
+            edges.row(start, end, visit);
+        }
+        sum = warp_sum(sum);
+        if (lane() == 0) next[v] = base + damping * sum;
+    }
+}
+
+// ---- entry points ---------------------------------------------------------------------------
+#define GRAPH_ENTRY_POINTS(SUFFIX, PARAM, MAKE)                                                        \
+    extern "C" __global__ void bfs_top_down_##SUFFIX(PARAM, const u64* offsets, u64 n, u32* levels,  \
+                                                     u32* parents, u32 level, u64* counters) {        \
+        MAKE;                                                                                         \
+        bfs_top_down(edges, offsets, n, levels, parents, level, counters);                           \
+    }                                                                                                 \
+    extern "C" __global__ void bfs_bottom_up_##SUFFIX(PARAM, const u64* offsets, u64 n, u32* levels, \
+                                                      u32* parents, u32 level, u64* counters) {       \
+        MAKE;                                                                                         \
+        bfs_bottom_up(edges, offsets, n, levels, parents, level, counters);                          \
+    }                                                                                                 \
+    extern "C" __global__ void cc_hook_##SUFFIX(PARAM, const u64* offsets, u64 n, u32* labels,       \
+                                                u32* changed) {                                       \
+        MAKE;                                                                                         \
+        cc_hook(edges, offsets, n, labels, changed);                                                  \
+    }                                                                                                 \
+    extern "C" __global__ void pr_pull_##SUFFIX(PARAM, const u64* offsets, u64 n,                    \
+                                                const float* contribution, const double* dangling,    \
+                                                float damping, float* next) {                         \
+        MAKE;                                                                                         \
+        pr_pull(edges, offsets, n, contribution, dangling, damping, next);                           \
+    }
+
+GRAPH_ENTRY_POINTS(space, StrataSpace space, SpaceEdges edges{space})
+GRAPH_ENTRY_POINTS(ptr, const u32* ids, PtrEdges edges{ids})
+
+// ---- small state kernels (ordered on Strata's stream, unlike driver memsets/copies) ---------
+extern "C" __global__ void fill_u32(u32* p, u64 n, u32 value) {
+    for (u64 i = thread_index(); i < n; i += thread_total()) p[i] = value;
+}
+extern "C" __global__ void fill_u64(u64* p, u64 n, u64 value) {
+    for (u64 i = thread_index(); i < n; i += thread_total()) p[i] = value;
+}
+extern "C" __global__ void set_u32(u32* p, u64 i, u32 value) {
+    if (thread_index() == 0) p[i] = value;
+}

@@ -1,0 +1,272 @@
+//! `strata bench graph` and `strata bench embed`: each workload through Strata at several
+//! oversubscription factors and through the memories a user would pick instead (zero-copy
+//! pinned host memory, UVM where the data fits, all-in-GPU memory where it fits), validated,
+//! timed (median of several runs, each after making the data cold: Strata's cache emptied,
+//! UVM's pages migrated back to the host), with ratios, Strata's statistics, JSON and SVG.
+
+pub mod embed;
+pub mod graph;
+pub mod report;
+
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+use strata_gpu::{EvictionPolicy, Strata};
+
+use crate::gpu::device::GpuWorkloadError;
+use crate::gpu::placed::{Element, Placed};
+use report::Row;
+
+/// What every workload benchmark compares, and how.
+#[derive(Debug, Clone)]
+pub struct Comparison {
+    /// Strata oversubscription factors (data size over cache size).
+    pub oversubscription: Vec<f64>,
+    /// Modes to compare.
+    pub modes: Modes,
+    /// Strata page size.
+    pub page_size: u64,
+    /// Strata eviction policy.
+    pub policy: EvictionPolicy,
+    /// Timed runs per configuration (after one validated warm-up run).
+    pub reps: u32,
+    /// GPU ordinal.
+    pub gpu: usize,
+}
+
+/// The measured rows and the setting they were taken in.
+#[derive(Debug, Clone, Serialize)]
+pub struct Outcome {
+    /// GPU name.
+    pub gpu: String,
+    /// Strata page size.
+    pub page_size: u64,
+    /// Strata policy.
+    pub policy: String,
+    /// One row per (workload, mode).
+    pub rows: Vec<Row>,
+    /// Modes that could not run here, with why.
+    pub skipped: Vec<String>,
+}
+
+impl Outcome {
+    /// An empty outcome for `compare` on `strata`'s GPU.
+    #[must_use]
+    pub fn new(strata: &Strata, compare: &Comparison) -> Self {
+        Self {
+            gpu: strata.gpu().name.clone(),
+            page_size: compare.page_size,
+            policy: format!("{:?}", compare.policy),
+            rows: Vec::new(),
+            skipped: Vec::new(),
+        }
+    }
+}
+
+/// Places `data` as `mode` asks. A baseline whose data does not fit on this GPU is recorded
+/// in `outcome.skipped` and yields `None`.
+///
+/// # Errors
+/// Any other failure.
+pub fn place_or_skip<T: Element>(
+    strata: &Strata,
+    data: &[T],
+    mode: Mode,
+    compare: &Comparison,
+    outcome: &mut Outcome,
+) -> Result<Option<Placed>, GpuWorkloadError> {
+    let gpu = strata.gpu();
+    let placed = match mode {
+        Mode::Strata(factor) => {
+            let cache = cache_for(data.len() as u64 * 4, factor, compare.page_size);
+            Placed::space(strata, data, cache, compare.page_size, compare.policy)
+        }
+        Mode::ZeroCopy => Placed::zero_copy(gpu, data),
+        Mode::Uvm => Placed::managed(gpu, data),
+        Mode::GpuMemory => Placed::device(gpu, data),
+    };
+    match placed {
+        Ok(p) => Ok(Some(p)),
+        Err(e) if is_does_not_fit(&e) => {
+            eprintln!("{}: skipped: {e}", mode.label());
+            outcome.skipped.push(format!("{}: {e}", mode.label()));
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// A progress bar on stderr (hidden automatically when stderr is not a terminal).
+#[must_use]
+pub fn progress(message: &str) -> ProgressBar {
+    let bar = ProgressBar::new(0);
+    if let Ok(style) = ProgressStyle::with_template(
+        "{msg:>12} [{bar:40}] {percent:>3}% {elapsed_precise} eta {eta}",
+    ) {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar.set_message(message.to_string());
+    bar
+}
+
+/// The memories compared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Modes {
+    /// Strata spaces at each oversubscription factor.
+    pub strata: bool,
+    /// Zero-copy pinned host memory.
+    pub zero_copy: bool,
+    /// CUDA managed memory (only where the data fits in free GPU memory).
+    pub uvm: bool,
+    /// All in GPU memory (only where it fits).
+    pub gpu_memory: bool,
+}
+
+impl Modes {
+    /// Every mode.
+    #[must_use]
+    pub fn all() -> Self {
+        Self {
+            strata: true,
+            zero_copy: true,
+            uvm: true,
+            gpu_memory: true,
+        }
+    }
+
+    /// Parses a comma list of `strata`, `zero-copy`, `uvm`, `gpu-memory` (or `all`).
+    ///
+    /// # Errors
+    /// An unknown name.
+    pub fn parse(list: &str) -> Result<Self, String> {
+        let mut modes = Self {
+            strata: false,
+            zero_copy: false,
+            uvm: false,
+            gpu_memory: false,
+        };
+        for name in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            match name {
+                "all" => modes = Self::all(),
+                "strata" => modes.strata = true,
+                "zero-copy" | "zc" => modes.zero_copy = true,
+                "uvm" => modes.uvm = true,
+                "gpu-memory" | "gpu" => modes.gpu_memory = true,
+                other => {
+                    return Err(format!(
+                        "unknown mode {other:?}: use strata, zero-copy, uvm, gpu-memory or all"
+                    ));
+                }
+            }
+        }
+        Ok(modes)
+    }
+}
+
+/// A mode with the label it is reported under.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Mode {
+    /// Strata with cache = data / factor.
+    Strata(f64),
+    /// Zero-copy.
+    ZeroCopy,
+    /// UVM.
+    Uvm,
+    /// GPU memory.
+    GpuMemory,
+}
+
+impl Mode {
+    /// Report label.
+    #[must_use]
+    pub fn label(self) -> String {
+        match self {
+            Self::Strata(f) => format!("strata-{f}x"),
+            Self::ZeroCopy => "zero-copy".into(),
+            Self::Uvm => "uvm".into(),
+            Self::GpuMemory => "gpu-memory".into(),
+        }
+    }
+
+    /// The modes to run, in order: the upper bound first (its result is the cross-check for
+    /// large graphs), then the baselines, then Strata from least to most oversubscribed.
+    #[must_use]
+    pub fn list(modes: Modes, factors: &[f64]) -> Vec<Self> {
+        let mut list = Vec::new();
+        if modes.gpu_memory {
+            list.push(Self::GpuMemory);
+        }
+        if modes.zero_copy {
+            list.push(Self::ZeroCopy);
+        }
+        if modes.uvm {
+            list.push(Self::Uvm);
+        }
+        if modes.strata {
+            list.extend(factors.iter().map(|f| Self::Strata(*f)));
+        }
+        list
+    }
+}
+
+/// Parses a comma list of oversubscription factors (each at least 1).
+///
+/// # Errors
+/// A factor that is not a number or is below 1.
+pub fn parse_factors(list: &str) -> Result<Vec<f64>, String> {
+    list.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| match s.trim_end_matches('x').parse::<f64>() {
+            Ok(f) if f >= 1.0 && f.is_finite() => Ok(f),
+            _ => Err(format!(
+                "oversubscription {s:?}: give factors of 1 or more, e.g. 1,2,4"
+            )),
+        })
+        .collect()
+}
+
+/// Cache bytes for data of `bytes` at oversubscription `factor`, rounded up to whole pages.
+#[must_use]
+pub fn cache_for(bytes: u64, factor: f64, page_size: u64) -> u64 {
+    #[allow(
+        clippy::cast_precision_loss,
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss
+    )]
+    let raw = (bytes as f64 / factor).ceil() as u64;
+    raw.div_ceil(page_size).max(2) * page_size
+}
+
+/// Whether an error means "this baseline cannot run here" (reported and skipped) rather
+/// than a failure.
+#[must_use]
+pub fn is_does_not_fit(error: &GpuWorkloadError) -> bool {
+    matches!(error, GpuWorkloadError::DoesNotFit { .. })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parsing_and_cache_sizes() {
+        assert_eq!(parse_factors("1, 2,4x").unwrap(), vec![1.0, 2.0, 4.0]);
+        assert!(parse_factors("0.5").is_err());
+        assert!(parse_factors("two").is_err());
+        assert_eq!(Modes::parse("all").unwrap(), Modes::all());
+        let m = Modes::parse("strata,zc").unwrap();
+        assert!(m.strata && m.zero_copy && !m.uvm && !m.gpu_memory);
+        assert!(Modes::parse("swap").is_err());
+        assert_eq!(cache_for(1 << 20, 2.0, 4096), 1 << 19);
+        assert_eq!(cache_for(10_000, 4.0, 4096), 4096 * 2);
+        assert_eq!(cache_for(100 << 20, 3.0, 65536) % 65536, 0);
+        let labels: Vec<String> = Mode::list(Modes::all(), &[1.0, 2.0])
+            .into_iter()
+            .map(Mode::label)
+            .collect();
+        assert_eq!(
+            labels,
+            ["gpu-memory", "zero-copy", "uvm", "strata-1x", "strata-2x"]
+        );
+    }
+}

@@ -1,0 +1,408 @@
+//! Benchmark results: one row per (workload, memory mode), printed as a table, written as JSON
+//! and drawn as an SVG bar chart of throughput relative to zero-copy.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use serde::Serialize;
+use strata_gpu::GpuStats;
+
+/// Measured ceiling for reads of pinned host memory from the GPU over PCIe (SM zero-copy and
+/// warp-per-page copies; `research/measured-limits.md`, H200, PCIe Gen5 x16).
+pub const PCIE_READ_CEILING_GBPS: f64 = 51.4;
+
+/// Strata's statistics for one run.
+#[derive(Debug, Clone, Serialize)]
+pub struct StrataStats {
+    /// Page hits.
+    pub hits: u64,
+    /// Page faults served.
+    pub faults: u64,
+    /// Pages evicted.
+    pub evictions: u64,
+    /// Bytes copied host -> GPU frames.
+    pub bytes_in: u64,
+    /// Bytes written back.
+    pub bytes_out: u64,
+    /// hits / (hits + faults).
+    pub hit_rate: f64,
+    /// Mean fault service time, ns.
+    pub mean_fault_ns: u64,
+    /// Frames in the protected segment at the end (scan-resistant policy).
+    pub protected_frames: u32,
+}
+
+impl From<&GpuStats> for StrataStats {
+    fn from(s: &GpuStats) -> Self {
+        let total = s.hits + s.faults;
+        #[allow(clippy::cast_precision_loss)]
+        let hit_rate = if total == 0 {
+            0.0
+        } else {
+            s.hits as f64 / total as f64
+        };
+        Self {
+            hits: s.hits,
+            faults: s.faults,
+            evictions: s.evictions,
+            bytes_in: s.bytes_in,
+            bytes_out: s.bytes_out,
+            hit_rate,
+            mean_fault_ns: s.mean_fault_ns(),
+            protected_frames: s.protected_frames,
+        }
+    }
+}
+
+/// One measured configuration.
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    /// `bfs`, `cc`, `pagerank` or `embed`.
+    pub workload: String,
+    /// `strata-2x`, `zero-copy`, `uvm`, `gpu-memory`, ...
+    pub mode: String,
+    /// Data size over cache size (Strata rows only).
+    pub oversubscription: Option<f64>,
+    /// Timed runs, milliseconds (each after making the data cold; see the bench docs).
+    pub times_ms: Vec<f64>,
+    /// Median of `times_ms`.
+    pub median_ms: f64,
+    /// Units of work per run (edges, arcs scanned or lookups; see `unit`).
+    pub work: u64,
+    /// What `work` counts.
+    pub unit: String,
+    /// work / median time.
+    pub rate_per_s: f64,
+    /// Bytes of the paged array the algorithm needs per run (its reads, at 4-byte ids or rows).
+    pub needed_bytes: u64,
+    /// needed_bytes / median time, GB/s.
+    pub effective_gbps: f64,
+    /// Zero-copy's median / this median (above 1: faster than zero-copy).
+    pub speedup_vs_zero_copy: Option<f64>,
+    /// UVM's median / this median.
+    pub speedup_vs_uvm: Option<f64>,
+    /// This median / GPU memory's median (how far from the all-in-GPU bound; 1 is equal).
+    pub slowdown_vs_gpu_memory: Option<f64>,
+    /// Strata's statistics for the median run.
+    pub strata: Option<StrataStats>,
+    /// Host-to-GPU bytes moved (Strata: bytes_in) per second, as a fraction of the PCIe ceiling.
+    pub pcie_fraction: Option<f64>,
+    /// How the result was checked.
+    pub validated: String,
+}
+
+/// Median of a non-empty list.
+#[must_use]
+pub fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let mid = sorted.len() / 2;
+    if sorted.is_empty() {
+        f64::NAN
+    } else if sorted.len() % 2 == 1 {
+        sorted[mid]
+    } else {
+        f64::midpoint(sorted[mid - 1], sorted[mid])
+    }
+}
+
+/// Fills the ratio columns of every row from the baselines of the same workload.
+pub fn fill_ratios(rows: &mut [Row]) {
+    let find = |rows: &[Row], workload: &str, mode: &str| {
+        rows.iter()
+            .find(|r| r.workload == workload && r.mode == mode)
+            .map(|r| r.median_ms)
+    };
+    let baselines: Vec<(Option<f64>, Option<f64>, Option<f64>)> = rows
+        .iter()
+        .map(|r| {
+            (
+                find(rows, &r.workload, "zero-copy"),
+                find(rows, &r.workload, "uvm"),
+                find(rows, &r.workload, "gpu-memory"),
+            )
+        })
+        .collect();
+    for (row, (zero_copy, uvm, gpu)) in rows.iter_mut().zip(baselines) {
+        row.speedup_vs_zero_copy = zero_copy.map(|z| z / row.median_ms);
+        row.speedup_vs_uvm = uvm.map(|u| u / row.median_ms);
+        row.slowdown_vs_gpu_memory = gpu.map(|g| row.median_ms / g);
+    }
+}
+
+fn opt(value: Option<f64>, digits: usize) -> String {
+    value.map_or_else(|| "-".into(), |v| format!("{v:.digits$}"))
+}
+
+/// The results as a text table.
+#[must_use]
+pub fn table(rows: &[Row]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<9} {:<11} {:>10} {:>12} {:>8} {:>8} {:>8} {:>8} {:>8} {:>10} {:>7}  validated",
+        "workload",
+        "mode",
+        "median ms",
+        "rate/s",
+        "GB/s",
+        "vs zc",
+        "vs uvm",
+        "gpu/x",
+        "hit %",
+        "moved",
+        "pcie",
+    );
+    for r in rows {
+        let (hit, moved) = r.strata.as_ref().map_or_else(
+            || ("-".into(), "-".into()),
+            |s| {
+                (
+                    format!("{:.1}", s.hit_rate * 100.0),
+                    strata_core::format_size(s.bytes_in),
+                )
+            },
+        );
+        let _ = writeln!(
+            out,
+            "{:<9} {:<11} {:>10.2} {:>12.3e} {:>8.2} {:>8} {:>8} {:>8} {:>8} {:>10} {:>7}  {}",
+            r.workload,
+            r.mode,
+            r.median_ms,
+            r.rate_per_s,
+            r.effective_gbps,
+            opt(r.speedup_vs_zero_copy, 2),
+            opt(r.speedup_vs_uvm, 2),
+            opt(r.slowdown_vs_gpu_memory, 2),
+            hit,
+            moved,
+            opt(r.pcie_fraction.map(|f| f * 100.0), 0),
+            r.validated
+        );
+    }
+    out.push_str(
+        "rate/s: bfs = undirected edges of the reached component per second (Graph500 TEPS); cc, pagerank = arcs scanned per second; embed = lookups per second.\n\
+         GB/s: bytes the algorithm needs from the paged array per second. vs zc / vs uvm: speedup over zero-copy / UVM (>1 is faster).\n\
+         gpu/x: time over the all-in-GPU-memory time. hit %, moved: Strata's page hits and bytes copied in.\n",
+    );
+    let _ = writeln!(
+        out,
+        "pcie: Strata's bytes moved per second as % of the {PCIE_READ_CEILING_GBPS} GB/s PCIe read ceiling (measured-limits.md)."
+    );
+    out
+}
+
+/// Errors writing reports.
+#[derive(Debug, thiserror::Error)]
+pub enum ReportError {
+    /// Writing a file failed.
+    #[error("writing {path}: {source}")]
+    Io {
+        /// File.
+        path: String,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// JSON encoding failed.
+    #[error("encoding results as JSON: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
+/// Writes `value` as pretty JSON to `path`.
+///
+/// # Errors
+/// Encoding or I/O failures.
+pub fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<(), ReportError> {
+    let text = serde_json::to_string_pretty(value)?;
+    std::fs::write(path, text).map_err(|source| ReportError::Io {
+        path: path.display().to_string(),
+        source,
+    })
+}
+
+fn escape(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+/// A grouped bar chart (one group per workload, one bar per mode) of speedup over zero-copy,
+/// with the 1.0 line marked; modes without a zero-copy baseline are left out.
+#[must_use]
+pub fn svg(title: &str, rows: &[Row]) -> String {
+    let mut workloads: Vec<&str> = Vec::new();
+    let mut modes: Vec<&str> = Vec::new();
+    for r in rows {
+        if !workloads.contains(&r.workload.as_str()) {
+            workloads.push(&r.workload);
+        }
+        if !modes.contains(&r.mode.as_str()) {
+            modes.push(&r.mode);
+        }
+    }
+    let value = |w: &str, m: &str| {
+        rows.iter()
+            .find(|r| r.workload == w && r.mode == m)
+            .and_then(|r| r.speedup_vs_zero_copy)
+    };
+    let max = rows
+        .iter()
+        .filter_map(|r| r.speedup_vs_zero_copy)
+        .fold(1.0f64, f64::max)
+        * 1.15;
+    let (left, top, plot_h, bar_w, gap) = (70.0, 50.0, 300.0, 22.0, 30.0);
+    #[allow(clippy::cast_precision_loss)]
+    let group_w = modes.len() as f64 * bar_w + gap;
+    #[allow(clippy::cast_precision_loss)]
+    let width = left + group_w * workloads.len() as f64 + 200.0;
+    let height = top + plot_h + 60.0;
+    let colours = [
+        "#1b9e77", "#66a61e", "#a6d854", "#d95f02", "#7570b3", "#e7298a", "#e6ab02", "#666666",
+    ];
+    let y = |v: f64| top + plot_h - v / max * plot_h;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0}" height="{height:.0}" font-family="sans-serif" font-size="12">"#
+    );
+    let _ = writeln!(
+        s,
+        r#"<text x="{left}" y="25" font-size="15">{}</text>"#,
+        escape(title)
+    );
+    let _ = writeln!(
+        s,
+        r#"<line x1="{left}" y1="{top}" x2="{left}" y2="{:.1}" stroke="black"/>"#,
+        top + plot_h
+    );
+    for tick in 0..=4 {
+        let v = max * f64::from(tick) / 4.0;
+        let _ = writeln!(
+            s,
+            r#"<text x="{:.1}" y="{:.1}" text-anchor="end">{v:.2}x</text>"#,
+            left - 6.0,
+            y(v) + 4.0
+        );
+    }
+    let _ = writeln!(
+        s,
+        r##"<line x1="{left}" y1="{0:.1}" x2="{1:.1}" y2="{0:.1}" stroke="#999" stroke-dasharray="4 3"/>"##,
+        y(1.0),
+        width - 190.0
+    );
+    let _ = writeln!(
+        s,
+        r#"<text transform="translate(18 {:.1}) rotate(-90)" text-anchor="middle">speedup over zero-copy</text>"#,
+        top + plot_h / 2.0
+    );
+    for (g, w) in workloads.iter().enumerate() {
+        #[allow(clippy::cast_precision_loss)]
+        let x0 = left + gap / 2.0 + g as f64 * group_w;
+        for (m, mode) in modes.iter().enumerate() {
+            if let Some(v) = value(w, mode) {
+                #[allow(clippy::cast_precision_loss)]
+                let x = x0 + m as f64 * bar_w;
+                let _ = writeln!(
+                    s,
+                    r#"<rect x="{x:.1}" y="{:.1}" width="{:.1}" height="{:.1}" fill="{}"><title>{} {}: {v:.2}x</title></rect>"#,
+                    y(v),
+                    bar_w - 2.0,
+                    top + plot_h - y(v),
+                    colours[m % colours.len()],
+                    escape(w),
+                    escape(mode)
+                );
+            }
+        }
+        #[allow(clippy::cast_precision_loss)]
+        let centre = x0 + modes.len() as f64 * bar_w / 2.0;
+        let _ = writeln!(
+            s,
+            r#"<text x="{centre:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
+            top + plot_h + 18.0,
+            escape(w)
+        );
+    }
+    for (m, mode) in modes.iter().enumerate() {
+        #[allow(clippy::cast_precision_loss)]
+        let ly = top + 10.0 + m as f64 * 18.0;
+        let lx = width - 180.0;
+        let _ = writeln!(
+            s,
+            r#"<rect x="{lx:.1}" y="{:.1}" width="12" height="12" fill="{}"/>"#,
+            ly - 10.0,
+            colours[m % colours.len()]
+        );
+        let _ = writeln!(
+            s,
+            r#"<text x="{:.1}" y="{ly:.1}">{}</text>"#,
+            lx + 18.0,
+            escape(mode)
+        );
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
+/// Writes the SVG chart to `path`.
+///
+/// # Errors
+/// I/O failures.
+pub fn write_svg(path: &Path, title: &str, rows: &[Row]) -> Result<(), ReportError> {
+    std::fs::write(path, svg(title, rows)).map_err(|source| ReportError::Io {
+        path: path.display().to_string(),
+        source,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(workload: &str, mode: &str, ms: f64) -> Row {
+        Row {
+            workload: workload.into(),
+            mode: mode.into(),
+            oversubscription: None,
+            times_ms: vec![ms],
+            median_ms: ms,
+            work: 100,
+            unit: "edges".into(),
+            rate_per_s: 100.0 / ms * 1e3,
+            needed_bytes: 400,
+            effective_gbps: 0.0,
+            speedup_vs_zero_copy: None,
+            speedup_vs_uvm: None,
+            slowdown_vs_gpu_memory: None,
+            strata: None,
+            pcie_fraction: None,
+            validated: "test".into(),
+        }
+    }
+
+    #[test]
+    fn medians_ratios_table_and_svg() {
+        assert!((median(&[3.0, 1.0, 2.0]) - 2.0).abs() < 1e-12);
+        assert!((median(&[4.0, 1.0, 2.0, 3.0]) - 2.5).abs() < 1e-12);
+        assert!(median(&[]).is_nan());
+        let mut rows = vec![
+            row("bfs", "strata-2x", 50.0),
+            row("bfs", "zero-copy", 100.0),
+            row("bfs", "gpu-memory", 10.0),
+        ];
+        fill_ratios(&mut rows);
+        assert!((rows[0].speedup_vs_zero_copy.unwrap() - 2.0).abs() < 1e-12);
+        assert!((rows[0].slowdown_vs_gpu_memory.unwrap() - 5.0).abs() < 1e-12);
+        assert!(rows[0].speedup_vs_uvm.is_none());
+        let text = table(&rows);
+        assert!(text.contains("strata-2x") && text.contains("2.00"));
+        let chart = svg("a <title>", &rows);
+        assert!(chart.starts_with("<svg") && chart.trim_end().ends_with("</svg>"));
+        assert!(chart.contains("&lt;title&gt;") && chart.contains("strata-2x: 2.00x"));
+        assert_eq!(
+            chart.matches("<rect").count(),
+            3 + 3,
+            "three bars and three legend boxes"
+        );
+    }
+}
