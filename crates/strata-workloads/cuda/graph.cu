@@ -3,16 +3,17 @@
 //
 // The CSR's neighbour array is the large structure. Every kernel is written once as a template
 // over how that array is read, and instantiated twice:
-//   *_space  the array lives in a Strata space: a warp pins each page of a row once
+//   *_space  the array lives in a Strata space: a warp pins the page under its rows once
 //            (strata::acquire_page, all lanes on one page) and reads it from the frame;
 //   *_ptr    a plain pointer: GPU memory (the upper bound), pinned host memory mapped into
 //            the GPU (zero-copy, the EMOGI approach) or CUDA managed memory (UVM).
 // Vertex arrays (offsets, levels, parents, labels, ranks) live in GPU memory.
 //
-// Work layout: one warp per vertex (EMOGI's coalesced kernel): the warp reads the row in
-// 128-byte aligned groups of 32 ids, so every load is one coalesced transaction. Launches must
-// use whole warps (blockDim a multiple of 32); control flow around the row readers is
-// warp-uniform, as strata::acquire_page requires.
+// Work layout: a warp handles one vertex at a time (EMOGI's coalesced kernel), walking chunks
+// of consecutive vertices (EMOGI's chunked variant); it reads each row in 128-byte aligned
+// groups of 32 ids, so every load is one coalesced transaction. Launches must use whole warps
+// (blockDim a multiple of 32); control flow around the row readers is warp-uniform, as
+// strata::acquire_page requires.
 #include "strata.cuh"
 
 typedef unsigned long long u64;
@@ -32,12 +33,20 @@ template <typename T> __device__ __forceinline__ T warp_sum(T v) {
     return v;
 }
 
+// Each warp walks chunks of CHUNK consecutive vertices, so consecutive rows, which share pages,
+// are read by the same warp.
+#define CHUNK 64
+
 // Neighbour array behind a plain pointer.
 struct PtrEdges {
     const u32* ids;
+    struct Cursor {};
+    __device__ __forceinline__ Cursor begin() const { return Cursor{}; }
+    __device__ __forceinline__ void finish(Cursor&) const {}
     // Calls visit(id) for every id of [start, end) (start < end), 32 at a time across the warp.
     // Stops after the group in which any lane's visit returned true; returns whether it did.
-    template <class Visit> __device__ __forceinline__ bool row(u64 start, u64 end, Visit& visit) const {
+    template <class Visit>
+    __device__ __forceinline__ bool row(Cursor&, u64 start, u64 end, Visit& visit) const {
         for (u64 base = start & ~31ull; base < end; base += 32) {
             const u64 i = base + lane();
             bool stop = false;
@@ -48,19 +57,43 @@ struct PtrEdges {
     }
 };
 
-// Neighbour array in a Strata space of 32-bit ids: one pin per page of the row.
+// Neighbour array in a Strata space of 32-bit ids. The cursor keeps the warp's current page
+// pinned from one row to the next (rows of consecutive vertices share pages), so a page costs
+// one pin per warp rather than one per row. A warp holds at most one pin and drops it before
+// it asks for another page, so warps waiting for frames never wait on each other.
 struct SpaceEdges {
     StrataSpace s;
-    template <class Visit> __device__ __forceinline__ bool row(u64 start, u64 end, Visit& visit) const {
+    struct Cursor {
+        strata::PageRef ref;
+        u64 page;
+        bool held;
+    };
+    __device__ __forceinline__ Cursor begin() const {
+        Cursor c;
+        c.held = false;
+        c.page = ~0ull;
+        return c;
+    }
+    __device__ __forceinline__ void finish(Cursor& c) const {
+        if (c.held) strata::release_page(s, c.ref);
+        c.held = false;
+    }
+    template <class Visit>
+    __device__ __forceinline__ bool row(Cursor& c, u64 start, u64 end, Visit& visit) const {
         const u32 shift = s.page_shift - 2;  // ids per page = page bytes / 4
-        if (end > (s.size_bytes >> 2)) {  // warp-uniform: a row outside the space
+        if (end > (s.size_bytes >> 2)) {     // warp-uniform: a row outside the space
             if (lane() == 0) strata::detail::report_error(s, STRATA_ERR_OUT_OF_RANGE, end - 1);
             return false;
         }
         const u64 last = (end - 1) >> shift;
         for (u64 page = start >> shift; page <= last; ++page) {
-            const strata::PageRef r = strata::acquire_page(s, page, false);
-            const u32* frame = (const u32*)r.data;
+            if (!c.held || c.page != page) {
+                finish(c);
+                c.ref = strata::acquire_page(s, page, false);
+                c.page = page;
+                c.held = true;
+            }
+            const u32* frame = (const u32*)c.ref.data;
             const u64 first = page << shift;
             const u64 lo = start > first ? start : first;
             const u64 hi = end < first + (1ull << shift) ? end : first + (1ull << shift);
@@ -71,12 +104,22 @@ struct SpaceEdges {
                 if (i >= lo && i < hi) mine = visit(__ldcg(frame + (i - first)));
                 stop = __any_sync(FULL_MASK, mine);
             }
-            strata::release_page(s, r);
             if (stop) return true;
         }
         return false;
     }
 };
+
+// Calls body(v, cursor) for every vertex of this warp's chunks, in order (warp-uniform).
+template <class Edges, class Body>
+__device__ __forceinline__ void for_each_vertex(const Edges& edges, u64 n, Body body) {
+    typename Edges::Cursor cursor = edges.begin();
+    for (u64 first = warp_index() * CHUNK; first < n; first += warp_total() * CHUNK) {
+        const u64 stop = first + CHUNK < n ? first + CHUNK : n;
+        for (u64 v = first; v < stop; ++v) body(v, cursor);
+    }
+    edges.finish(cursor);
+}
 
 // ---- BFS ---------------------------------------------------------------------------------
 // counters[0]: vertices discovered by this step; counters[1]: the sum of their degrees.
@@ -93,10 +136,10 @@ template <class Edges>
 __device__ void bfs_top_down(const Edges& edges, const u64* offsets, u64 n, u32* levels, u32* parents,
                              u32 level, u64* counters) {
     u64 found = 0, found_degree = 0;
-    for (u64 v = warp_index(); v < n; v += warp_total()) {
-        if (levels[v] != level) continue;
+    for_each_vertex(edges, n, [&](u64 v, typename Edges::Cursor& cursor) {
+        if (levels[v] != level) return;
         const u64 start = offsets[v], end = offsets[v + 1];
-        if (start == end) continue;
+        if (start == end) return;
         auto visit = [&](u32 w) -> bool {
             if (*(volatile u32*)&levels[w] == UNREACHED &&
                 atomicCAS(&parents[w], UNREACHED, (u32)v) == UNREACHED) {
@@ -106,8 +149,8 @@ __device__ void bfs_top_down(const Edges& edges, const u64* offsets, u64 n, u32*
             }
             return false;
         };
-        edges.row(start, end, visit);
-    }
+        edges.row(cursor, start, end, visit);
+    });
     report_found(found, found_degree, counters);
 }
 
@@ -116,10 +159,10 @@ template <class Edges>
 __device__ void bfs_bottom_up(const Edges& edges, const u64* offsets, u64 n, u32* levels, u32* parents,
                               u32 level, u64* counters) {
     u64 found = 0, found_degree = 0;
-    for (u64 v = warp_index(); v < n; v += warp_total()) {
-        if (levels[v] != UNREACHED) continue;
+    for_each_vertex(edges, n, [&](u64 v, typename Edges::Cursor& cursor) {
+        if (levels[v] != UNREACHED) return;
         const u64 start = offsets[v], end = offsets[v + 1];
-        if (start == end) continue;
+        if (start == end) return;
         u32 parent = UNREACHED;
         auto visit = [&](u32 w) -> bool {
             // Vertices found in this step carry level + 1, never `level`: no confusion.
@@ -129,7 +172,7 @@ __device__ void bfs_bottom_up(const Edges& edges, const u64* offsets, u64 n, u32
             }
             return false;
         };
-        if (edges.row(start, end, visit)) {
+        if (edges.row(cursor, start, end, visit)) {
             const unsigned with = __ballot_sync(FULL_MASK, parent != UNREACHED);
             const u32 chosen = __shfl_sync(FULL_MASK, parent, __ffs(with) - 1);
             if (lane() == 0) {
@@ -139,7 +182,7 @@ __device__ void bfs_bottom_up(const Edges& edges, const u64* offsets, u64 n, u32
                 found_degree += end - start;
             }
         }
-    }
+    });
     report_found(found, found_degree, counters);
 }
 
@@ -151,9 +194,9 @@ __device__ void bfs_bottom_up(const Edges& edges, const u64* offsets, u64 n, u32
 template <class Edges>
 __device__ void cc_hook(const Edges& edges, const u64* offsets, u64 n, u32* labels, u32* changed) {
     bool any = false;
-    for (u64 v = warp_index(); v < n; v += warp_total()) {
+    for_each_vertex(edges, n, [&](u64 v, typename Edges::Cursor& cursor) {
         const u64 start = offsets[v], end = offsets[v + 1];
-        if (start == end) continue;
+        if (start == end) return;
         const u32 mine = *(volatile u32*)&labels[v];
         auto visit = [&](u32 w) -> bool {
             const u32 theirs = *(volatile u32*)&labels[w];
@@ -164,8 +207,8 @@ __device__ void cc_hook(const Edges& edges, const u64* offsets, u64 n, u32* labe
             }
             return false;
         };
-        edges.row(start, end, visit);
-    }
+        edges.row(cursor, start, end, visit);
+    });
     if (__any_sync(FULL_MASK, any) && lane() == 0) *changed = 1;
 }
 
@@ -211,7 +254,7 @@ template <class Edges>
 __device__ void pr_pull(const Edges& edges, const u64* offsets, u64 n, const float* contribution,
                         const double* dangling, float damping, float* next) {
     const float base = (float)((1.0 - damping) / (double)n + damping * *dangling / (double)n);
-    for (u64 v = warp_index(); v < n; v += warp_total()) {
+    for_each_vertex(edges, n, [&](u64 v, typename Edges::Cursor& cursor) {
         const u64 start = offsets[v], end = offsets[v + 1];
         float sum = 0.0f;
         if (start != end) {
@@ -219,11 +262,11 @@ __device__ void pr_pull(const Edges& edges, const u64* offsets, u64 n, const flo
                 sum += contribution[w];
                 return false;
             };
-            edges.row(start, end, visit);
+            edges.row(cursor, start, end, visit);
         }
         sum = warp_sum(sum);
         if (lane() == 0) next[v] = base + damping * sum;
-    }
+    });
 }
 
 // ---- entry points ---------------------------------------------------------------------------

@@ -52,14 +52,28 @@ pub struct CompareArgs {
     /// Timed runs per configuration (after one validated warm-up run); the median is reported.
     #[arg(long, default_value_t = 3)]
     reps: u32,
+    /// How timed runs start: `cold` (Strata's cache emptied, UVM migrated back to the host
+    /// before each run) or `warm` (left as the previous run left it) [default: cold for
+    /// graphs, warm for embeddings].
+    #[arg(long)]
+    start: Option<String>,
     /// GPU ordinal.
     #[arg(long, default_value_t = 0)]
     gpu: usize,
 }
 
 impl CompareArgs {
-    fn comparison(&self, default_page_size: &str) -> anyhow::Result<Comparison> {
+    fn comparison(
+        &self,
+        default_page_size: &str,
+        default_start: &str,
+    ) -> anyhow::Result<Comparison> {
         let page_size = self.page_size.as_deref().unwrap_or(default_page_size);
+        let cold = match self.start.as_deref().unwrap_or(default_start) {
+            "cold" => true,
+            "warm" => false,
+            other => anyhow::bail!("--start {other:?}: use cold or warm"),
+        };
         Ok(Comparison {
             oversubscription: parse_factors(&self.oversubscription).map_err(anyhow::Error::msg)?,
             modes: Modes::parse(&self.modes).map_err(anyhow::Error::msg)?,
@@ -67,6 +81,7 @@ impl CompareArgs {
                 .with_context(|| format!("--page-size {page_size:?}"))?,
             policy: self.policy.policy()?,
             reps: self.reps,
+            cold,
             gpu: self.gpu,
         })
     }
@@ -129,7 +144,7 @@ fn graph_config(args: &GraphArgs) -> anyhow::Result<GraphBenchConfig> {
         seed: args.seed,
         graph_file: args.graph_file.clone(),
         algorithms: Algorithm::parse_list(&args.algorithms).map_err(anyhow::Error::msg)?,
-        compare: args.compare.comparison("64KiB")?,
+        compare: args.compare.comparison("64KiB", "cold")?,
         bfs_mode: match args.bfs.as_str() {
             "top-down" | "td" => BfsMode::TopDown,
             "direction-optimising" | "direction-optimizing" | "do" => BfsMode::DirectionOptimising,
@@ -157,6 +172,10 @@ fn print_graph(report: &GraphBenchReport) {
         report.bfs_source,
         report.bfs_steps.len(),
         report.bfs_steps
+    );
+    println!(
+        "timed runs start {}",
+        if report.outcome.cold { "cold" } else { "warm" }
     );
     print!("{}", report::table(&report.outcome.rows));
     for s in &report.outcome.skipped {
@@ -269,6 +288,10 @@ fn print_embed(report: &EmbedBenchReport) {
         strata_core::format_size(report.outcome.page_size),
         report.outcome.policy
     );
+    println!(
+        "timed runs start {}",
+        if report.outcome.cold { "cold" } else { "warm" }
+    );
     print!("{}", report::table(&report.outcome.rows));
     for s in &report.outcome.skipped {
         println!("skipped: {s}");
@@ -288,7 +311,7 @@ pub fn embed(args: &EmbedArgs) -> anyhow::Result<()> {
         skew: args.skew,
         scatter: !args.no_scatter,
         seed: args.seed,
-        compare: args.compare.comparison("4KiB")?,
+        compare: args.compare.comparison("4KiB", "warm")?,
     };
     if args.check {
         for skew in [0.8, 0.99, 1.2] {

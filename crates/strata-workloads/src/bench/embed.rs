@@ -167,7 +167,7 @@ pub fn run(config: &EmbedBenchConfig) -> Result<EmbedBenchReport, GpuWorkloadErr
         let mut times = Vec::new();
         let mut stats = Vec::new();
         for rep in 0..=compare.reps {
-            placed.make_cold()?;
+            compare.prepare(&placed, rep)?;
             runner.clear_output()?;
             let ms = runner.run(&placed)?;
             embed::check_pooled(&runner.output()?, &want, config.dim)
@@ -250,6 +250,7 @@ mod tests {
                 page_size: 4096,
                 policy: strata_gpu::EvictionPolicy::Clock,
                 reps: 1,
+                cold: true,
                 gpu: 0,
             },
         };

@@ -310,7 +310,7 @@ pub fn run(config: &GraphBenchConfig) -> Result<GraphBenchReport, GpuWorkloadErr
             let mut samples = Vec::new();
             let mut validated = String::new();
             for rep in 0..=compare.reps {
-                placed.make_cold()?;
+                compare.prepare(&placed, rep)?;
                 let (ms, check, passes) = match algorithm {
                     Algorithm::Bfs => {
                         let r = runner.bfs(
@@ -502,6 +502,7 @@ mod tests {
                 page_size: 4096,
                 policy: strata_gpu::EvictionPolicy::Clock,
                 reps: 1,
+                cold: true,
                 gpu: 0,
             },
             bfs_mode: BfsMode::TopDown,

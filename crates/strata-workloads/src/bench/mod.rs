@@ -1,8 +1,11 @@
 //! `strata bench graph` and `strata bench embed`: each workload through Strata at several
 //! oversubscription factors and through the memories a user would pick instead (zero-copy
 //! pinned host memory, UVM where the data fits, all-in-GPU memory where it fits), validated,
-//! timed (median of several runs, each after making the data cold: Strata's cache emptied,
-//! UVM's pages migrated back to the host), with ratios, Strata's statistics, JSON and SVG.
+//! timed (median of several runs after a warm-up run, each started cold, with Strata's cache
+//! emptied and UVM's pages migrated back to the host, or warm, as configured), with ratios,
+//! Strata's statistics, JSON and SVG. Graphs default to cold starts (each run moves its data
+//! from the host, like UVM's first touch); embeddings default to warm (a serving table's cache
+//! stays populated between batches).
 
 pub mod embed;
 pub mod graph;
@@ -29,8 +32,26 @@ pub struct Comparison {
     pub policy: EvictionPolicy,
     /// Timed runs per configuration (after one validated warm-up run).
     pub reps: u32,
+    /// Start every timed run cold (Strata's cache emptied, UVM's pages migrated back to the
+    /// host) rather than warm (whatever the previous run left resident).
+    pub cold: bool,
     /// GPU ordinal.
     pub gpu: usize,
+}
+
+impl Comparison {
+    /// Prepares `placed` for run `rep` (0 is the warm-up): always cold before the warm-up;
+    /// before timed runs cold or warm as configured, with Strata's statistics zeroed.
+    ///
+    /// # Errors
+    /// Eviction, migration or counter access failed.
+    pub fn prepare(&self, placed: &Placed, rep: u32) -> Result<(), GpuWorkloadError> {
+        if rep == 0 || self.cold {
+            placed.make_cold()
+        } else {
+            placed.reset_stats()
+        }
+    }
 }
 
 /// The measured rows and the setting they were taken in.
@@ -42,6 +63,8 @@ pub struct Outcome {
     pub page_size: u64,
     /// Strata policy.
     pub policy: String,
+    /// Timed runs started cold (true) or warm.
+    pub cold: bool,
     /// One row per (workload, mode).
     pub rows: Vec<Row>,
     /// Modes that could not run here, with why.
@@ -56,6 +79,7 @@ impl Outcome {
             gpu: strata.gpu().name.clone(),
             page_size: compare.page_size,
             policy: format!("{:?}", compare.policy),
+            cold: compare.cold,
             rows: Vec::new(),
             skipped: Vec::new(),
         }

@@ -152,6 +152,17 @@ impl Placed {
         Ok(())
     }
 
+    /// Zeroes Strata's statistics, leaving the cache as it is (spaces only).
+    ///
+    /// # Errors
+    /// Writing the device counters failed.
+    pub fn reset_stats(&self) -> Result<(), GpuWorkloadError> {
+        if let Self::Space(space) = self {
+            space.reset_stats()?;
+        }
+        Ok(())
+    }
+
     /// Strata's statistics (spaces only).
     ///
     /// # Errors

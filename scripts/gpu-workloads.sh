@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# scripts/gpu-workloads.sh: the GPU checks and benchmarks of the workloads (issue 6): BFS, CC
+# and PageRank on Kronecker/uniform graphs, and Zipf embedding gathers, through Strata and the
+# baselines (zero-copy, UVM where it fits, GPU memory).
+#
+#   scripts/gpu-workloads.sh build          # here (no GPU needed): release `strata` into .carry/workloads/
+#   scripts/gpu-workloads.sh run [step...]  # on the GPU machine (carry [".carry/workloads"])
+#
+# Steps (default: all, in this order):
+#   check        `strata bench graph --check` and `strata bench embed --check`: small inputs,
+#                Strata at 4x oversubscription and every baseline, every result validated
+#                (Graph500 BFS rules, CC/PageRank vs the CPU, embeddings bit-exact)
+#   bench-graph  `strata bench graph $GRAPH_ARGS` (default scale 24; GRAPH_ARGS="--scale 25"
+#                for the issue's target size)
+#   bench-embed  `strata bench embed $EMBED_ARGS`
+# Output (two files, as the device machine returns at most 8): $OUT/workloads.log (summary
+# first, then every step's log) and $OUT/workloads.tar.gz (JSON, SVG and logs).
+# gpu-check.sh can run all of this as one step: `bash scripts/gpu-workloads.sh run`.
+set -u -o pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+CARRY="$ROOT/.carry/workloads"
+TARGET="${CARGO_TARGET_DIR:-/work/target-workloads}"
+STEPS=(check bench-graph bench-embed)
+GRAPH_ARGS="${GRAPH_ARGS:-}"
+EMBED_ARGS="${EMBED_ARGS:-}"
+
+build() {
+    set -e
+    cd "$ROOT"
+    CARGO_TARGET_DIR="$TARGET" cargo build --release -p strata-cli
+    mkdir -p "$CARRY"
+    cp "$TARGET/release/strata" "$CARRY/strata"
+    ls -la "$CARRY"
+}
+
+OUT="${OUT:-$ROOT/gpu-logs}"
+WORK="$(mktemp -d /tmp/strata-workloads.XXXXXX)"
+SUMMARY=()
+
+log() { # log <name> <command...>: output to $WORK/<name>.log, pass/fail and time recorded
+    local name="$1"; shift
+    local start rc
+    start=$(date +%s)
+    echo "\$ $*" >"$WORK/$name.log"
+    "$@" >>"$WORK/$name.log" 2>&1
+    rc=$?
+    SUMMARY+=("$(printf '%-14s %-7s %5ss  %s' "$name" "$([ $rc -eq 0 ] && echo ok || echo FAIL:$rc)" "$(($(date +%s) - start))" "$(grep -E 'CHECK PASSED|wrote|Error' "$WORK/$name.log" | tail -n 1 | cut -c1-90)")")
+    return $rc
+}
+
+step_check() {
+    local rc=0
+    log check-graph "$CARRY/strata" bench graph --check || rc=1
+    log check-embed "$CARRY/strata" bench embed --check || rc=1
+    return $rc
+}
+
+step_bench_graph() {
+    # shellcheck disable=SC2086
+    log bench-graph "$CARRY/strata" bench graph --json "$WORK/graph.json" --svg "$WORK/graph.svg" $GRAPH_ARGS
+}
+
+step_bench_embed() {
+    # shellcheck disable=SC2086
+    log bench-embed "$CARRY/strata" bench embed --json "$WORK/embed.json" --svg "$WORK/embed.svg" $EMBED_ARGS
+}
+
+run() {
+    mkdir -p "$OUT"
+    export STRATA_KERNEL_CACHE="${STRATA_KERNEL_CACHE:-$WORK/kernel-cache}"
+    export RUST_BACKTRACE=0
+    local steps=("$@")
+    [ ${#steps[@]} -eq 0 ] && steps=("${STEPS[@]}")
+    nvidia-smi --query-gpu=name,memory.used,memory.total,driver_version --format=csv >"$WORK/nvidia-smi.txt" 2>&1 || true
+    local failed=0
+    for s in "${steps[@]}"; do
+        "step_${s//-/_}" || failed=1
+    done
+    rm -rf "$STRATA_KERNEL_CACHE"
+    {
+        echo "== gpu-workloads summary ($(date -u +%FT%TZ), $(head -n 2 "$WORK/nvidia-smi.txt" | tail -n 1))"
+        printf '%s\n' "${SUMMARY[@]}"
+        for f in "$WORK"/*.log; do
+            echo
+            echo "=== $(basename "$f")"
+            cat "$f"
+        done
+    } >"$OUT/workloads.log"
+    head -n $((${#SUMMARY[@]} + 1)) "$OUT/workloads.log"
+    tar -czf "$OUT/workloads.tar.gz" -C "$WORK" --exclude kernel-cache .
+    rm -rf "$WORK"
+    return $failed
+}
+
+case "${1:-}" in
+    build) build ;;
+    run) shift; run "$@" ;;
+    *) echo "usage: $0 build | run [step...]   (steps: ${STEPS[*]})" >&2; exit 2 ;;
+esac
