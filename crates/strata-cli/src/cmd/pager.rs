@@ -1,19 +1,362 @@
-//! `strata` commands for this area (not built yet: each returns an error that says so).
+//! `strata bench stream` and `strata bench pager`: the CPU pager's benchmarks. Thin: the
+//! measuring lives in `strata_pager::stream` and `strata_pager::bench`.
 
-/// Arguments (none yet).
-#[derive(Debug, clap::Args)]
-pub struct StreamArgs {}
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
 
-/// Not built yet.
-pub fn stream(_args: &StreamArgs) -> anyhow::Result<()> {
-    anyhow::bail!("this command is not built yet; see the open issues")
+use anyhow::Context;
+use strata_core::{FileStore, MemoryStore, PagerConfig, Store, format_size, parse_size};
+use strata_pager::bench::{self as pbench, Access, BenchPlan, LimitMethod};
+use strata_pager::stream::{StreamConfig, StreamReport, run_stream, run_stream_raw};
+use strata_pager::{EvictionPolicy, Region};
+
+fn size_arg(s: &str) -> Result<u64, String> {
+    parse_size(s).map_err(|e| e.to_string())
 }
 
-/// Arguments (none yet).
+/// Arguments of `strata bench stream`.
 #[derive(Debug, clap::Args)]
-pub struct PagerBenchArgs {}
+pub struct StreamArgs {
+    /// Bytes of the region holding STREAM's three arrays.
+    #[arg(long, default_value = "768MiB", value_parser = size_arg)]
+    size: u64,
+    /// Resident-set budget of the region (default: a quarter of --size).
+    #[arg(long, value_parser = size_arg)]
+    buffer: Option<u64>,
+    /// Pager page size (a multiple of 4 KiB up to 2 MiB; default STRATA_PAGE_SIZE or 64 KiB).
+    #[arg(long, value_parser = size_arg)]
+    page_size: Option<u64>,
+    /// Filler threads (default STRATA_FILLERS or one per CPU).
+    #[arg(long)]
+    fillers: Option<usize>,
+    /// Evictor threads (default STRATA_EVICTORS or 1).
+    #[arg(long)]
+    evictors: Option<usize>,
+    /// Pages read ahead after a sequential fault (default STRATA_READ_AHEAD or 4).
+    #[arg(long)]
+    read_ahead: Option<u64>,
+    /// Timed iterations of the four kernels (the first is reported but not counted).
+    #[arg(long, default_value_t = 4)]
+    iterations: usize,
+    /// STREAM worker threads (default: one per CPU).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Backing store: `file` (a temporary file unless --file is given) or `memory`.
+    #[arg(long, default_value = "file")]
+    store: String,
+    /// Back the region with this file (created or grown to --size; kept afterwards).
+    #[arg(long)]
+    file: Option<PathBuf>,
+    /// Eviction policy: clock or fifo.
+    #[arg(long, default_value = "clock")]
+    policy: EvictionPolicy,
+    /// Skip the DRAM baseline (the same STREAM code over ordinary memory of the same size).
+    #[arg(long)]
+    no_baseline: bool,
+    /// Write the results as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
 
-/// Not built yet.
-pub fn bench(_args: &PagerBenchArgs) -> anyhow::Result<()> {
-    anyhow::bail!("this command is not built yet; see the open issues")
+fn pager_config(
+    page_size: Option<u64>,
+    buffer: u64,
+    fillers: Option<usize>,
+    evictors: Option<usize>,
+    read_ahead: Option<u64>,
+    default_read_ahead: u64,
+) -> anyhow::Result<PagerConfig> {
+    let cpus = strata_core::config::available_cpus();
+    let env = strata_core::config::process_env();
+    let has = |name: &str| env.iter().any(|(k, _)| k == name);
+    let mut b = PagerConfig::builder();
+    // Benchmark defaults, then the environment, then flags.
+    b = b
+        .fillers(cpus.max(1))
+        .evictors(1)
+        .read_ahead(default_read_ahead);
+    b = b.with_env_vars(&env)?;
+    if !has("STRATA_BUFFER_SIZE") {
+        b = b.buffer_bytes(buffer);
+    }
+    if let Some(p) = page_size {
+        b = b.page_bytes(p);
+    }
+    if let Some(n) = fillers {
+        b = b.fillers(n);
+    }
+    if let Some(n) = evictors {
+        b = b.evictors(n);
+    }
+    if let Some(n) = read_ahead {
+        b = b.read_ahead(n);
+    }
+    Ok(b.build()?)
+}
+
+/// A file store: the given path, or a temporary file removed on drop.
+struct BackingFile {
+    store: Arc<FileStore>,
+    temp: Option<PathBuf>,
+}
+
+impl Drop for BackingFile {
+    fn drop(&mut self) {
+        if let Some(p) = &self.temp {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+fn backing_file(path: Option<&PathBuf>, size: u64) -> anyhow::Result<BackingFile> {
+    let (path, temp) = match path {
+        Some(p) => (p.clone(), None),
+        None => {
+            let p = std::env::temp_dir().join(format!("strata-bench-{}.bin", std::process::id()));
+            (p.clone(), Some(p))
+        }
+    };
+    let options = strata_core::FileStoreOptions {
+        create: true,
+        grow: true,
+        ..Default::default()
+    };
+    let store = FileStore::open(&path, size, &options)?;
+    Ok(BackingFile {
+        store: Arc::new(store),
+        temp,
+    })
+}
+
+fn progress_bar(len: u64, what: &str) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new(len);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {msg} {elapsed}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    bar.set_prefix(what.to_string());
+    bar
+}
+
+fn print_stream(label: &str, r: &StreamReport) {
+    println!("{label}");
+    println!(
+        "  {:<8} {:>12} {:>12} {:>10}",
+        "kernel", "best MB/s", "median MB/s", "best s"
+    );
+    for k in &r.kernels {
+        let best_s = k.seconds.iter().copied().fold(f64::INFINITY, f64::min);
+        println!(
+            "  {:<8} {:>12.1} {:>12.1} {:>10.4}",
+            k.kernel.name(),
+            k.best_bytes_per_sec / 1e6,
+            k.median_bytes_per_sec / 1e6,
+            best_s
+        );
+    }
+}
+
+/// Runs `strata bench stream`.
+pub fn stream(args: &StreamArgs) -> anyhow::Result<()> {
+    let cpus = strata_core::config::available_cpus();
+    let threads = args.threads.unwrap_or(cpus);
+    let buffer = args.buffer.unwrap_or(args.size / 4);
+    let config = pager_config(
+        args.page_size,
+        buffer,
+        args.fillers,
+        args.evictors,
+        args.read_ahead,
+        4,
+    )?;
+    let cfg = StreamConfig::for_bytes(args.size, args.iterations, threads);
+    anyhow::ensure!(
+        cfg.elements > 0,
+        "--size {} is too small for STREAM; use at least 24 bytes (realistically 64MiB or more)",
+        args.size
+    );
+    let mut _file = None;
+    let store: Arc<dyn Store> = match args.store.as_str() {
+        "file" => {
+            let f = backing_file(args.file.as_ref(), args.size)?;
+            let s = f.store.clone();
+            _file = Some(f);
+            s
+        }
+        "memory" => Arc::new(MemoryStore::new(args.size)),
+        other => anyhow::bail!("--store {other:?} not understood; write file or memory"),
+    };
+    println!(
+        "STREAM over a pager region: {} region ({} per array), buffer {} ({:.0}% of the region), page {}, {} fillers, {} evictors, read-ahead {}, {:?} eviction, {} threads",
+        format_size(cfg.bytes()),
+        format_size(cfg.elements as u64 * 8),
+        format_size(config.buffer_bytes),
+        config.buffer_bytes as f64 * 100.0 / cfg.bytes() as f64,
+        format_size(config.page_bytes),
+        config.fillers,
+        config.evictors,
+        config.read_ahead,
+        args.policy,
+        threads,
+    );
+    println!("store: {}", store.describe());
+    let region = Region::builder(store, args.size)
+        .config(config)
+        .policy(args.policy)
+        .build()
+        .context("cannot create the pager region")?;
+    let bar = progress_bar(2 + 4 * args.iterations as u64, "stream");
+    let started = Instant::now();
+    let report = run_stream(&region, &cfg, &mut |p| {
+        bar.set_position(p.done);
+        bar.set_message(p.step);
+    });
+    bar.finish_and_clear();
+    let wall = started.elapsed().as_secs_f64();
+    let report = report?;
+    let flush_started = Instant::now();
+    region.flush().context("flushing the region")?;
+    let flush_s = flush_started.elapsed().as_secs_f64();
+    print_stream(
+        &format!(
+            "Strata pager ({} s in total, validated {} elements)",
+            format_args!("{wall:.1}"),
+            report.checked_elements
+        ),
+        &report,
+    );
+    let stats = region.stats();
+    let counters = region.counters();
+    println!("pager statistics:\n{stats}");
+    println!(
+        "  write faults {}  re-faults {}  read-ahead pages {}  direct reclaims {}  flush {:.2} s",
+        counters.write_faults,
+        counters.refaults,
+        counters.read_ahead_pages,
+        counters.direct_reclaims,
+        flush_s
+    );
+    let baseline = if args.no_baseline {
+        None
+    } else {
+        let mut mem = vec![0f64; 3 * cfg.elements];
+        let bar = progress_bar(2 + 4 * args.iterations as u64, "dram  ");
+        // SAFETY: `mem` holds 3 * elements doubles and is exclusively ours for the call.
+        let r = unsafe {
+            run_stream_raw(mem.as_mut_ptr().cast(), cfg.bytes(), &cfg, &mut |p| {
+                bar.set_position(p.done)
+            })
+        };
+        bar.finish_and_clear();
+        let r = r?;
+        print_stream("DRAM baseline (same code, ordinary memory, no paging)", &r);
+        println!("  ratio pager/DRAM (best triad): {:.3}", ratio(&report, &r));
+        Some(r)
+    };
+    if let Some(path) = &args.json {
+        let json = serde_json::json!({
+            "pager": report,
+            "dram_baseline": baseline,
+            "stats": stats,
+            "counters": counters,
+            "config": region.config(),
+            "wall_seconds": wall,
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&json)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+        println!("wrote {}", path.display());
+    }
+    region.unmap().map_err(|e| anyhow::anyhow!("{}", e.error))?;
+    Ok(())
+}
+
+fn ratio(a: &StreamReport, b: &StreamReport) -> f64 {
+    let triad = |r: &StreamReport| r.kernels.last().map_or(0.0, |k| k.best_bytes_per_sec);
+    triad(a) / triad(b).max(1e-9)
+}
+
+/// Arguments of `strata bench pager`.
+#[derive(Debug, clap::Args)]
+pub struct PagerBenchArgs {
+    /// Bytes of the file (and of each region) the runs page through.
+    #[arg(long, default_value = "256MiB", value_parser = size_arg)]
+    size: u64,
+    /// Memory limit for both contestants: the pager's buffer, and the kernel's memory cgroup.
+    #[arg(long, default_value = "64MiB", value_parser = size_arg)]
+    limit: u64,
+    /// Page sizes to sweep (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "4KiB,64KiB,2MiB", value_parser = size_arg)]
+    page_sizes: Vec<u64>,
+    /// Filler counts to sweep (comma-separated; default 1 and the CPU count).
+    #[arg(long, value_delimiter = ',')]
+    fillers: Vec<usize>,
+    /// Threads touching the memory.
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Access patterns to run (comma-separated: seq, random).
+    #[arg(long, value_delimiter = ',', default_value = "seq,random")]
+    access: Vec<Access>,
+    /// Repetitions of each measurement (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    repeat: usize,
+    /// How the kernel's mmap is held to --limit: auto, cgroup2, cgroup1, none.
+    #[arg(long, default_value = "auto")]
+    limit_method: LimitMethod,
+    /// Small sizes and one repetition: a smoke run in seconds.
+    #[arg(long)]
+    quick: bool,
+    /// Directory for the data file (default: the system temp directory).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// Write results as JSON here (default strata-bench-pager.json).
+    #[arg(long, default_value = "strata-bench-pager.json")]
+    json: PathBuf,
+    /// Write the plot here (default strata-bench-pager.svg).
+    #[arg(long, default_value = "strata-bench-pager.svg")]
+    svg: PathBuf,
+    /// Internal: run as the kernel-mmap child (used by the benchmark itself).
+    #[arg(long, hide = true)]
+    mmap_child: Option<String>,
+}
+
+/// Runs `strata bench pager`.
+pub fn bench(args: &PagerBenchArgs) -> anyhow::Result<()> {
+    if let Some(spec) = &args.mmap_child {
+        return pbench::mmap_child_main(spec).map_err(Into::into);
+    }
+    let cpus = strata_core::config::available_cpus();
+    let mut fillers = args.fillers.clone();
+    if fillers.is_empty() {
+        fillers = vec![1];
+        if cpus > 1 {
+            fillers.push(cpus);
+        }
+    }
+    let mut plan = BenchPlan {
+        size: args.size,
+        limit: args.limit,
+        page_sizes: args.page_sizes.clone(),
+        fillers,
+        threads: args.threads.unwrap_or(cpus),
+        access: args.access.clone(),
+        repeat: args.repeat.max(1),
+        limit_method: args.limit_method,
+        dir: args.dir.clone().unwrap_or_else(std::env::temp_dir),
+        self_exe: std::env::current_exe().context("locating the strata binary")?,
+    };
+    if args.quick {
+        plan.size = plan.size.min(32 << 20);
+        plan.limit = plan.limit.min(8 << 20);
+        plan.repeat = 1;
+    }
+    let results = pbench::run(&plan, &mut |line| eprintln!("{line}"))?;
+    println!("{}", pbench::table(&results));
+    std::fs::write(&args.json, serde_json::to_string_pretty(&results)?)
+        .with_context(|| format!("writing {}", args.json.display()))?;
+    std::fs::write(&args.svg, pbench::svg(&results))
+        .with_context(|| format!("writing {}", args.svg.display()))?;
+    println!("wrote {} and {}", args.json.display(), args.svg.display());
+    Ok(())
 }

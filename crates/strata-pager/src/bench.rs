@@ -1,0 +1,992 @@
+//! The measuring behind `strata bench pager`: page-fault service rate and bandwidth of a
+//! [`Region`] (memory store and file store) against the kernel's own paging of the same file
+//! through `mmap`, held to the same memory limit.
+//!
+//! How the limit is applied, and why it is honest:
+//! - Strata: the region's buffer is the limit, and its file store is opened with `O_DIRECT`,
+//!   so the pager holds no page cache either: every byte it keeps is inside the buffer.
+//! - Kernel: a child process maps the file (`MAP_SHARED`, read-only) inside a memory cgroup
+//!   whose limit is the same number of bytes (cgroup v2 `memory.max`, else v1
+//!   `memory.limit_in_bytes`); the file's page cache is dropped before each run so its pages
+//!   are charged to that cgroup as they come in. Without a cgroup (`--limit-method none`) the
+//!   kernel runs unlimited and the report says so.
+//!
+//! Each run touches every 4 KiB of the file (`passes` times), in page order (`seq`) or in a
+//! random order of pager pages (`random`), from several threads, and checks one word per
+//! 4 KiB against the file's known pattern, so a run that reads wrong data fails.
+
+use std::io::{BufRead, Read, Write};
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use strata_core::{FileStore, FileStoreOptions, MemoryStore, PagerConfig, Store, format_size};
+
+use crate::stream::median;
+use crate::{EvictionPolicy, Region};
+
+/// Published and measured Umap reference: faults per second of one handler thread at 4 KiB
+/// on a 16-vCPU VM (research notes, userspace-paging.md §2.2).
+pub const UMAP_REFERENCE_FAULTS_PER_SEC: f64 = 86_000.0;
+
+/// Access order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Access {
+    /// Page order, each thread a contiguous share.
+    Seq,
+    /// A random permutation of pager pages, dealt to the threads.
+    Random,
+}
+
+impl std::str::FromStr for Access {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "seq" | "sequential" => Ok(Self::Seq),
+            "random" | "rand" => Ok(Self::Random),
+            _ => Err(format!("access {s:?} not understood; write seq or random")),
+        }
+    }
+}
+
+/// How the kernel baseline is held to the memory limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LimitMethod {
+    /// cgroup v2 if it has the memory controller, else v1, else none (said in the report).
+    Auto,
+    /// cgroup v2 `memory.max`.
+    Cgroup2,
+    /// cgroup v1 `memory.limit_in_bytes`.
+    Cgroup1,
+    /// No limit for the kernel (its page cache may hold the whole file).
+    None,
+}
+
+impl std::str::FromStr for LimitMethod {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "cgroup2" => Ok(Self::Cgroup2),
+            "cgroup1" => Ok(Self::Cgroup1),
+            "none" => Ok(Self::None),
+            _ => Err(format!(
+                "limit method {s:?} not understood; write auto, cgroup2, cgroup1 or none"
+            )),
+        }
+    }
+}
+
+/// What to measure.
+#[derive(Debug, Clone)]
+pub struct BenchPlan {
+    /// Bytes of the file and of each region.
+    pub size: u64,
+    /// Memory limit for both contestants.
+    pub limit: u64,
+    /// Pager page sizes.
+    pub page_sizes: Vec<u64>,
+    /// Filler counts.
+    pub fillers: Vec<usize>,
+    /// Touching threads.
+    pub threads: usize,
+    /// Access orders.
+    pub access: Vec<Access>,
+    /// Repetitions (median reported).
+    pub repeat: usize,
+    /// Limit method for the kernel baseline.
+    pub limit_method: LimitMethod,
+    /// Directory of the data file.
+    pub dir: PathBuf,
+    /// The `strata` binary (re-run as the kernel-mmap child).
+    pub self_exe: PathBuf,
+}
+
+/// One measured configuration.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct BenchRow {
+    /// `strata-memory`, `strata-file` or `kernel-mmap`.
+    pub contestant: String,
+    /// Access order.
+    pub access: Access,
+    /// Pager page size (for the kernel: the unit of the random order).
+    pub page_bytes: u64,
+    /// Filler threads (0 for the kernel).
+    pub fillers: usize,
+    /// Touching threads.
+    pub threads: usize,
+    /// Median seconds of a run.
+    pub seconds: f64,
+    /// Every run's seconds.
+    pub all_seconds: Vec<f64>,
+    /// Faults per run (pager faults; the kernel's major + minor faults).
+    pub faults: u64,
+    /// Faults served per second.
+    pub faults_per_sec: f64,
+    /// Bytes touched per second.
+    pub bytes_per_sec: f64,
+    /// Pages brought in per second (Strata: faults plus read-ahead, in pager pages; kernel:
+    /// major faults, each of which reads at least one 4 KiB page).
+    pub page_ins_per_sec: f64,
+    /// Pager fault service time p50 (ns), 0 for the kernel.
+    pub service_p50_ns: u64,
+}
+
+/// A Strata-over-kernel ratio.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct BenchRatio {
+    /// Access order.
+    pub access: Access,
+    /// Page size.
+    pub page_bytes: u64,
+    /// Best Strata file-store bandwidth over the kernel's, same page size and order.
+    pub strata_file_over_kernel: f64,
+    /// Best Strata memory-store fault rate over Umap's reference (4 KiB rows only).
+    pub strata_memory_over_umap_reference: Option<f64>,
+}
+
+/// Everything `strata bench pager` reports.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct BenchResults {
+    /// File and region size.
+    pub size: u64,
+    /// Memory limit.
+    pub limit: u64,
+    /// Passes over the data per run.
+    pub passes: u32,
+    /// How the kernel was limited, in words.
+    pub kernel_limit: String,
+    /// CPUs available.
+    pub cpus: usize,
+    /// `uname -r`.
+    pub kernel_release: String,
+    /// The data file's file system, as the kernel names its device.
+    pub data_dir: String,
+    /// Measurements.
+    pub rows: Vec<BenchRow>,
+    /// Ratios.
+    pub ratios: Vec<BenchRatio>,
+}
+
+/// Why the benchmark failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    /// File I/O.
+    #[error("{what}: {source}; check the directory (--dir) has room and is writable")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A region could not be made or used.
+    #[error(transparent)]
+    Region(#[from] crate::RegionError),
+    /// A bad plan.
+    #[error("{0}")]
+    Plan(String),
+    /// Data read back was wrong.
+    #[error(
+        "{contestant}: word at byte {offset} holds {got:#x}, expected {expected:#x}; paging returned wrong data, so no number is reported"
+    )]
+    WrongData {
+        /// Who read it.
+        contestant: String,
+        /// Byte offset.
+        offset: u64,
+        /// Found.
+        got: u64,
+        /// Expected.
+        expected: u64,
+    },
+    /// The kernel-mmap child failed.
+    #[error("the kernel-mmap baseline process failed: {0}")]
+    Child(String),
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] strata_core::StoreError),
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> BenchError {
+    let what = what.into();
+    move |source| BenchError::Io { what, source }
+}
+
+const BASE: u64 = 4096;
+const PASSES: u32 = 2;
+
+/// The data pattern: word `i` of the file holds `i * K ^ KEY`.
+fn pattern(word: u64) -> u64 {
+    word.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x5354_5241_5441_0001
+}
+
+/// A touch schedule: units (of `unit` bytes) in order, dealt to threads.
+fn schedule(units: u64, threads: usize, access: Access, seed: u64) -> Vec<Vec<u64>> {
+    let threads = threads.max(1);
+    match access {
+        Access::Seq => {
+            let share = units.div_ceil(threads as u64);
+            (0..threads as u64)
+                .map(|t| (t * share..((t + 1) * share).min(units)).collect())
+                .collect()
+        }
+        Access::Random => {
+            let mut order: Vec<u64> = (0..units).collect();
+            let mut x = seed | 1;
+            for i in (1..order.len()).rev() {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let j = usize::try_from(x % (i as u64 + 1)).unwrap_or(0);
+                order.swap(i, j);
+            }
+            let mut out = vec![Vec::new(); threads];
+            for (i, u) in order.into_iter().enumerate() {
+                out[i % threads].push(u);
+            }
+            out
+        }
+    }
+}
+
+/// Touches every 4 KiB of `[base, base+len)` in the schedule's order, `passes` times, checking
+/// one word per 4 KiB. Returns seconds.
+///
+/// # Safety
+/// `base` must be readable for `len` bytes during the call.
+unsafe fn touch(
+    base: *const u8,
+    len: u64,
+    unit: u64,
+    plan: &[Vec<u64>],
+    passes: u32,
+) -> Result<f64, (u64, u64)> {
+    let base = base as usize;
+    let started = Instant::now();
+    let bad = std::sync::Mutex::new(None);
+    std::thread::scope(|s| {
+        for units in plan {
+            let bad = &bad;
+            s.spawn(move || {
+                for _ in 0..passes {
+                    for &u in units {
+                        let mut off = u * unit;
+                        let end = ((u + 1) * unit).min(len);
+                        while off < end {
+                            let p = (base + usize::try_from(off).unwrap_or(0)) as *const u64;
+                            // SAFETY: `off < len`, 8-aligned (multiple of 4 KiB); the caller
+                            // guarantees the range is readable.
+                            let got = unsafe { p.read_volatile() };
+                            let want = pattern(off / 8);
+                            if got != want {
+                                *bad.lock().unwrap_or_else(|e| e.into_inner()) = Some((off, got));
+                                return;
+                            }
+                            off += BASE;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    match bad.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        Some(b) => Err(b),
+        None => Ok(started.elapsed().as_secs_f64()),
+    }
+}
+
+fn write_data_file(path: &std::path::Path, size: u64) -> Result<(), BenchError> {
+    let file = std::fs::File::create(path).map_err(io(format!("creating {}", path.display())))?;
+    let chunk = 1u64 << 20;
+    let mut buf = vec![0u8; usize::try_from(chunk).unwrap_or(1 << 20)];
+    let mut off = 0;
+    while off < size {
+        let n = chunk.min(size - off);
+        for (i, w) in buf[..usize::try_from(n).unwrap_or(0)]
+            .chunks_exact_mut(8)
+            .enumerate()
+        {
+            w.copy_from_slice(&pattern(off / 8 + i as u64).to_le_bytes());
+        }
+        file.write_all_at(&buf[..usize::try_from(n).unwrap_or(0)], off)
+            .map_err(io("writing the data file"))?;
+        off += n;
+    }
+    file.sync_all().map_err(io("syncing the data file"))?;
+    Ok(())
+}
+
+/// Drops the file's pages from the page cache, so the next reader pays for them.
+fn drop_cache(path: &std::path::Path) -> Result<(), BenchError> {
+    let file = std::fs::File::open(path).map_err(io("opening the data file"))?;
+    // SAFETY: posix_fadvise on an open descriptor; advisory only.
+    let rc = unsafe {
+        libc::posix_fadvise(
+            std::os::fd::AsRawFd::as_raw_fd(&file),
+            0,
+            0,
+            libc::POSIX_FADV_DONTNEED,
+        )
+    };
+    if rc != 0 {
+        return Err(BenchError::Io {
+            what: "dropping the data file from the page cache".into(),
+            source: std::io::Error::from_raw_os_error(rc),
+        });
+    }
+    Ok(())
+}
+
+/// The cgroup the kernel baseline runs in.
+struct Cgroup {
+    dir: PathBuf,
+    version: u8,
+}
+
+impl Cgroup {
+    fn create(method: LimitMethod, limit: u64) -> Result<Option<Self>, String> {
+        let try_v2 = matches!(method, LimitMethod::Auto | LimitMethod::Cgroup2);
+        let try_v1 = matches!(method, LimitMethod::Auto | LimitMethod::Cgroup1);
+        let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+        let name = format!("strata-bench-{}", std::process::id());
+        let mut why = Vec::new();
+        if try_v2 {
+            let rel = own
+                .lines()
+                .find_map(|l| l.strip_prefix("0::"))
+                .unwrap_or("/");
+            for root in ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"] {
+                let parent = PathBuf::from(root).join(rel.trim_start_matches('/'));
+                let controllers = std::fs::read_to_string(parent.join("cgroup.subtree_control"))
+                    .unwrap_or_default();
+                if !controllers.split_whitespace().any(|c| c == "memory") {
+                    why.push(format!(
+                        "cgroup v2 at {} does not delegate the memory controller",
+                        parent.display()
+                    ));
+                    continue;
+                }
+                let dir = parent.join(&name);
+                let made = std::fs::create_dir(&dir)
+                    .and_then(|()| std::fs::write(dir.join("memory.max"), limit.to_string()))
+                    .and_then(|()| std::fs::write(dir.join("memory.swap.max"), "0").or(Ok(())));
+                match made {
+                    Ok(()) => return Ok(Some(Self { dir, version: 2 })),
+                    Err(e) => {
+                        let _ = std::fs::remove_dir(&dir);
+                        why.push(format!("cgroup v2 at {}: {e}", parent.display()));
+                    }
+                }
+            }
+        }
+        if try_v1 {
+            let rel = own
+                .lines()
+                .find_map(|l| {
+                    let mut parts = l.splitn(3, ':');
+                    let (_, ctl, path) = (parts.next()?, parts.next()?, parts.next()?);
+                    ctl.split(',').any(|c| c == "memory").then_some(path)
+                })
+                .unwrap_or("/");
+            let parent = PathBuf::from("/sys/fs/cgroup/memory").join(rel.trim_start_matches('/'));
+            let dir = parent.join(&name);
+            let made = std::fs::create_dir(&dir).and_then(|()| {
+                std::fs::write(dir.join("memory.limit_in_bytes"), limit.to_string())
+            });
+            match made {
+                Ok(()) => return Ok(Some(Self { dir, version: 1 })),
+                Err(e) => {
+                    let _ = std::fs::remove_dir(&dir);
+                    why.push(format!("cgroup v1 at {}: {e}", parent.display()));
+                }
+            }
+        }
+        if method == LimitMethod::None {
+            return Ok(None);
+        }
+        Err(why.join("; "))
+    }
+
+    fn add(&self, pid: u32) -> std::io::Result<()> {
+        std::fs::write(self.dir.join("cgroup.procs"), pid.to_string())
+    }
+
+    fn describe(&self, limit: u64) -> String {
+        format!(
+            "memory cgroup v{} at {} limited to {}",
+            self.version,
+            self.dir.display(),
+            format_size(limit)
+        )
+    }
+}
+
+impl Drop for Cgroup {
+    fn drop(&mut self) {
+        // The child has exited; its charges leave with it. Retry briefly while the kernel
+        // finishes tearing the group down.
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.dir).is_ok() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+}
+
+/// What the kernel-mmap child does, passed on its command line as JSON.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct ChildSpec {
+    path: PathBuf,
+    size: u64,
+    unit: u64,
+    threads: usize,
+    random: bool,
+    seed: u64,
+    passes: u32,
+}
+
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct ChildResult {
+    seconds: f64,
+    major_faults: u64,
+    minor_faults: u64,
+    error: Option<String>,
+}
+
+fn rusage_faults() -> (u64, u64) {
+    let mut ru = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: getrusage fills the struct it is given.
+    let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, ru.as_mut_ptr()) };
+    if rc != 0 {
+        return (0, 0);
+    }
+    // SAFETY: getrusage succeeded, so the struct is initialised.
+    let ru = unsafe { ru.assume_init() };
+    (
+        u64::try_from(ru.ru_majflt).unwrap_or(0),
+        u64::try_from(ru.ru_minflt).unwrap_or(0),
+    )
+}
+
+/// Entry point of the kernel-mmap child: waits for a go byte on stdin (sent once it sits in
+/// its cgroup), maps the file, touches it, prints a JSON result line.
+pub fn mmap_child_main(spec: &str) -> Result<(), BenchError> {
+    let spec: ChildSpec =
+        serde_json::from_str(spec).map_err(|e| BenchError::Child(format!("bad spec: {e}")))?;
+    let mut go = [0u8; 1];
+    std::io::stdin()
+        .read_exact(&mut go)
+        .map_err(io("waiting for the go signal"))?;
+    let file = std::fs::File::open(&spec.path).map_err(io("opening the data file"))?;
+    let len = usize::try_from(spec.size).map_err(|_| BenchError::Plan("size too large".into()))?;
+    // SAFETY: a fresh read-only shared mapping of a file we opened; unmapped below.
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            std::os::fd::AsRawFd::as_raw_fd(&file),
+            0,
+        )
+    };
+    if ptr == libc::MAP_FAILED {
+        return Err(BenchError::Io {
+            what: "mapping the data file".into(),
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    let access = if spec.random {
+        Access::Random
+    } else {
+        Access::Seq
+    };
+    // Give the kernel the access hint a careful user would: without MADV_RANDOM its
+    // read-around turns every random fault into a 128 KiB read that the memory limit then
+    // throws away (measured here: under 1 MB/s), which would flatter Strata.
+    let advice = if spec.random {
+        libc::MADV_RANDOM
+    } else {
+        libc::MADV_SEQUENTIAL
+    };
+    // SAFETY: advice on the mapping we just made; advisory only.
+    unsafe { libc::madvise(ptr, len, advice) };
+    let plan = schedule(
+        spec.size.div_ceil(spec.unit),
+        spec.threads,
+        access,
+        spec.seed,
+    );
+    let (maj0, min0) = rusage_faults();
+    // SAFETY: the mapping covers `size` readable bytes until the munmap below.
+    let outcome = unsafe { touch(ptr.cast(), spec.size, spec.unit, &plan, spec.passes) };
+    let (maj1, min1) = rusage_faults();
+    // SAFETY: unmapping the mapping made above, no longer used.
+    unsafe { libc::munmap(ptr, len) };
+    let result = match outcome {
+        Ok(seconds) => ChildResult {
+            seconds,
+            major_faults: maj1 - maj0,
+            minor_faults: min1 - min0,
+            error: None,
+        },
+        Err((off, got)) => ChildResult {
+            seconds: 0.0,
+            major_faults: 0,
+            minor_faults: 0,
+            error: Some(format!(
+                "word at byte {off} holds {got:#x}, expected {:#x}",
+                pattern(off / 8)
+            )),
+        },
+    };
+    let line = serde_json::to_string(&result).map_err(|e| BenchError::Child(e.to_string()))?;
+    println!("{line}");
+    Ok(())
+}
+
+fn run_kernel_child(
+    plan: &BenchPlan,
+    cgroup: Option<&Cgroup>,
+    spec: &ChildSpec,
+) -> Result<ChildResult, BenchError> {
+    let spec_json = serde_json::to_string(spec).map_err(|e| BenchError::Child(e.to_string()))?;
+    let mut child = std::process::Command::new(&plan.self_exe)
+        .args(["bench", "pager", "--mmap-child", &spec_json])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .map_err(io(format!("starting {}", plan.self_exe.display())))?;
+    if let Some(cg) = cgroup
+        && let Err(e) = cg.add(child.id())
+    {
+        let _ = child.kill();
+        return Err(BenchError::Child(format!(
+            "cannot move the child into {}: {e}",
+            cg.dir.display()
+        )));
+    }
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin.write_all(b"g").map_err(io("starting the child"))?;
+    }
+    let mut line = String::new();
+    if let Some(out) = child.stdout.take() {
+        std::io::BufReader::new(out)
+            .read_line(&mut line)
+            .map_err(io("reading the child's result"))?;
+    }
+    let status = child.wait().map_err(io("waiting for the child"))?;
+    if !status.success() {
+        return Err(BenchError::Child(format!(
+            "exited with {status} (killed by the memory cgroup's OOM killer?)"
+        )));
+    }
+    let result: ChildResult = serde_json::from_str(line.trim())
+        .map_err(|e| BenchError::Child(format!("bad result {line:?}: {e}")))?;
+    if let Some(e) = &result.error {
+        return Err(BenchError::Child(e.clone()));
+    }
+    Ok(result)
+}
+
+fn strata_run(
+    store: Arc<dyn Store>,
+    plan: &BenchPlan,
+    access: Access,
+    page: u64,
+    fillers: usize,
+    seed: u64,
+) -> Result<(f64, u64, u64, u64), BenchError> {
+    let read_ahead = match access {
+        Access::Seq => (1u64 << 20) / page,
+        Access::Random => 0,
+    };
+    let config = PagerConfig::builder()
+        .page_bytes(page)
+        .buffer_bytes(plan.limit)
+        .fillers(fillers)
+        .evictors(1)
+        .read_ahead(read_ahead.min(1024))
+        .build()
+        .map_err(crate::RegionError::from)?;
+    let region = Region::builder(store, plan.size)
+        .config(config)
+        .policy(EvictionPolicy::Clock)
+        .build()?;
+    let sched = schedule(plan.size.div_ceil(page), plan.threads, access, seed);
+    // SAFETY: the region is mapped for `size` bytes while `region` lives.
+    let outcome = unsafe { touch(region.as_ptr(), plan.size, page, &sched, PASSES) };
+    let seconds = outcome.map_err(|(offset, got)| BenchError::WrongData {
+        contestant: "strata".into(),
+        offset,
+        got,
+        expected: pattern(offset / 8),
+    })?;
+    let stats = region.stats();
+    Ok((
+        seconds,
+        stats.faults,
+        stats.service_time.p50_ns,
+        stats.faults + stats.prefetched_pages,
+    ))
+}
+
+fn row(
+    contestant: &str,
+    access: Access,
+    page_bytes: u64,
+    fillers: usize,
+    plan: &BenchPlan,
+    runs: &[(f64, u64, u64, u64)],
+) -> BenchRow {
+    let mut secs: Vec<f64> = runs.iter().map(|r| r.0).collect();
+    let all_seconds = secs.clone();
+    secs.sort_by(f64::total_cmp);
+    let seconds = median(&secs);
+    let faults = runs.iter().map(|r| r.1).max().unwrap_or(0);
+    let page_ins = runs.iter().map(|r| r.3).max().unwrap_or(0);
+    let p50 = runs.iter().map(|r| r.2).max().unwrap_or(0);
+    let bytes = plan.size as f64 * f64::from(PASSES);
+    BenchRow {
+        contestant: contestant.into(),
+        access,
+        page_bytes,
+        fillers,
+        threads: plan.threads,
+        seconds,
+        all_seconds,
+        faults,
+        faults_per_sec: faults as f64 / seconds.max(1e-9),
+        page_ins_per_sec: page_ins as f64 / seconds.max(1e-9),
+        bytes_per_sec: bytes / seconds.max(1e-9),
+        service_p50_ns: p50,
+    }
+}
+
+/// Runs the plan; `log` receives one line per finished measurement.
+pub fn run(plan: &BenchPlan, log: &mut dyn FnMut(String)) -> Result<BenchResults, BenchError> {
+    if plan.size < 4 * plan.limit.max(BASE) / 2 || plan.limit == 0 {
+        return Err(BenchError::Plan(format!(
+            "the file ({}) should be at least twice the memory limit ({}) for paging to matter; raise --size or lower --limit",
+            format_size(plan.size),
+            format_size(plan.limit)
+        )));
+    }
+    if !plan.size.is_multiple_of(2 << 20) {
+        return Err(BenchError::Plan(
+            "--size must be a whole number of 2 MiB, so every page size divides it".into(),
+        ));
+    }
+    std::fs::create_dir_all(&plan.dir).map_err(io(format!("creating {}", plan.dir.display())))?;
+    let path = plan
+        .dir
+        .join(format!("strata-bench-pager-{}.bin", std::process::id()));
+    struct Remove(PathBuf);
+    impl Drop for Remove {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+    let _guard = Remove(path.clone());
+    log(format!(
+        "writing {} of test data to {}",
+        format_size(plan.size),
+        path.display()
+    ));
+    write_data_file(&path, plan.size)?;
+    let mut data = vec![0u8; usize::try_from(plan.size).unwrap_or(0)];
+    std::fs::File::open(&path)
+        .and_then(|f| f.read_exact_at(&mut data, 0))
+        .map_err(io("reading the data file"))?;
+    let memory_store: Arc<dyn Store> = Arc::new(MemoryStore::from_bytes(&data));
+    drop(data);
+    let file_store: Arc<dyn Store> = Arc::new(
+        FileStore::open(
+            &path,
+            plan.size,
+            &FileStoreOptions {
+                direct: true,
+                read_only: true,
+                ..Default::default()
+            },
+        )
+        .map_err(|e| BenchError::Io {
+            what: e.to_string(),
+            source: std::io::Error::other("open failed"),
+        })?,
+    );
+    let (cgroup, kernel_limit) = match Cgroup::create(plan.limit_method, plan.limit) {
+        Ok(Some(cg)) => {
+            let d = cg.describe(plan.limit);
+            (Some(cg), d)
+        }
+        Ok(None) => (
+            None,
+            "none (--limit-method none): the kernel's page cache may hold the whole file".into(),
+        ),
+        Err(why) => {
+            log(format!(
+                "WARNING: no memory cgroup for the kernel baseline ({why}); it runs without a limit"
+            ));
+            (None, format!("none: no usable memory cgroup ({why})"))
+        }
+    };
+    log(format!("kernel baseline limit: {kernel_limit}"));
+
+    let mut rows = Vec::new();
+    let mut seed = 0x2545_F491_4F6C_DD1D_u64;
+    for &access in &plan.access {
+        for &page in &plan.page_sizes {
+            for &fillers in &plan.fillers {
+                for (name, store) in [
+                    ("strata-memory", &memory_store),
+                    ("strata-file", &file_store),
+                ] {
+                    let mut runs = Vec::new();
+                    for _ in 0..plan.repeat {
+                        seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+                        drop_cache(&path)?;
+                        runs.push(strata_run(
+                            store.clone(),
+                            plan,
+                            access,
+                            page,
+                            fillers,
+                            seed,
+                        )?);
+                    }
+                    let r = row(name, access, page, fillers, plan, &runs);
+                    log(describe_row(&r));
+                    rows.push(r);
+                }
+            }
+            let mut runs = Vec::new();
+            for _ in 0..plan.repeat {
+                seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+                drop_cache(&path)?;
+                let spec = ChildSpec {
+                    path: path.clone(),
+                    size: plan.size,
+                    unit: page,
+                    threads: plan.threads,
+                    random: access == Access::Random,
+                    seed,
+                    passes: PASSES,
+                };
+                let r = run_kernel_child(plan, cgroup.as_ref(), &spec)?;
+                runs.push((
+                    r.seconds,
+                    r.major_faults + r.minor_faults,
+                    0,
+                    r.major_faults,
+                ));
+            }
+            let r = row("kernel-mmap", access, page, 0, plan, &runs);
+            log(describe_row(&r));
+            rows.push(r);
+        }
+    }
+    let ratios = ratios(&rows);
+    let uname = {
+        // SAFETY: uname fills the struct it is given.
+        let mut u = unsafe { std::mem::zeroed::<libc::utsname>() };
+        // SAFETY: `u` is a live utsname.
+        if unsafe { libc::uname(&raw mut u) } == 0 {
+            // SAFETY: uname NUL-terminates its fields.
+            unsafe { std::ffi::CStr::from_ptr(u.release.as_ptr()) }
+                .to_string_lossy()
+                .into_owned()
+        } else {
+            String::new()
+        }
+    };
+    Ok(BenchResults {
+        size: plan.size,
+        limit: plan.limit,
+        passes: PASSES,
+        kernel_limit,
+        cpus: strata_core::config::available_cpus(),
+        kernel_release: uname,
+        data_dir: plan.dir.display().to_string(),
+        rows,
+        ratios,
+    })
+}
+
+fn best<'a>(rows: &'a [BenchRow], name: &str, access: Access, page: u64) -> Option<&'a BenchRow> {
+    rows.iter()
+        .filter(|r| r.contestant == name && r.access == access && r.page_bytes == page)
+        .max_by(|a, b| a.bytes_per_sec.total_cmp(&b.bytes_per_sec))
+}
+
+fn ratios(rows: &[BenchRow]) -> Vec<BenchRatio> {
+    let mut out = Vec::new();
+    for k in rows.iter().filter(|r| r.contestant == "kernel-mmap") {
+        let file = best(rows, "strata-file", k.access, k.page_bytes);
+        let mem = best(rows, "strata-memory", k.access, k.page_bytes);
+        out.push(BenchRatio {
+            access: k.access,
+            page_bytes: k.page_bytes,
+            strata_file_over_kernel: file.map_or(0.0, |f| f.bytes_per_sec / k.bytes_per_sec),
+            strata_memory_over_umap_reference: (k.page_bytes == BASE)
+                .then(|| mem.map_or(0.0, |m| m.faults_per_sec / UMAP_REFERENCE_FAULTS_PER_SEC)),
+        });
+    }
+    out
+}
+
+fn describe_row(r: &BenchRow) -> String {
+    format!(
+        "{:<13} {:<6} page {:>8} fillers {:>2}: {:>9.1} MB/s {:>10.0} faults/s ({:.3} s)",
+        r.contestant,
+        format!("{:?}", r.access).to_lowercase(),
+        format_size(r.page_bytes),
+        r.fillers,
+        r.bytes_per_sec / 1e6,
+        r.faults_per_sec,
+        r.seconds
+    )
+}
+
+/// The results as a text table.
+pub fn table(res: &BenchResults) -> String {
+    let mut s = format!(
+        "pager vs kernel mmap: {} file, memory limit {}, {} passes, {} threads, {} CPUs, Linux {}\nkernel limit: {}\n\n",
+        format_size(res.size),
+        format_size(res.limit),
+        res.passes,
+        res.rows.first().map_or(0, |r| r.threads),
+        res.cpus,
+        res.kernel_release,
+        res.kernel_limit
+    );
+    s += &format!(
+        "{:<13} {:<6} {:>9} {:>7} {:>10} {:>12} {:>12} {:>10}\n",
+        "contestant", "access", "page", "fillers", "MB/s", "faults/s", "page-ins/s", "p50 fault"
+    );
+    for r in &res.rows {
+        s += &format!(
+            "{:<13} {:<6} {:>9} {:>7} {:>10.1} {:>12.0} {:>12.0} {:>10}\n",
+            r.contestant,
+            format!("{:?}", r.access).to_lowercase(),
+            format_size(r.page_bytes),
+            r.fillers,
+            r.bytes_per_sec / 1e6,
+            r.faults_per_sec,
+            r.page_ins_per_sec,
+            if r.service_p50_ns > 0 {
+                strata_core::stats::format_ns(r.service_p50_ns)
+            } else {
+                "-".into()
+            }
+        );
+    }
+    s += "\nratios (best filler count):\n";
+    for q in &res.ratios {
+        s += &format!(
+            "  {:<6} page {:>8}: strata-file / kernel-mmap bandwidth {:.2}x",
+            format!("{:?}", q.access).to_lowercase(),
+            format_size(q.page_bytes),
+            q.strata_file_over_kernel
+        );
+        if let Some(u) = q.strata_memory_over_umap_reference {
+            s += &format!("; strata-memory faults/s over Umap's 86K/s reference {u:.2}x");
+        }
+        s += "\n";
+    }
+    s
+}
+
+/// A grouped bar chart of bandwidth per (access, page size), one bar per contestant.
+pub fn svg(res: &BenchResults) -> String {
+    let contestants = ["strata-memory", "strata-file", "kernel-mmap"];
+    let colors = ["#2b7bb9", "#5cb85c", "#d9534f"];
+    let mut groups: Vec<(Access, u64)> = Vec::new();
+    for r in &res.rows {
+        if !groups.contains(&(r.access, r.page_bytes)) {
+            groups.push((r.access, r.page_bytes));
+        }
+    }
+    let max = res.rows.iter().map(|r| r.bytes_per_sec).fold(1.0, f64::max);
+    let (w, h, left, bottom, top) = (120.0 * groups.len() as f64 + 120.0, 420.0, 70.0, 60.0, 50.0);
+    let plot_h = h - bottom - top;
+    let mut s = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"11\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\"{left}\" y=\"20\" font-size=\"14\">Strata pager vs kernel mmap: {} file, {} memory limit (best filler count)</text>\n",
+        format_size(res.size),
+        format_size(res.limit)
+    );
+    for i in 0..=4 {
+        let v = max * f64::from(i) / 4.0;
+        let y = top + plot_h - plot_h * f64::from(i) / 4.0;
+        s += &format!(
+            "<line x1=\"{left}\" x2=\"{}\" y1=\"{y:.1}\" y2=\"{y:.1}\" stroke=\"#ddd\"/><text x=\"5\" y=\"{:.1}\">{:.0} MB/s</text>\n",
+            w - 20.0,
+            y + 4.0,
+            v / 1e6
+        );
+    }
+    for (gi, (access, page)) in groups.iter().enumerate() {
+        let gx = left + 10.0 + 120.0 * gi as f64;
+        for (ci, c) in contestants.iter().enumerate() {
+            if let Some(r) = best(&res.rows, c, *access, *page) {
+                let bh = plot_h * r.bytes_per_sec / max;
+                s += &format!(
+                    "<rect x=\"{:.1}\" y=\"{:.1}\" width=\"30\" height=\"{bh:.1}\" fill=\"{}\"><title>{c}: {:.1} MB/s</title></rect>\n",
+                    gx + 32.0 * ci as f64,
+                    top + plot_h - bh,
+                    colors[ci],
+                    r.bytes_per_sec / 1e6
+                );
+            }
+        }
+        s += &format!(
+            "<text x=\"{:.1}\" y=\"{:.1}\">{} {}</text>\n",
+            gx,
+            h - bottom + 16.0,
+            format!("{access:?}").to_lowercase(),
+            format_size(*page)
+        );
+    }
+    for (ci, c) in contestants.iter().enumerate() {
+        s += &format!(
+            "<rect x=\"{:.1}\" y=\"{:.1}\" width=\"12\" height=\"12\" fill=\"{}\"/><text x=\"{:.1}\" y=\"{:.1}\">{c}</text>\n",
+            left + 130.0 * ci as f64,
+            h - 22.0,
+            colors[ci],
+            left + 130.0 * ci as f64 + 16.0,
+            h - 12.0
+        );
+    }
+    s += "</svg>\n";
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schedules_cover_every_unit_once() {
+        for access in [Access::Seq, Access::Random] {
+            let plan = schedule(1000, 3, access, 12345);
+            let mut all: Vec<u64> = plan.concat();
+            all.sort_unstable();
+            assert_eq!(all, (0..1000).collect::<Vec<_>>(), "{access:?}");
+        }
+        let random = schedule(1000, 1, Access::Random, 7);
+        assert_ne!(random[0], (0..1000).collect::<Vec<_>>(), "shuffled");
+    }
+
+    #[test]
+    fn parse_options() {
+        assert_eq!("seq".parse::<Access>(), Ok(Access::Seq));
+        assert!("zigzag".parse::<Access>().is_err());
+        assert_eq!("cgroup1".parse::<LimitMethod>(), Ok(LimitMethod::Cgroup1));
+        assert!("ulimit".parse::<LimitMethod>().is_err());
+    }
+}
