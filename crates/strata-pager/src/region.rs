@@ -204,9 +204,26 @@ pub struct RegionBuilder {
     offset: u64,
     policy: EvictionPolicy,
     tier: Option<Tier>,
+    fixed_address: usize,
+    read_only: bool,
 }
 
 impl RegionBuilder {
+    /// Map the region at exactly this address (`MAP_FIXED`), replacing what is there.
+    ///
+    /// # Safety
+    /// The caller must own `[addr, addr + size rounded up to pages)`: anything mapped there is
+    /// discarded, as with `mmap(MAP_FIXED)`. `addr` must be aligned to 4 KiB.
+    pub unsafe fn fixed_address(mut self, addr: *mut u8) -> Self {
+        self.fixed_address = addr as usize;
+        self
+    }
+    /// Make the region read-only to the program (writes raise `SIGSEGV`, as with a
+    /// `PROT_READ` mapping). Nothing is ever written back.
+    pub fn read_only(mut self, read_only: bool) -> Self {
+        self.read_only = read_only;
+        self
+    }
     /// The pager configuration (default: `PagerConfig::builder().with_env()?.build()?`).
     pub fn config(mut self, config: PagerConfig) -> Self {
         self.config = Some(config);
@@ -322,6 +339,8 @@ impl Region {
             offset: 0,
             policy: EvictionPolicy::default(),
             tier: None,
+            fixed_address: 0,
+            read_only: false,
         }
     }
 
@@ -352,11 +371,30 @@ impl Region {
             .min(page_count)
             .max(1);
         let uffd = Uffd::open()?;
-        let map = Mapping::anonymous(map_len).map_err(|source| RegionError::Kernel {
-            op: "mmap",
-            source,
-            hint: "the address space is exhausted or RLIMIT_AS is too low; map a smaller region",
-        })?;
+        if !b.fixed_address.is_multiple_of(4096) {
+            return Err(RegionError::Kernel {
+                op: "mmap(MAP_FIXED)",
+                source: std::io::Error::from_raw_os_error(libc::EINVAL),
+                hint: "a fixed address must be aligned to 4 KiB",
+            });
+        }
+        // SAFETY: a null address lets the kernel choose; a fixed one was vouched for by the
+        // caller of the unsafe `RegionBuilder::fixed_address`.
+        let map = unsafe { Mapping::anonymous_at(b.fixed_address as *mut u8, map_len) }.map_err(
+            |source| RegionError::Kernel {
+                op: "mmap",
+                source,
+                hint: "the address space is exhausted or RLIMIT_AS is too low; map a smaller region",
+            },
+        )?;
+        if b.read_only {
+            map.set_read_only(true)
+                .map_err(|source| RegionError::Kernel {
+                    op: "mprotect",
+                    source,
+                    hint: "the kernel refused to make the region read-only",
+                })?;
+        }
         uffd.register(map.ptr() as usize, map_len)
             .map_err(|source| RegionError::Kernel {
                 op: "UFFDIO_REGISTER",

@@ -386,12 +386,24 @@ impl Mapping {
     pub fn anonymous(len: usize) -> io::Result<Self> {
         // SAFETY: a fresh anonymous mapping at an address of the kernel's choosing touches no
         // existing memory.
+        unsafe { Self::anonymous_at(std::ptr::null_mut(), len) }
+    }
+
+    /// As [`Mapping::anonymous`], at exactly `addr` when it is not null (`MAP_FIXED`).
+    ///
+    /// # Safety
+    /// A non-null `addr` replaces whatever is mapped at `[addr, addr+len)`: the caller must
+    /// own that range (as `mmap(MAP_FIXED)` requires).
+    pub unsafe fn anonymous_at(addr: *mut u8, len: usize) -> io::Result<Self> {
+        let fixed = if addr.is_null() { 0 } else { libc::MAP_FIXED };
+        // SAFETY: without MAP_FIXED the kernel picks a free range; with it, the caller vouches
+        // for the range (see above).
         let ptr = unsafe {
             libc::mmap(
-                std::ptr::null_mut(),
+                addr.cast(),
                 len,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | fixed,
                 -1,
                 0,
             )
@@ -422,6 +434,18 @@ impl Mapping {
     /// Whether the mapping is empty (never: mappings have at least one page).
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+
+    /// Makes the whole mapping read-only (`true`) or read-write. The pager's own
+    /// `UFFDIO_COPY` still installs pages into a read-only mapping.
+    pub fn set_read_only(&self, read_only: bool) -> io::Result<()> {
+        let prot = if read_only {
+            libc::PROT_READ
+        } else {
+            libc::PROT_READ | libc::PROT_WRITE
+        };
+        // SAFETY: changes the protection of our own mapping only.
+        cvt(unsafe { libc::mprotect(self.ptr.cast(), self.len, prot) })
     }
 
     /// `madvise` on `[offset, offset+len)` of the mapping.
