@@ -12,7 +12,9 @@
 #                (Graph500 BFS rules, CC/PageRank vs the CPU, embeddings bit-exact)
 #   bench-graph  `strata bench graph $GRAPH_ARGS` (default scale 24; GRAPH_ARGS="--scale 25"
 #                for the issue's target size)
-#   bench-embed  `strata bench embed $EMBED_ARGS`
+#   bench-embed  `strata bench embed` once per ';'-separated argument list in $EMBED_RUNS
+#                (default: 128-float rows, the issue's example, then 1024-float rows, one
+#                row per 4 KiB page, over a table of the same 8 GiB)
 # Output (two files, as the device machine returns at most 8): $OUT/workloads.log (summary
 # first, then every step's log) and $OUT/workloads.tar.gz (JSON, SVG and logs).
 # gpu-check.sh can run all of this as one step: `bash scripts/gpu-workloads.sh run`.
@@ -23,7 +25,7 @@ CARRY="$ROOT/.carry/workloads"
 TARGET="${CARGO_TARGET_DIR:-/work/target-workloads}"
 STEPS=(check bench-graph bench-embed)
 GRAPH_ARGS="${GRAPH_ARGS:-}"
-EMBED_ARGS="${EMBED_ARGS:-}"
+EMBED_RUNS="${EMBED_RUNS:---dim 128;--dim 1024 --rows 2097152 --lookups 4194304}"
 
 build() {
     set -e
@@ -62,8 +64,14 @@ step_bench_graph() {
 }
 
 step_bench_embed() {
-    # shellcheck disable=SC2086
-    log bench-embed "$CARRY/strata" bench embed --json "$WORK/embed.json" --svg "$WORK/embed.svg" $EMBED_ARGS
+    local rc=0 i=0 args
+    IFS=';' read -r -a runs <<<"$EMBED_RUNS"
+    for args in "${runs[@]}"; do
+        i=$((i + 1))
+        # shellcheck disable=SC2086
+        log "bench-embed-$i" "$CARRY/strata" bench embed --json "$WORK/embed-$i.json" --svg "$WORK/embed-$i.svg" $args || rc=1
+    done
+    return $rc
 }
 
 run() {

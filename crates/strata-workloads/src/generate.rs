@@ -225,15 +225,11 @@ pub fn kronecker(
                     bits >>= 32;
                 }
                 let r = bits & 0xffff_ffff;
-                let (row, col) = if r < t.a {
-                    (0, 0)
-                } else if r < t.ab {
-                    (0, 1)
-                } else if r < t.abc {
-                    (1, 0)
-                } else {
-                    (1, 1)
-                };
+                // Quadrants by cut points: [0, a) top-left, [a, ab) top-right, [ab, abc)
+                // bottom-left, [abc, 1) bottom-right. Branch-free: the choice is random, so
+                // branches would mispredict about half the time.
+                let row = u32::from(r >= t.ab);
+                let col = u32::from(r >= t.a) & u32::from(r < t.ab) | u32::from(r >= t.abc);
                 u = (u << 1) | row;
                 v = (v << 1) | col;
             }
