@@ -1,1 +1,129 @@
-//! Remote memory over UCX (filled in by the network work).
+//! Remote memory over UCX: the memory-node server ([`server::MemoryNode`], `strata serve`) and
+//! the [`client::RemoteStore`] client, plus [`open_store`], which turns a
+//! [`StoreConfig`] (memory, file or remote, with or without a codec) into a store.
+//!
+//! The transport sits behind UCX's UCP API (TCP and shared memory here, InfiniBand and RoCE on
+//! clusters), reached through `strata-ucx`, which loads UCX at run time so the `strata`
+//! binary also starts where UCX is absent. The [`Transport`] trait names what the client
+//! needs from a transport so a libfabric backend can be added beside UCX.
+#![warn(missing_docs)]
+
+pub mod client;
+pub mod protocol;
+pub mod server;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use strata_codec::{CodecError, CompressedStore};
+use strata_core::config::{CodecKind, StoreConfig, StoreKind};
+use strata_core::store::{FileStore, FileStoreOptions, MemoryStore, Store};
+
+pub use client::{AccessPath, NetworkCounters, RemoteOpenError, RemoteStore, RemoteStoreOptions};
+pub use server::{MemoryNode, ServeError, ServeOptions};
+
+/// What Strata needs from a network transport: a store over memory lent by remote nodes.
+/// UCX is the one implementation today; libfabric (Slingshot, EFA) is the planned second.
+pub trait Transport: Send + Sync + std::fmt::Debug {
+    /// A short name, such as `ucx`.
+    fn name(&self) -> &'static str;
+    /// Opens a store of `size` bytes striped over the given nodes.
+    fn open_store(
+        &self,
+        size: u64,
+        options: RemoteStoreOptions,
+    ) -> Result<Arc<dyn Store>, RemoteOpenError>;
+}
+
+/// The UCX transport.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct UcxTransport;
+
+impl Transport for UcxTransport {
+    fn name(&self) -> &'static str {
+        "ucx"
+    }
+    fn open_store(
+        &self,
+        size: u64,
+        options: RemoteStoreOptions,
+    ) -> Result<Arc<dyn Store>, RemoteOpenError> {
+        Ok(Arc::new(RemoteStore::connect(size, options)?))
+    }
+}
+
+/// Why [`open_store`] failed.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenStoreError {
+    /// The file store could not be opened (`strata-core` does not re-export its error type,
+    /// so it is carried boxed).
+    #[error(transparent)]
+    File(Box<dyn std::error::Error + Send + Sync>),
+    /// The remote store could not be opened.
+    #[error(transparent)]
+    Remote(#[from] RemoteOpenError),
+    /// The codec could not be set up.
+    #[error(transparent)]
+    Codec(#[from] CodecError),
+    /// A remote store needs a token.
+    #[error(
+        "a remote store needs the memory nodes' token; set STRATA_REMOTE_TOKEN or pass --token"
+    )]
+    MissingToken,
+}
+
+/// Default codec page size for [`open_store`]: the pager's default page.
+pub const DEFAULT_CODEC_PAGE: u64 = 64 << 10;
+
+/// Opens the store `config` describes, `size` bytes long, with its codec (pages of
+/// [`DEFAULT_CODEC_PAGE`] bytes).
+pub fn open_store(config: &StoreConfig, size: u64) -> Result<Arc<dyn Store>, OpenStoreError> {
+    open_store_with_page(config, size, DEFAULT_CODEC_PAGE)
+}
+
+/// Opens the store `config` describes, with codec pages of `page_bytes` (use the region's
+/// page size so each fault reads one compressed page).
+pub fn open_store_with_page(
+    config: &StoreConfig,
+    size: u64,
+    page_bytes: u64,
+) -> Result<Arc<dyn Store>, OpenStoreError> {
+    let inner_size = match config.codec {
+        CodecKind::None => size,
+        _ => CompressedStore::inner_size(size, page_bytes)?,
+    };
+    let inner: Arc<dyn Store> = match &config.kind {
+        StoreKind::Memory => Arc::new(MemoryStore::new(inner_size)),
+        StoreKind::File { path } => Arc::new(
+            FileStore::open(
+                path,
+                inner_size,
+                &FileStoreOptions {
+                    create: true,
+                    grow: config.grow,
+                    direct: config.direct,
+                    read_only: false,
+                },
+            )
+            .map_err(|e| OpenStoreError::File(Box::new(e)))?,
+        ),
+        StoreKind::Remote { nodes } => {
+            let token = config.token.clone().ok_or(OpenStoreError::MissingToken)?;
+            let mut options = RemoteStoreOptions::new(
+                nodes.clone(),
+                token,
+                Duration::from_secs(config.timeout_secs),
+            );
+            // One codec slot (or one page) per stripe, so a page never straddles two nodes.
+            options.stripe_bytes = match config.codec {
+                CodecKind::None => page_bytes,
+                _ => CompressedStore::slot_bytes(page_bytes),
+            };
+            UcxTransport.open_store(inner_size, options)?
+        }
+    };
+    Ok(match config.codec {
+        CodecKind::None => inner,
+        codec => Arc::new(CompressedStore::new(inner, codec, page_bytes, size)?),
+    })
+}

@@ -12,7 +12,7 @@ pub fn probe() -> Result<&'static str, String> {
         match unsafe { libloading::Library::new(name) } {
             Ok(_) => return Ok(name),
             Err(e) => {
-                first_error.get_or_insert(e.to_string());
+                first_error.get_or_insert_with(|| e.to_string());
             }
         }
     }

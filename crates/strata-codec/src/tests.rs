@@ -1,0 +1,305 @@
+//! Codec round trips, raw fallback, corruption detection and the ZFP error bound.
+#![allow(clippy::cast_possible_truncation)] // tests run on 64-bit hosts only
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use rand::rngs::StdRng;
+use rand::{Rng, RngCore, SeedableRng};
+use strata_core::config::CodecKind;
+use strata_core::store::{MemoryStore, ReadRequest, Store, StoreError};
+
+use super::*;
+
+const PAGE: u64 = 16 << 10;
+
+fn rng(test: &str) -> StdRng {
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    println!("{test}: seed {seed}");
+    StdRng::seed_from_u64(seed)
+}
+
+fn store(codec: CodecKind, size: u64) -> (Arc<MemoryStore>, CompressedStore) {
+    let inner = Arc::new(MemoryStore::new(
+        CompressedStore::inner_size(size, PAGE).unwrap(),
+    ));
+    let s = CompressedStore::new(inner.clone(), codec, PAGE, size).unwrap();
+    (inner, s)
+}
+
+/// Pages of several kinds: random, runs, zeros, one byte set, text-like, alternating.
+fn page_of_kind(kind: usize, rng: &mut StdRng) -> Vec<u8> {
+    let n = PAGE as usize;
+    let mut p = vec![0u8; n];
+    match kind % 6 {
+        0 => rng.fill_bytes(&mut p),
+        1 => {
+            let mut i = 0;
+            while i < n {
+                let run = rng.random_range(1..200).min(n - i);
+                let v = rng.random::<u8>();
+                p[i..i + run].fill(v);
+                i += run;
+            }
+        }
+        2 => {}
+        3 => p[rng.random_range(0..n)] = 0xff,
+        4 => {
+            let words = [b"strata ".as_slice(), b"page ", b"memory ", b"remote "];
+            let mut i = 0;
+            while i < n {
+                let w = words[rng.random_range(0..words.len())];
+                let take = w.len().min(n - i);
+                p[i..i + take].copy_from_slice(&w[..take]);
+                i += take;
+            }
+        }
+        _ => {
+            for (i, b) in p.iter_mut().enumerate() {
+                *b = if i % 2 == 0 { 0xaa } else { 0x55 };
+            }
+        }
+    }
+    p
+}
+
+#[test]
+fn lz4_round_trips_every_kind_of_page_against_a_reference() {
+    let mut rng = rng("lz4_round_trips");
+    let pages = 48u64;
+    let size = pages * PAGE - 1000; // a short last page
+    let (_, s) = store(CodecKind::Lz4, size);
+    let mut reference = vec![0u8; size as usize];
+    // Never-written pages read as zero.
+    let mut buf = vec![1u8; PAGE as usize];
+    s.read_at(0, &mut buf).unwrap();
+    assert!(buf.iter().all(|b| *b == 0));
+    for round in 0..300 {
+        let page = rng.random_range(0..pages);
+        let start = page * PAGE;
+        let page_len = (size - start).min(PAGE) as usize;
+        if round % 3 == 0 {
+            // An unaligned write across page boundaries.
+            let offset = rng.random_range(0..size - 1);
+            let len = rng.random_range(1..=(3 * PAGE).min(size - offset)) as usize;
+            let mut data = vec![0u8; len];
+            rng.fill_bytes(&mut data);
+            s.write_at(offset, &data).unwrap();
+            reference[offset as usize..offset as usize + len].copy_from_slice(&data);
+        } else {
+            let mut data = page_of_kind(rng.random_range(0..6), &mut rng);
+            data.truncate(page_len);
+            s.write_at(start, &data).unwrap();
+            reference[start as usize..start as usize + page_len].copy_from_slice(&data);
+        }
+        if round % 10 == 0 {
+            let offset = rng.random_range(0..size);
+            let len = rng.random_range(1..=(4 * PAGE).min(size - offset)) as usize;
+            let mut out = vec![0u8; len];
+            s.read_at(offset, &mut out).unwrap();
+            assert_eq!(
+                out,
+                reference[offset as usize..offset as usize + len],
+                "round {round}"
+            );
+        }
+    }
+    let mut all = vec![0u8; size as usize];
+    s.read_at(0, &mut all).unwrap();
+    assert!(
+        all == reference,
+        "whole-store read differs from the reference"
+    );
+    // Batched reads of scattered whole pages.
+    let mut bufs: Vec<Vec<u8>> = (0..8).map(|_| vec![0u8; PAGE as usize]).collect();
+    let idx: Vec<u64> = (0..8).map(|_| rng.random_range(0..pages - 1)).collect();
+    let mut requests: Vec<ReadRequest<'_>> = bufs
+        .iter_mut()
+        .zip(&idx)
+        .map(|(b, i)| ReadRequest {
+            offset: i * PAGE,
+            buf: b.as_mut_slice(),
+        })
+        .collect();
+    s.read_batch(&mut requests).unwrap();
+    for (b, i) in bufs.iter().zip(&idx) {
+        let at = (i * PAGE) as usize;
+        assert_eq!(b.as_slice(), &reference[at..at + PAGE as usize]);
+    }
+    let c = s.counters();
+    assert!(
+        c.pages_raw.load(Ordering::Relaxed) > 0,
+        "random pages must be stored raw"
+    );
+    assert!(c.pages_compressed.load(Ordering::Relaxed) > 0);
+}
+
+#[test]
+fn incompressible_pages_are_raw_and_compressible_ones_move_fewer_bytes() {
+    let mut rng = rng("raw_flag");
+    let (_, s) = store(CodecKind::Lz4, 8 * PAGE);
+    let mut random = vec![0u8; PAGE as usize];
+    rng.fill_bytes(&mut random);
+    s.write_at(0, &random).unwrap();
+    assert_eq!(s.counters().pages_raw.load(Ordering::Relaxed), 1);
+    assert_eq!(
+        s.counters().stored_bytes_written.load(Ordering::Relaxed),
+        PAGE + HEADER_BYTES as u64
+    );
+    let text = page_of_kind(4, &mut rng);
+    s.write_at(PAGE, &text).unwrap();
+    assert_eq!(s.counters().pages_compressed.load(Ordering::Relaxed), 1);
+    let written = s.counters().stored_bytes_written.load(Ordering::Relaxed) - PAGE - 24;
+    assert!(written < PAGE / 2, "text page stored in {written} bytes");
+    let before = s.counters().stored_bytes_read.load(Ordering::Relaxed);
+    let mut out = vec![0u8; PAGE as usize];
+    s.read_at(PAGE, &mut out).unwrap();
+    assert_eq!(out, text);
+    let read = s.counters().stored_bytes_read.load(Ordering::Relaxed) - before;
+    assert_eq!(read, written, "a read fetches only the stored bytes");
+    s.read_at(0, &mut out).unwrap();
+    assert_eq!(out, random);
+}
+
+#[test]
+fn corrupted_pages_are_errors_not_data() {
+    let mut rng = rng("corruption");
+    for codec in [CodecKind::Lz4, CodecKind::None] {
+        let (inner, s) = store(codec, 4 * PAGE);
+        let page = page_of_kind(4, &mut rng);
+        s.write_at(0, &page).unwrap();
+        let slot = CompressedStore::slot_bytes(PAGE);
+        // Flip one byte of the stored data.
+        let at = HEADER_BYTES as u64 + rng.random_range(0..16);
+        let mut byte = [0u8];
+        inner.read_at(at, &mut byte).unwrap();
+        inner.write_at(at, &[byte[0] ^ 0x10]).unwrap();
+        let mut out = vec![0u8; PAGE as usize];
+        let e = s.read_at(0, &mut out).unwrap_err();
+        assert!(
+            matches!(e, StoreError::Corrupt { offset: 0, .. }),
+            "{codec:?}: {e}"
+        );
+        assert!(e.to_string().contains("checksum"), "{e}");
+        // Damage a header (its length field) of another page.
+        s.write_at(PAGE, &page).unwrap();
+        inner.write_at(slot + 5, &[0x7f]).unwrap();
+        let e = s.read_at(PAGE, &mut out).unwrap_err();
+        assert!(matches!(e, StoreError::Corrupt { .. }), "{e}");
+        // A header with garbage where a never-written slot would be zero.
+        inner.write_at(2 * slot + 3, &[1]).unwrap();
+        let e = s.read_at(2 * PAGE, &mut out).unwrap_err();
+        assert!(e.to_string().contains("magic"), "{e}");
+        // The untouched page still reads.
+        out.fill(9);
+        s.read_at(3 * PAGE, &mut out).unwrap();
+        assert!(out.iter().all(|b| *b == 0));
+    }
+}
+
+#[test]
+fn bad_configuration_is_refused() {
+    let inner: Arc<dyn Store> = Arc::new(MemoryStore::new(PAGE));
+    let e = CompressedStore::new(inner.clone(), CodecKind::Lz4, PAGE, PAGE).unwrap_err();
+    assert!(matches!(e, CodecError::InnerTooSmall { .. }), "{e}");
+    let e = CompressedStore::new(inner.clone(), CodecKind::Lz4, 12, PAGE).unwrap_err();
+    assert!(matches!(e, CodecError::PageSize(12)));
+    let e = CompressedStore::new(inner, CodecKind::Zfp { tolerance: -1.0 }, 8, 8).unwrap_err();
+    assert!(matches!(e, CodecError::Tolerance(_)), "{e}");
+}
+
+fn f64_page(values: &[f64]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+fn f64s(bytes: &[u8]) -> Vec<f64> {
+    bytes
+        .chunks_exact(8)
+        .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+#[test]
+fn zfp_honours_the_error_bound_on_random_floats() {
+    let mut rng = rng("zfp_bound");
+    let n = (PAGE / 8) as usize;
+    for tolerance in [1e-2, 1e-6, 1e-10] {
+        let (_, s) = store(CodecKind::Zfp { tolerance }, 6 * PAGE);
+        let mut originals = Vec::new();
+        for page in 0..6u64 {
+            // Smooth fields compress; white noise of varying magnitude tests the bound.
+            let scale = 10f64.powi(rng.random_range(-3..6));
+            let phase = rng.random::<f64>();
+            let values: Vec<f64> = (0..n)
+                .map(|i| match page % 3 {
+                    0 => scale * ((i as f64) * 0.01 + phase).sin(),
+                    1 => scale * (rng.random::<f64>() - 0.5),
+                    _ => scale * (i as f64 / n as f64) + rng.random::<f64>() * 1e-3,
+                })
+                .collect();
+            s.write_at(page * PAGE, &f64_page(&values)).unwrap();
+            originals.push(values);
+        }
+        for (page, values) in originals.iter().enumerate() {
+            let mut out = vec![0u8; PAGE as usize];
+            s.read_at(page as u64 * PAGE, &mut out).unwrap();
+            let worst = f64s(&out)
+                .iter()
+                .zip(values)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0, f64::max);
+            assert!(
+                worst <= tolerance,
+                "page {page}: error {worst} > {tolerance}"
+            );
+        }
+        assert!(
+            s.counters().pages_compressed.load(Ordering::Relaxed) >= 2,
+            "smooth pages should compress at tolerance {tolerance}"
+        );
+    }
+}
+
+#[test]
+fn zfp_stores_non_finite_pages_exactly() {
+    let mut rng = rng("zfp_nan");
+    let n = (PAGE / 8) as usize;
+    let (_, s) = store(CodecKind::Zfp { tolerance: 1e-3 }, 2 * PAGE);
+    let mut values: Vec<f64> = (0..n).map(|i| i as f64).collect();
+    values[rng.random_range(0..n)] = f64::NAN;
+    values[rng.random_range(0..n)] = f64::INFINITY;
+    let bytes = f64_page(&values);
+    s.write_at(0, &bytes).unwrap();
+    let mut out = vec![0u8; PAGE as usize];
+    s.read_at(0, &mut out).unwrap();
+    assert_eq!(out, bytes, "a page with NaN/inf must come back bit for bit");
+    assert_eq!(s.counters().pages_raw.load(Ordering::Relaxed), 1);
+}
+
+#[test]
+fn zfp_f32_pages_honour_the_bound() {
+    let mut rng = rng("zfp_f32");
+    let n = (PAGE / 4) as usize;
+    let tolerance = 1e-3;
+    let inner = Arc::new(MemoryStore::new(
+        CompressedStore::inner_size(PAGE, PAGE).unwrap(),
+    ));
+    let s = CompressedStore::new(inner, CodecKind::Zfp { tolerance }, PAGE, PAGE)
+        .unwrap()
+        .with_zfp_element(ZfpElement::F32);
+    let values: Vec<f32> = (0..n)
+        .map(|i| ((i as f32) * 0.003).cos() * 50.0 + rng.random::<f32>() * 1e-4)
+        .collect();
+    let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    s.write_at(0, &bytes).unwrap();
+    let mut out = vec![0u8; PAGE as usize];
+    s.read_at(0, &mut out).unwrap();
+    for (c, v) in out.chunks_exact(4).zip(&values) {
+        let got = f32::from_le_bytes(c.try_into().unwrap());
+        assert!((f64::from(got) - f64::from(*v)).abs() <= tolerance);
+    }
+    assert_eq!(s.counters().pages_compressed.load(Ordering::Relaxed), 1);
+}

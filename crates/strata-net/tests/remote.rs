@@ -1,0 +1,516 @@
+//! Memory nodes and RemoteStores over UCX TCP on 127.0.0.1, in one process (and, for the
+//! lost-node tests, a child process that is stopped and killed).
+#![allow(clippy::cast_possible_truncation)] // tests run on 64-bit hosts only
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use rand::rngs::StdRng;
+use rand::{Rng, RngCore, SeedableRng};
+use strata_core::config::{CodecKind, StoreConfig, StoreKind};
+use strata_core::store::{ReadRequest, Store, StoreError};
+use strata_net::protocol::{
+    AM_REPLY, AM_REQUEST, Op, PROTOCOL_VERSION, ReplyHeader, RequestHeader, Status,
+};
+use strata_net::{
+    AccessPath, MemoryNode, RemoteOpenError, RemoteStore, RemoteStoreOptions, ServeOptions,
+};
+use strata_ucx::{AmAction, Context, ContextOptions, Worker};
+
+const TOKEN: &str = "test-token-\u{1F511}";
+const TLS: &str = "tcp";
+
+fn rng(test: &str) -> StdRng {
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    println!("{test}: seed {seed}");
+    StdRng::seed_from_u64(seed)
+}
+
+fn node(capacity: u64) -> MemoryNode {
+    MemoryNode::start(ServeOptions {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        capacity,
+        token: TOKEN.into(),
+        transports: Some(TLS.into()),
+    })
+    .expect("start a memory node on 127.0.0.1 (is UCX installed? apt-get install libucx0)")
+}
+
+fn options(nodes: &[SocketAddr], access: AccessPath) -> RemoteStoreOptions {
+    let mut o = RemoteStoreOptions::new(
+        nodes.iter().map(|a| a.to_string()).collect(),
+        TOKEN,
+        Duration::from_secs(5),
+    );
+    o.transports = Some(TLS.into());
+    o.access = access;
+    o.stripe_bytes = 16 << 10;
+    o
+}
+
+/// Random page and unaligned reads/writes on `store`, checked against a local copy.
+fn exercise(store: &dyn Store, rng: &mut StdRng, rounds: usize) {
+    let size = store.size() as usize;
+    let page = 16usize << 10;
+    let mut reference = vec![0u8; size];
+    for round in 0..rounds {
+        match rng.random_range(0..5) {
+            0 | 1 => {
+                // A batch of whole pages.
+                let count = rng.random_range(1..12);
+                let mut data: Vec<(u64, Vec<u8>)> = (0..count)
+                    .map(|_| {
+                        let at = rng.random_range(0..size / page) * page;
+                        let mut bytes = vec![0u8; page];
+                        rng.fill_bytes(&mut bytes);
+                        (at as u64, bytes)
+                    })
+                    .collect();
+                data.sort_by_key(|(at, _)| *at);
+                data.dedup_by_key(|(at, _)| *at);
+                let requests: Vec<(u64, &[u8])> =
+                    data.iter().map(|(at, b)| (*at, b.as_slice())).collect();
+                store.write_batch(&requests).unwrap();
+                for (at, bytes) in &data {
+                    reference[*at as usize..*at as usize + page].copy_from_slice(bytes);
+                }
+            }
+            2 => {
+                let at = rng.random_range(0..size - 1);
+                let len = rng.random_range(1..(5 * page).min(size - at));
+                let mut bytes = vec![0u8; len];
+                rng.fill_bytes(&mut bytes);
+                store.write_at(at as u64, &bytes).unwrap();
+                reference[at..at + len].copy_from_slice(&bytes);
+            }
+            3 => {
+                let count = rng.random_range(1..16);
+                let offsets: Vec<usize> = (0..count)
+                    .map(|_| rng.random_range(0..size / page) * page)
+                    .collect();
+                let mut bufs: Vec<Vec<u8>> = offsets.iter().map(|_| vec![0u8; page]).collect();
+                let mut requests: Vec<ReadRequest<'_>> = bufs
+                    .iter_mut()
+                    .zip(&offsets)
+                    .map(|(b, at)| ReadRequest {
+                        offset: *at as u64,
+                        buf: b.as_mut_slice(),
+                    })
+                    .collect();
+                store.read_batch(&mut requests).unwrap();
+                for (b, at) in bufs.iter().zip(&offsets) {
+                    assert!(
+                        b[..] == reference[*at..*at + page],
+                        "round {round}: page at {at}"
+                    );
+                }
+            }
+            _ => {
+                let at = rng.random_range(0..size - 1);
+                let len = rng.random_range(1..(5 * page).min(size - at));
+                let mut bytes = vec![0u8; len];
+                store.read_at(at as u64, &mut bytes).unwrap();
+                assert!(
+                    bytes == reference[at..at + len],
+                    "round {round}: {len} bytes at {at}"
+                );
+            }
+        }
+    }
+    let mut all = vec![0u8; size];
+    store.read_at(0, &mut all).unwrap();
+    assert!(
+        all == reference,
+        "final full read differs from the reference"
+    );
+}
+
+#[test]
+fn several_clients_read_and_write_random_pages_on_striped_nodes() {
+    let mut seed_rng = rng("several_clients");
+    let nodes = [node(64 << 20), node(64 << 20)];
+    let addresses: Vec<SocketAddr> = nodes.iter().map(MemoryNode::address).collect();
+    let threads: Vec<_> = (0..4)
+        .map(|client: u8| {
+            let addresses = addresses.clone();
+            let seed = seed_rng.random::<u64>();
+            std::thread::spawn(move || {
+                let mut rng = StdRng::seed_from_u64(seed);
+                // Clients 0-1 stripe over both nodes; 2 uses node 0; 3 uses one-sided access.
+                let (targets, access) = match client {
+                    0 | 1 => (&addresses[..], AccessPath::Messages),
+                    2 => (&addresses[..1], AccessPath::Messages),
+                    _ => (&addresses[..], AccessPath::OneSided),
+                };
+                let size = 3 << 20; // not a multiple of the stripe times the node count
+                let store =
+                    RemoteStore::connect(size + 4096 * u64::from(client), options(targets, access))
+                        .unwrap();
+                exercise(&store, &mut rng, 150);
+                let c = store.counters();
+                assert!(c.bytes_sent.load(Ordering::Relaxed) > 0);
+                assert!(c.bytes_received.load(Ordering::Relaxed) >= store.size());
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().expect("a client thread failed");
+    }
+    // Every client disconnected: the nodes must have freed all regions.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while nodes
+        .iter()
+        .any(|n| n.counters().lent_bytes.load(Ordering::Relaxed) != 0)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "regions still lent after every client left"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn wrong_token_and_too_little_capacity_are_refused() {
+    let n = node(1 << 20);
+    let mut o = options(&[n.address()], AccessPath::Messages);
+    o.token = "not-the-token".into();
+    let e = RemoteStore::connect(1 << 20, o).unwrap_err();
+    assert!(matches!(e, RemoteOpenError::Refused { .. }), "{e}");
+    assert!(e.to_string().contains("refused the token"), "{e}");
+    let e =
+        RemoteStore::connect(2 << 20, options(&[n.address()], AccessPath::Messages)).unwrap_err();
+    assert!(e.to_string().contains("too little free capacity"), "{e}");
+    assert!(n.counters().refused.load(Ordering::Relaxed) >= 2);
+    // Nothing listens on this port: a clear error within the timeout, not a hang.
+    let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let unused = free.local_addr().unwrap();
+    drop(free);
+    let mut o = options(&[unused], AccessPath::Messages);
+    o.timeout = Duration::from_secs(2);
+    let started = Instant::now();
+    let e = RemoteStore::connect(1 << 20, o).unwrap_err();
+    assert!(
+        started.elapsed() < Duration::from_secs(6),
+        "{:?}",
+        started.elapsed()
+    );
+    println!("no node: {e}");
+}
+
+#[test]
+fn client_side_bounds_are_checked() {
+    let n = node(1 << 20);
+    let store =
+        RemoteStore::connect(1 << 20, options(&[n.address()], AccessPath::Messages)).unwrap();
+    let mut buf = [0u8; 16];
+    let e = store.read_at((1 << 20) - 8, &mut buf).unwrap_err();
+    assert!(matches!(e, StoreError::OutOfRange { .. }), "{e}");
+    let e = store.write_at(u64::MAX - 4, &buf).unwrap_err();
+    assert!(matches!(e, StoreError::OutOfRange { .. }), "{e}");
+}
+
+/// A hand-driven protocol client, to send what RemoteStore never would.
+type Replies = std::rc::Rc<std::cell::RefCell<Vec<(ReplyHeader, Vec<u8>)>>>;
+
+struct RawClient {
+    worker: Worker,
+    endpoint: strata_ucx::Endpoint,
+    replies: Replies,
+    next: u64,
+}
+
+impl RawClient {
+    fn connect(address: SocketAddr) -> Self {
+        let context = Context::new(&ContextOptions {
+            transports: Some(TLS.into()),
+            rma: true,
+        })
+        .unwrap();
+        let worker = Worker::new(&context).unwrap();
+        let replies: Replies = Default::default();
+        let sink = replies.clone();
+        worker
+            .set_am_handler(AM_REPLY, move |m| {
+                let data = m.data().map(<[u8]>::to_vec).unwrap_or_default();
+                sink.borrow_mut()
+                    .push((ReplyHeader::decode(m.header()).unwrap(), data));
+                AmAction::Done
+            })
+            .unwrap();
+        let endpoint = worker.connect(address).unwrap();
+        Self {
+            worker,
+            endpoint,
+            replies,
+            next: 1,
+        }
+    }
+
+    fn call(&mut self, op: Op, region: u64, offset: u64, length: u64, data: &[u8]) -> ReplyHeader {
+        let id = self.next;
+        self.next += 1;
+        let header = RequestHeader {
+            op,
+            id,
+            region,
+            offset,
+            length,
+        };
+        // SAFETY: `data` outlives the loop below, which waits for the send and the reply.
+        let mut request = unsafe {
+            self.endpoint.am_send(
+                AM_REQUEST,
+                &header.encode(),
+                data.as_ptr(),
+                data.len(),
+                true,
+            )
+        }
+        .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut sent = false;
+        loop {
+            self.worker.progress();
+            if !sent && request.poll().is_some() {
+                sent = true;
+            }
+            let found = self.replies.borrow().iter().position(|(h, _)| h.id == id);
+            if let (Some(pos), true) = (found, sent) {
+                return self.replies.borrow_mut().remove(pos).0;
+            }
+            assert!(Instant::now() < deadline, "no reply to {op:?}");
+        }
+    }
+}
+
+#[test]
+fn the_node_checks_tokens_bounds_and_ownership() {
+    let n = node(4 << 20);
+    let mut a = RawClient::connect(n.address());
+    let mut b = RawClient::connect(n.address());
+    // Before hello: refused.
+    assert_eq!(
+        a.call(Op::Alloc, 0, 0, 4096, &[]).status,
+        Status::NotAuthenticated
+    );
+    // Wrong token, wrong version.
+    assert_eq!(
+        a.call(Op::Hello, 0, PROTOCOL_VERSION, 0, b"nope").status,
+        Status::Denied
+    );
+    assert_eq!(
+        a.call(Op::Hello, 0, 99, 0, TOKEN.as_bytes()).status,
+        Status::Denied
+    );
+    assert_eq!(
+        a.call(Op::Hello, 0, PROTOCOL_VERSION, 0, TOKEN.as_bytes())
+            .status,
+        Status::Ok
+    );
+    assert_eq!(
+        b.call(Op::Hello, 0, PROTOCOL_VERSION, 0, TOKEN.as_bytes())
+            .status,
+        Status::Ok
+    );
+    let region = a.call(Op::Alloc, 0, 0, 1 << 20, &[]);
+    assert_eq!(region.status, Status::Ok);
+    assert_eq!(region.size, 1 << 20);
+    let r = region.region;
+    // In bounds: fine. Out of bounds, overflowing, or someone else's region: refused.
+    assert_eq!(
+        a.call(Op::Write, r, (1 << 20) - 4, 4, &[1, 2, 3, 4]).status,
+        Status::Ok
+    );
+    assert_eq!(
+        a.call(Op::Read, r, (1 << 20) - 4, 8, &[]).status,
+        Status::OutOfBounds
+    );
+    assert_eq!(
+        a.call(Op::Write, r, 1 << 20, 4, &[1, 2, 3, 4]).status,
+        Status::OutOfBounds
+    );
+    assert_eq!(
+        a.call(Op::Read, r, u64::MAX - 2, 8, &[]).status,
+        Status::OutOfBounds
+    );
+    assert_eq!(
+        a.call(Op::Write, r, 0, 8, &[1, 2, 3]).status,
+        Status::BadRequest
+    );
+    assert_eq!(b.call(Op::Read, r, 0, 8, &[]).status, Status::UnknownRegion);
+    assert_eq!(b.call(Op::Free, r, 0, 0, &[]).status, Status::UnknownRegion);
+    assert_eq!(
+        a.call(Op::Alloc, 0, 0, 8 << 20, &[]).status,
+        Status::NoCapacity
+    );
+    assert_eq!(n.counters().lent_bytes.load(Ordering::Relaxed), 1 << 20);
+    assert_eq!(a.call(Op::Free, r, 0, 0, &[]).status, Status::Ok);
+    assert_eq!(n.counters().lent_bytes.load(Ordering::Relaxed), 0);
+    assert_eq!(a.call(Op::Read, r, 0, 8, &[]).status, Status::UnknownRegion);
+}
+
+/// Runs a memory node in a child process (this test binary, re-executed), for the tests
+/// that stop or kill it. Ignored in normal runs; the parent runs it with `--ignored`.
+#[test]
+#[ignore = "helper: the lost-node tests run it in a child process"]
+fn child_memory_node() {
+    let Ok(capacity) = std::env::var("NET_TEST_CHILD_NODE") else {
+        return;
+    };
+    let n = node(capacity.parse().unwrap());
+    println!("LISTENING {}", n.address());
+    std::thread::sleep(Duration::from_secs(60));
+}
+
+struct ChildNode {
+    child: Child,
+    address: SocketAddr,
+}
+
+impl ChildNode {
+    fn start() -> Self {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "child_memory_node", "--ignored", "--nocapture"])
+            .env("NET_TEST_CHILD_NODE", (64u64 << 20).to_string())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let mut lines = BufReader::new(stdout).lines();
+        let address = loop {
+            let line = lines
+                .next()
+                .expect("child exited before listening")
+                .unwrap();
+            if let Some(a) = line.strip_prefix("LISTENING ") {
+                break a.parse().unwrap();
+            }
+        };
+        Self { child, address }
+    }
+    fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .args([signal, &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+}
+
+impl Drop for ChildNode {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Reads until the store fails; returns the error and how long the failing call took.
+fn first_failure(store: &RemoteStore) -> (StoreError, Duration) {
+    let mut buf = vec![0u8; 64 << 10];
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let started = Instant::now();
+        match store.read_at(0, &mut buf) {
+            Ok(()) => assert!(Instant::now() < deadline, "the store never failed"),
+            Err(e) => return (e, started.elapsed()),
+        }
+    }
+}
+
+#[test]
+fn a_killed_node_is_an_error_within_the_timeout() {
+    let mut rng = rng("killed_node");
+    let child = ChildNode::start();
+    let local = node(64 << 20);
+    let mut o = options(&[local.address(), child.address], AccessPath::Messages);
+    o.timeout = Duration::from_secs(2);
+    let store = RemoteStore::connect(8 << 20, o).unwrap();
+    let mut page = vec![0u8; 16 << 10];
+    rng.fill_bytes(&mut page);
+    store.write_at(16 << 10, &page).unwrap(); // stripe 1 lives on the child
+    let mut back = vec![0u8; 16 << 10];
+    store.read_at(16 << 10, &mut back).unwrap();
+    assert_eq!(back, page);
+    child.signal("-KILL");
+    let started = Instant::now();
+    let e = loop {
+        match store.read_at(16 << 10, &mut back) {
+            Ok(()) => {
+                assert_eq!(back, page, "a read after the kill returned wrong data");
+                assert!(
+                    started.elapsed() < Duration::from_secs(10),
+                    "no error after the kill"
+                );
+            }
+            Err(e) => break e,
+        }
+    };
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "took {:?}",
+        started.elapsed()
+    );
+    assert!(matches!(e, StoreError::Unavailable { .. }), "{e}");
+    assert!(e.to_string().contains("lost"), "{e}");
+    // Later requests to the lost node fail at once; the surviving node still serves.
+    let started = Instant::now();
+    assert!(store.read_at(16 << 10, &mut back).is_err());
+    assert!(started.elapsed() < Duration::from_millis(500));
+    store.write_at(0, &page).unwrap();
+    store.read_at(0, &mut back).unwrap();
+    assert_eq!(back, page);
+    println!("after kill: {e}");
+}
+
+#[test]
+fn a_stopped_node_is_an_error_within_the_timeout() {
+    let child = ChildNode::start();
+    let mut o = options(&[child.address], AccessPath::Messages);
+    o.timeout = Duration::from_secs(2);
+    let store = RemoteStore::connect(1 << 20, o).unwrap();
+    let mut buf = vec![0u8; 64 << 10];
+    store.read_at(0, &mut buf).unwrap();
+    child.signal("-STOP");
+    let (e, took) = first_failure(&store);
+    assert!(matches!(e, StoreError::Unavailable { .. }), "{e}");
+    assert!(took < Duration::from_secs(4), "took {took:?}");
+    assert!(e.to_string().contains("no answer within"), "{e}");
+    child.signal("-CONT");
+}
+
+#[test]
+fn open_store_builds_remote_stores_with_codecs() {
+    let mut rng = rng("open_store");
+    let n = node(64 << 20);
+    for codec in [CodecKind::None, CodecKind::Lz4] {
+        let config = StoreConfig::builder()
+            .kind(StoreKind::Remote {
+                nodes: vec![n.address().to_string()],
+            })
+            .codec(codec)
+            .token(TOKEN)
+            .timeout_secs(5)
+            .build()
+            .unwrap();
+        let store: Arc<dyn Store> = strata_net::open_store(&config, 2 << 20).unwrap();
+        assert!(store.describe().contains("remote:"), "{}", store.describe());
+        exercise(store.as_ref(), &mut rng, 40);
+    }
+    let config = StoreConfig::builder()
+        .kind(StoreKind::Remote {
+            nodes: vec![n.address().to_string()],
+        })
+        .build();
+    assert!(
+        config.is_err(),
+        "a remote store without a token must be refused"
+    );
+}
