@@ -132,15 +132,15 @@ impl GraphGpu {
         )?;
         let module = strata.compile(GRAPH_CU, "graph.cu")?;
         let offsets = DeviceBuffer::zeroed(&gpu, graph.offsets.len() * 8)?;
+        context_sync(&gpu)?; // the zero fill runs on the legacy stream: finish it before the copy
         offsets.upload(0, &graph.offsets)?;
-        context_sync(&gpu)?;
         let vertex_array = || DeviceBuffer::zeroed(&gpu, graph.vertices().max(1) * 4);
         let fill_u32 = module.function("fill_u32")?;
         let vertex_grid = Grid {
             blocks: gpu.multiprocessors * 8,
             threads: THREADS,
         };
-        Ok(Self {
+        let runner = Self {
             n,
             arcs: graph.arcs(),
             levels: vertex_array()?,
@@ -170,7 +170,11 @@ impl GraphGpu {
             vertex_grid,
             gpu,
             _module: module,
-        })
+        };
+        // Allocation zero-fills on the driver's legacy stream, which Strata's stream does not
+        // wait for: let those fills (and the offsets copy) finish before any kernel runs.
+        context_sync(&runner.gpu)?;
+        Ok(runner)
     }
 
     fn fill_u32(
