@@ -31,6 +31,9 @@ typedef unsigned int strata_u32;
 // bits  0..31  frame number (valid while RESIDENT, LOADING keeps 0 until publish)
 // bits 32..33  state
 // bit  34      dirty
+// bit  35      history: the page was resident before (kept across eviction); the scan-resistant
+//              policy admits a page that faults again as referenced, so a loop larger than the
+//              cache gets its re-used pages into the protected segment
 // bits 40..63  pin count: pins live in the page word itself, so a hit is one atomic that both
 //              pins the page and reads its state, and an evictor's single compare-and-swap can
 //              never race with a pin (it fails if any pin appears).
@@ -42,6 +45,7 @@ typedef unsigned int strata_u32;
 #define STRATA_RESIDENT 2ull
 #define STRATA_EVICTING 3ull
 #define STRATA_DIRTY (1ull << 34)
+#define STRATA_HISTORY (1ull << 35)
 #define STRATA_PIN_SHIFT 40
 #define STRATA_PIN_ONE (1ull << STRATA_PIN_SHIFT)
 #define STRATA_PIN_MASK (0xFFFFFFull << STRATA_PIN_SHIFT)
@@ -136,12 +140,7 @@ __device__ __forceinline__ strata_u32 load_volatile(const strata_u32* p) {
 // the pin drops, so an evictor that sees zero pins also sees the final bytes.
 __device__ __forceinline__ void unpin_release(strata_u64* word) {
     strata_u64 minus_one = 0ull - STRATA_PIN_ONE;
-    strata_u64 old;
-    asm volatile("atom.add.release.gpu.u64 %0, [%1], %2;"
-                 : "=l"(old)
-                 : "l"(word), "l"(minus_one)
-                 : "memory");
-    (void)old;
+    asm volatile("red.release.gpu.global.add.u64 [%0], %1;" : : "l"(word), "l"(minus_one) : "memory");
 }
 __device__ __forceinline__ strata_u64 state_of(strata_u64 w) {
     return (w & STRATA_STATE_MASK) >> STRATA_STATE_SHIFT;
@@ -300,12 +299,15 @@ __device__ strata_u32 serve_fault(const StrataSpace& s, strata_u64 page, unsigne
         if (victim != STRATA_NO_PAGE) {
             s.frames[frame].page = (strata_u32)page;
             __threadfence();
-            // Victim back to NOT_RESIDENT, frame and dirty cleared; transient pins stay counted.
-            atomicAnd(&s.page_table[victim], STRATA_PIN_MASK);
+            // Victim back to NOT_RESIDENT, frame and dirty cleared; transient pins and the
+            // history bit stay.
+            atomicAnd(&s.page_table[victim], STRATA_PIN_MASK | STRATA_HISTORY);
             atomicAdd(&s.counters->evictions, 1ull);
         }
+        // Clock: a new page starts referenced. Scan-resistant: only a page seen before does.
+        const bool seen = (load_volatile(&s.page_table[page]) & STRATA_HISTORY) != 0;
         strata_u32 before = atomicExch(&s.frames[frame].flags,
-                                       s.policy == STRATA_POLICY_CLOCK ? STRATA_FRAME_REF : 0u);
+                                       (s.policy == STRATA_POLICY_CLOCK || seen) ? STRATA_FRAME_REF : 0u);
         if (before & STRATA_FRAME_PROTECTED) atomicSub(&s.counters->protected_now, 1u);
     }
     __syncwarp(mask);
@@ -313,7 +315,11 @@ __device__ strata_u32 serve_fault(const StrataSpace& s, strata_u64 page, unsigne
     __syncwarp(mask);
     if (lane == leader) {
         __threadfence();
-        strata_u64 publish = (1ull << STRATA_STATE_SHIFT) + frame + (write ? STRATA_DIRTY : 0ull);
+        // LOADING -> RESIDENT, the frame, and the history bit (set only by publishers, so
+        // adding it when clear is the same as or-ing it).
+        const strata_u64 w = load_volatile(&s.page_table[page]);
+        strata_u64 publish = (1ull << STRATA_STATE_SHIFT) + frame + (write ? STRATA_DIRTY : 0ull) +
+                             ((w & STRATA_HISTORY) ? 0ull : STRATA_HISTORY);
         atomicAdd(&s.page_table[page], publish);
         atomicAdd(&s.counters->faults, 1ull);
         atomicAdd(&s.counters->bytes_in, ps);
@@ -336,7 +342,8 @@ struct PageRef {
 };
 
 // Warp-collective over the calling lanes: every calling lane gets its page pinned (lanes with
-// the same page share one pin). Faults are served by this warp. `prefetch` only labels the
+// the same page share one pin). A warp holds up to 32 pins until release, so give the cache
+// more frames than the pages all warps acquire at once (element access has no such need). Faults are served by this warp. `prefetch` only labels the
 // statistics.
 __device__ __forceinline__ PageRef acquire_page(const StrataSpace& s, strata_u64 page, bool write,
                                                 bool prefetch = false) {
@@ -415,6 +422,55 @@ __device__ __forceinline__ PageRef acquire(const StrataSpace& s, strata_u64 page
 }
 __device__ __forceinline__ void release(const StrataSpace& s, const PageRef& r) { release_page(s, r); }
 
+namespace detail {
+// Element access: pins `page` for the calling lane's group, runs `op(frame_bytes)` on it and
+// unpins, group by group as pages become resident. Unlike acquire_page, no pin is held while
+// this warp waits for another page, so any cache of two or more frames makes progress however
+// many distinct pages a warp touches.
+template <typename Op>
+__device__ __forceinline__ void with_page(const StrataSpace& s, strata_u64 page, bool write, Op op) {
+    const unsigned mask = __activemask();
+    const unsigned lane = lane_id();
+    const unsigned peers = __match_any_sync(mask, page);
+    const unsigned leader = __ffs(peers) - 1;
+    const bool is_leader = lane == leader;
+    unsigned pending = __ballot_sync(mask, is_leader);
+    unsigned sleep_ns = 64;
+    unsigned hits_here = 0;
+    while (pending) {
+        strata_u32 frame = 0;
+        int status = PIN_NONE;
+        if (is_leader && ((pending >> lane) & 1u)) status = try_pin(s, page, write, &frame);
+        const unsigned hit = __ballot_sync(mask, status == PIN_HIT);
+        unsigned claimed = __ballot_sync(mask, status == PIN_CLAIMED);
+        hits_here += __popc(hit);
+        unsigned ready = hit;
+        while (claimed) {
+            const unsigned l = __ffs(claimed) - 1;
+            claimed &= claimed - 1;
+            const strata_u64 p = __shfl_sync(mask, page, l);
+            const strata_u32 f = serve_fault(s, p, l, lane, mask, write, false);
+            if (f != STRATA_NO_PAGE) {
+                if (lane == l) frame = f;
+                ready |= 1u << l;
+            }
+        }
+        frame = __shfl_sync(mask, frame, leader);
+        const bool mine = (ready >> leader) & 1u;
+        if (mine) op(s.frame_data + ((strata_u64)frame << s.page_shift));
+        __syncwarp(mask);
+        if (mine && is_leader) unpin_release(&s.page_table[page]);
+        pending &= ~ready;
+        if (pending && !ready) {
+            __nanosleep(sleep_ns);
+            if (sleep_ns < 4096) sleep_ns *= 2;
+        }
+    }
+    if (lane == __ffs(mask) - 1 && hits_here)
+        atomicAdd(&s.counters->hits[(sm_id() % STRATA_HIT_SHARDS) * STRATA_SHARD_STRIDE], (strata_u64)hits_here);
+}
+}  // namespace detail
+
 __device__ __forceinline__ strata_u64 page_bytes(const StrataSpace& s) { return 1ull << s.page_shift; }
 __device__ __forceinline__ strata_u64 page_count(const StrataSpace& s) { return s.pages; }
 
@@ -451,9 +507,10 @@ template <typename T> struct Array {
             return T(0);
         }
         const strata_u64 byte = i * sizeof(T);
-        PageRef r = acquire_page(s, byte >> s.page_shift, false);
-        T v = detail::load_cg((const T*)(r.data + (byte & ((1ull << s.page_shift) - 1))));
-        release_page(s, r);
+        const strata_u64 off = byte & ((1ull << s.page_shift) - 1);
+        T v = T(0);
+        detail::with_page(s, byte >> s.page_shift, false,
+                          [&](unsigned char* f) { v = detail::load_cg((const T*)(f + off)); });
         return v;
     }
 
@@ -463,10 +520,10 @@ template <typename T> struct Array {
             return;
         }
         const strata_u64 byte = i * sizeof(T);
-        PageRef r = acquire_page(s, byte >> s.page_shift, true);
-        __stcg((typename detail::Bits<T>::type*)(r.data + (byte & ((1ull << s.page_shift) - 1))),
-               *(const typename detail::Bits<T>::type*)&v);
-        release_page(s, r);
+        const strata_u64 off = byte & ((1ull << s.page_shift) - 1);
+        typedef typename detail::Bits<T>::type B;
+        detail::with_page(s, byte >> s.page_shift, true,
+                          [&](unsigned char* f) { __stcg((B*)(f + off), *(const B*)&v); });
     }
 
     // Atomic add (int, unsigned, long long, unsigned long long, float, double); returns the old
@@ -477,9 +534,10 @@ template <typename T> struct Array {
             return T(0);
         }
         const strata_u64 byte = i * sizeof(T);
-        PageRef r = acquire_page(s, byte >> s.page_shift, true);
-        T old = detail::atomic_add_elem((T*)(r.data + (byte & ((1ull << s.page_shift) - 1))), v);
-        release_page(s, r);
+        const strata_u64 off = byte & ((1ull << s.page_shift) - 1);
+        T old = T(0);
+        detail::with_page(s, byte >> s.page_shift, true,
+                          [&](unsigned char* f) { old = detail::atomic_add_elem((T*)(f + off), v); });
         return old;
     }
 };

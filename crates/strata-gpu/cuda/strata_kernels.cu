@@ -52,7 +52,7 @@ extern "C" __global__ void strata_evict(StrataSpace s, strata_u64 first, strata_
         }
         if (lane == 0) {
             if (owns) {
-                atomicAnd(&s.page_table[page], STRATA_PIN_MASK);
+                atomicAnd(&s.page_table[page], STRATA_PIN_MASK | STRATA_HISTORY);
                 atomicAdd(&s.counters->evictions, 1ull);
             }
             const strata_u32 before = atomicExch(&s.frames[f].flags, 0u);

@@ -440,6 +440,11 @@ impl MappedHostBuffer {
     pub fn host_ptr(&self) -> *const u8 {
         self.host
     }
+
+    /// Host address for writes by asynchronous copies (the caller orders them).
+    pub fn host_mut_ptr(&self) -> *mut u8 {
+        self.host
+    }
 }
 
 impl Drop for MappedHostBuffer {
@@ -713,6 +718,75 @@ impl Drop for Event {
         // SAFETY: created by us, destroyed once.
         unsafe {
             sys::cuEventDestroy_v2(self.e);
+        }
+    }
+}
+
+/// CUDA managed (UVM) memory, for baselines only. Never larger than free GPU memory: the
+/// constructor refuses, since oversubscribed managed memory can hang a shared GPU.
+#[derive(Debug)]
+pub struct ManagedBuffer {
+    gpu: Arc<Gpu>,
+    ptr: sys::CUdeviceptr,
+    bytes: usize,
+}
+
+impl ManagedBuffer {
+    /// Allocates `bytes` of managed memory if at least `bytes + headroom` of GPU memory is free;
+    /// `Ok(None)` otherwise.
+    pub fn new_if_fits(
+        gpu: &Arc<Gpu>,
+        bytes: usize,
+        headroom: u64,
+    ) -> Result<Option<Self>, DriverError> {
+        let (free, _) = gpu.mem_info()?;
+        if bytes as u64 + headroom > free {
+            return Ok(None);
+        }
+        let mut ptr: sys::CUdeviceptr = 0;
+        let rc =
+            // SAFETY: valid out-pointer; context current (mem_info bound it).
+            unsafe { sys::cuMemAllocManaged(&raw mut ptr, bytes.max(1), sys::CUmemAttach_flags::CU_MEM_ATTACH_GLOBAL as u32) };
+        check(rc, "cuMemAllocManaged")?;
+        Ok(Some(ManagedBuffer {
+            gpu: gpu.clone(),
+            ptr,
+            bytes,
+        }))
+    }
+    /// The address (valid on host and device).
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+    /// The bytes, for the CPU to write (pages migrate to the host on touch).
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: managed memory is host-addressable at `ptr` for `bytes` bytes, owned by us;
+        // no kernel runs on it while `&mut self` is held (callers synchronise first).
+        unsafe { std::slice::from_raw_parts_mut(self.ptr as *mut u8, self.bytes) }
+    }
+    /// Moves every page back to host memory (queued on Strata's stream), so the next GPU touch
+    /// pays UVM's first-touch faults again.
+    pub fn prefetch_to_host(&self) -> Result<(), DriverError> {
+        self.gpu.bind()?;
+        let location = sys::CUmemLocation {
+            type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST,
+            id: 0,
+        };
+        // SAFETY: the range is our managed allocation; the stream is alive.
+        let rc = unsafe {
+            sys::cuMemPrefetchAsync_v2(self.ptr, self.bytes, location, 0, self.gpu.stream)
+        };
+        check(rc, "cuMemPrefetchAsync")
+    }
+}
+
+impl Drop for ManagedBuffer {
+    fn drop(&mut self) {
+        if self.gpu.bind().is_ok() {
+            // SAFETY: from cuMemAllocManaged, freed once.
+            unsafe {
+                sys::cuMemFree_v2(self.ptr);
+            }
         }
     }
 }

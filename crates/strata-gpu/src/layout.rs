@@ -18,6 +18,8 @@ pub const RESIDENT: u64 = 2;
 pub const EVICTING: u64 = 3;
 /// Page-table word: dirty bit.
 pub const DIRTY: u64 = 1 << 34;
+/// Page-table word: the page was resident before (kept across eviction).
+pub const HISTORY: u64 = 1 << 35;
 /// Page-table word: one pin.
 pub const PIN_ONE: u64 = 1 << 40;
 /// Frame table: no page.
@@ -209,6 +211,7 @@ pub fn static_check_source() -> String {
          static_assert(sizeof(StrataFrame) == {}, \"StrataFrame size\");\n\
          static_assert(STRATA_PIN_ONE == {}ull, \"pin unit\");\n\
          static_assert(STRATA_DIRTY == {}ull, \"dirty bit\");\n\
+         static_assert(STRATA_HISTORY == {}ull, \"history bit\");\n\
          static_assert(STRATA_NO_PAGE == {}u, \"no page\");\n\
          static_assert(STRATA_RESIDENT == {}ull && STRATA_LOADING == {}ull && STRATA_EVICTING == {}ull, \"states\");\n\
          static_assert(STRATA_HIT_SHARDS == {} && STRATA_SHARD_STRIDE == {}, \"shards\");\n\
@@ -219,6 +222,7 @@ pub fn static_check_source() -> String {
         size_of::<FrameEntry>(),
         PIN_ONE,
         DIRTY,
+        HISTORY,
         NO_PAGE,
         RESIDENT,
         LOADING,

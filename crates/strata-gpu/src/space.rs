@@ -578,6 +578,17 @@ impl Space {
         Ok(out)
     }
 
+    /// The host copy's bytes as of the last flush (cached dirty pages are not in it).
+    pub fn host_bytes(&self) -> &[u8] {
+        self.host.as_slice()
+    }
+
+    /// The host copy's address, for copies queued by the caller (baselines); writes through it
+    /// bypass the cache, so evict the range first if kernels may have it cached.
+    pub fn host_raw_ptr(&self) -> *mut u8 {
+        self.host.host_mut_ptr()
+    }
+
     /// Bytes of GPU memory the frames take.
     pub fn cache_bytes(&self) -> u64 {
         self.frame_data.len() as u64

@@ -1,10 +1,68 @@
-//! `strata` commands for this area (not built yet: each returns an error that says so).
+//! `strata bench gpu-micro`: GPU-driven paging against zero-copy, chunked copies and UVM.
 
-/// Arguments (none yet).
+use std::path::PathBuf;
+
+use strata_gpu::bench::{MicroOptions, format_row, run_micro};
+
+/// Arguments of `strata bench gpu-micro`.
 #[derive(Debug, clap::Args)]
-pub struct GpuMicroArgs {}
+pub struct GpuMicroArgs {
+    /// GPU page-cache size of every space (e.g. 512MiB).
+    #[arg(long, default_value = "512MiB", value_parser = parse_size)]
+    pub cache: u64,
+    /// Space sizes as multiples of the cache, comma-separated.
+    #[arg(long, default_value = "1,2,4,8", value_delimiter = ',')]
+    pub ratios: Vec<u64>,
+    /// Timed repetitions after one warm-up (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    pub reps: usize,
+    /// Random 8-byte gathers per run.
+    #[arg(long, default_value_t = 1 << 22)]
+    pub gathers: u64,
+    /// Random 4 KiB page touches per run (64 KiB pages get a sixteenth).
+    #[arg(long, default_value_t = 1 << 20)]
+    pub touches: u64,
+    /// Skip the UVM baseline.
+    #[arg(long)]
+    pub skip_uvm: bool,
+    /// Only patterns starting with these names (stream-read, stream-rmw, touch-4k, touch-64k,
+    /// cold-4k, gather-uniform, gather-zipf, stream-read/loop), comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    pub patterns: Vec<String>,
+    /// Write results to PATH.json and PATH.svg.
+    #[arg(long, default_value = "gpu-micro")]
+    pub out: PathBuf,
+}
 
-/// Not built yet.
-pub fn micro(_args: &GpuMicroArgs) -> anyhow::Result<()> {
-    anyhow::bail!("this command is not built yet; see the open issues")
+fn parse_size(s: &str) -> Result<u64, String> {
+    strata_core::units::parse_size(s).map_err(|e| e.to_string())
+}
+
+/// Runs the benchmark and prints the table.
+pub fn micro(args: &GpuMicroArgs) -> anyhow::Result<()> {
+    if args.ratios.is_empty() || args.ratios.contains(&0) || args.reps == 0 {
+        anyhow::bail!("--ratios needs positive multiples of the cache and --reps at least 1");
+    }
+    let opts = MicroOptions {
+        cache_bytes: args.cache,
+        ratios: args.ratios.clone(),
+        reps: args.reps,
+        gathers: args.gathers,
+        touches: args.touches,
+        skip_uvm: args.skip_uvm,
+        patterns: args.patterns.clone(),
+    };
+    let rows = run_micro(&opts, Some(&args.out))?;
+    println!(
+        "pattern            page  ratio unit          Strata | zero-copy (Strata/x) | chunked copy | UVM (fits, first touch) | of ceiling | hit rate, faults"
+    );
+    for r in &rows {
+        println!("{}", format_row(r));
+    }
+    println!(
+        "wrote {} and {}",
+        args.out.with_extension("json").display(),
+        args.out.with_extension("svg").display()
+    );
+    Ok(())
 }

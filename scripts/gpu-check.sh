@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# scripts/gpu-check.sh: the one script that checks Strata on a GPU.
+#
+#   scripts/gpu-check.sh build    # here (no GPU needed): build release binaries into .carry/
+#   scripts/gpu-check.sh run      # on the GPU machine: run every step, logs to $OUT (or ./gpu-logs)
+#
+# Typical use from the development machine: `scripts/gpu-check.sh build`, then run
+# `bash scripts/gpu-check.sh run` on the device machine with carry [".carry"].
+# `run` takes an optional list of step names (default: all), e.g. `run info gpu-tests`.
+#
+# Adding a step: write a function `step_<name>` that runs one command with `log <name> ...`,
+# append <name> to STEPS, and (for a new test binary) add its package to TEST_PACKAGES. Each
+# step's log lands in $OUT/<name>.log; the summary table is printed last and saved to
+# $OUT/summary.txt. Only 8 files come back from the device machine, so steps that write more
+# should bundle them (see step_gpu_micro).
+set -u -o pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+CARRY="$ROOT/.carry"
+TARGET="${CARGO_TARGET_DIR:-/work/target-gpu}"
+# Test binaries to carry: cargo packages whose tests need a GPU.
+TEST_PACKAGES=(strata-gpu)
+STEPS=(info gpu_tests gpu_micro)
+# Arguments of `strata bench gpu-micro` (override with GPU_MICRO_ARGS).
+GPU_MICRO_ARGS="${GPU_MICRO_ARGS:-}"
+
+build() {
+    set -e
+    cd "$ROOT"
+    export CARGO_TARGET_DIR="$TARGET"
+    mkdir -p "$CARRY/tests"
+    cargo build --release -p strata-cli
+    cp "$TARGET/release/strata" "$CARRY/strata"
+    rm -f "$CARRY"/tests/*
+    for pkg in "${TEST_PACKAGES[@]}"; do
+        cargo test --release -p "$pkg" --no-run --message-format=json 2>/dev/null |
+            python3 -c '
+import json, sys
+for line in sys.stdin:
+    try: m = json.loads(line)
+    except ValueError: continue
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m.get("profile", {}).get("test"):
+        print(m["target"]["name"], m["executable"])' |
+            while read -r name exe; do cp "$exe" "$CARRY/tests/${pkg}__${name}"; done
+    done
+    ls -la "$CARRY" "$CARRY/tests"
+    du -sh "$CARRY"
+}
+
+OUT="${OUT:-$ROOT/gpu-logs}"
+SUMMARY=()
+
+log() { # log <name> <command...>: runs the command, output to $OUT/<name>.log, records pass/fail
+    local name="$1"; shift
+    local start end rc
+    start=$(date +%s)
+    "$@" >"$OUT/$name.log" 2>&1
+    rc=$?
+    end=$(date +%s)
+    SUMMARY+=("$(printf '%-28s %-6s %5ss  %s' "$name" "$([ $rc -eq 0 ] && echo ok || echo FAIL:$rc)" "$((end - start))" "$(tail -n 1 "$OUT/$name.log" | cut -c1-70)")")
+    return $rc
+}
+
+step_info() { log info "$CARRY/strata" info; }
+
+step_gpu_tests() {
+    # Every test of every carried test binary, each in its own process with its own time limit
+    # (a hang costs one test, not the run). One log for all.
+    local all=0 t name test passed failed
+    : >"$OUT/gpu-tests.log"
+    for t in "$CARRY"/tests/*; do
+        name=$(basename "$t")
+        passed=0
+        failed=0
+        while read -r test; do
+            echo "=== $name :: $test" >>"$OUT/gpu-tests.log"
+            if (cd "$ROOT" && timeout "${GPU_TEST_TIMEOUT:-90}" "$t" --exact "$test" --nocapture >>"$OUT/gpu-tests.log" 2>&1); then
+                passed=$((passed + 1))
+            else
+                failed=$((failed + 1))
+                all=1
+                echo "!!! FAILED (or timed out): $name :: $test" >>"$OUT/gpu-tests.log"
+                SUMMARY+=("$(printf '%-28s %-6s %s' "test:$name" FAIL "$test")")
+            fi
+        done < <("$t" --list 2>/dev/null | sed -n 's/: test$//p')
+        SUMMARY+=("$(printf '%-28s %-6s %s' "tests:$name" "$([ $failed -eq 0 ] && echo ok || echo FAIL)" "$passed passed, $failed failed")")
+    done
+    return $all
+}
+
+step_gpu_micro() {
+    # shellcheck disable=SC2086
+    log gpu-micro timeout 240 "$CARRY/strata" bench gpu-micro --out "$OUT/gpu-micro" $GPU_MICRO_ARGS
+}
+
+run() {
+    mkdir -p "$OUT"
+    export STRATA_KERNEL_CACHE="${STRATA_KERNEL_CACHE:-/tmp/strata-kernel-cache}"
+    local steps=("$@")
+    [ ${#steps[@]} -eq 0 ] && steps=("${STEPS[@]}")
+    nvidia-smi --query-gpu=name,memory.used,memory.total,driver_version --format=csv >"$OUT/nvidia-smi.txt" 2>&1 || true
+    local failed=0
+    for s in "${steps[@]}"; do
+        "step_${s//-/_}" || failed=1
+    done
+    rm -rf "$STRATA_KERNEL_CACHE"
+    {
+        echo "== gpu-check summary ($(date -u +%FT%TZ), $(head -n 2 "$OUT/nvidia-smi.txt" | tail -n 1))"
+        printf '%s\n' "${SUMMARY[@]}"
+    } | tee "$OUT/summary.txt"
+    return $failed
+}
+
+case "${1:-}" in
+    build) build ;;
+    run) shift; run "$@" ;;
+    *) echo "usage: $0 build | run [step...]   (steps: ${STEPS[*]})" >&2; exit 2 ;;
+esac
