@@ -301,14 +301,16 @@ impl DeviceBuffer {
         Ok(buf)
     }
 
-    /// Sets every byte to `value`.
+    /// Sets every byte to `value`. Ordered on Strata's stream (which does not synchronise with
+    /// the legacy default stream) and waited for.
     pub fn fill_bytes(&self, value: u8) -> Result<(), DriverError> {
         self.gpu.bind()?;
+        // SAFETY: `ptr` points at `bytes` bytes we own; the stream is alive.
         check(
-            // SAFETY: `ptr` points at `bytes` bytes we own.
-            unsafe { sys::cuMemsetD8_v2(self.ptr, value, self.bytes) },
-            "cuMemsetD8",
-        )
+            unsafe { sys::cuMemsetD8Async(self.ptr, value, self.bytes, self.gpu.stream) },
+            "cuMemsetD8Async",
+        )?;
+        self.gpu.synchronize()
     }
 
     /// Device address.
@@ -326,22 +328,28 @@ impl DeviceBuffer {
         self.bytes == 0
     }
 
-    /// Copies `src` into the buffer at byte `offset` (synchronous).
+    /// Copies `src` into the buffer at byte `offset`, ordered after earlier work on Strata's
+    /// stream; returns when done.
     pub fn upload<T: Copy>(&self, offset: usize, src: &[T]) -> Result<(), DriverError> {
         let bytes = std::mem::size_of_val(src);
         assert!(
             offset + bytes <= self.bytes,
             "upload past the end of a device buffer"
         );
-        self.gpu.bind()?;
+        // Earlier kernels on Strata's stream may still use the buffer: wait for them first.
+        self.gpu.synchronize()?;
+        let dst = self.ptr + offset as u64;
         check(
-            // SAFETY: the range lies inside our allocation (asserted); `src` is valid for `bytes`.
-            unsafe { sys::cuMemcpyHtoD_v2(self.ptr + offset as u64, src.as_ptr().cast(), bytes) },
-            "cuMemcpyHtoD",
-        )
+            // SAFETY: the range lies inside our allocation (asserted); `src` is valid for `bytes`
+            // until the synchronisation below.
+            unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src.as_ptr().cast(), bytes, self.gpu.stream) },
+            "cuMemcpyHtoDAsync",
+        )?;
+        self.gpu.synchronize()
     }
 
-    /// Copies from byte `offset` of the buffer into `dst` (synchronous).
+    /// Copies from byte `offset` of the buffer into `dst`, after earlier work on Strata's stream;
+    /// returns when done.
     pub fn download<T: Copy>(&self, offset: usize, dst: &mut [T]) -> Result<(), DriverError> {
         let bytes = std::mem::size_of_val(dst);
         assert!(
@@ -349,13 +357,16 @@ impl DeviceBuffer {
             "download past the end of a device buffer"
         );
         self.gpu.bind()?;
+        let src = self.ptr + offset as u64;
         check(
-            // SAFETY: the range lies inside our allocation; `dst` is valid for writes of `bytes`.
+            // SAFETY: the range lies inside our allocation; `dst` is valid for writes of `bytes`
+            // until the synchronisation below. Queued behind earlier kernels on the stream.
             unsafe {
-                sys::cuMemcpyDtoH_v2(dst.as_mut_ptr().cast(), self.ptr + offset as u64, bytes)
+                sys::cuMemcpyDtoHAsync_v2(dst.as_mut_ptr().cast(), src, bytes, self.gpu.stream)
             },
-            "cuMemcpyDtoH",
-        )
+            "cuMemcpyDtoHAsync",
+        )?;
+        self.gpu.synchronize()
     }
 }
 
