@@ -305,8 +305,8 @@ impl DeviceBuffer {
     /// the legacy default stream) and waited for.
     pub fn fill_bytes(&self, value: u8) -> Result<(), DriverError> {
         self.gpu.bind()?;
-        // SAFETY: `ptr` points at `bytes` bytes we own; the stream is alive.
         check(
+            // SAFETY: `ptr` points at `bytes` bytes we own; the stream is alive.
             unsafe { sys::cuMemsetD8Async(self.ptr, value, self.bytes, self.gpu.stream) },
             "cuMemsetD8Async",
         )?;
