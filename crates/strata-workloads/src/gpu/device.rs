@@ -1,12 +1,10 @@
-//! GPU plumbing the workloads need beyond `strata-gpu`'s API: CUDA managed memory for the UVM
-//! baseline, a whole-context synchronisation, and the workloads' error type.
+//! GPU plumbing the workloads need beyond `strata-gpu`'s API: a whole-context synchronisation,
+//! a free-memory check, and the workloads' error type.
 //!
 //! Why a context-wide sync: Strata orders its work on a non-blocking stream, while the driver's
 //! synchronous copies and memsets run on the legacy default stream, which a non-blocking
 //! stream does not wait for. After a bulk upload we wait for the whole context before any
 //! kernel may read the data; small state is set by kernels on Strata's stream instead.
-
-use std::sync::Arc;
 
 use cudarc::driver::sys;
 use strata_gpu::SpaceError;
@@ -96,97 +94,4 @@ pub fn ensure_fits(
         });
     }
     Ok(())
-}
-
-/// CUDA managed (UVM) memory. Created only when it fits in free GPU memory: oversubscribed
-/// managed memory can hang a shared GPU, so this type refuses to do it.
-#[derive(Debug)]
-pub struct ManagedBuffer {
-    gpu: Arc<Gpu>,
-    ptr: sys::CUdeviceptr,
-    len: usize,
-}
-
-// SAFETY: the allocation is owned by this value; CUDA allows any thread with the context
-// current (every method binds it) to use or free it.
-unsafe impl Send for ManagedBuffer {}
-// SAFETY: shared references only read the pointer value or hand out shared slices.
-unsafe impl Sync for ManagedBuffer {}
-
-impl ManagedBuffer {
-    /// Allocates `len` bytes of managed memory (attached globally), zero-filled on the host.
-    ///
-    /// # Errors
-    /// The data would not fit in free GPU memory, or the allocation failed.
-    pub fn new(gpu: &Arc<Gpu>, len: usize) -> Result<Self, GpuWorkloadError> {
-        ensure_fits(
-            gpu,
-            len as u64,
-            "a managed (UVM) buffer",
-            "UVM is measured only with data that fits, never oversubscribed",
-        )?;
-        gpu.bind()?;
-        let mut ptr: sys::CUdeviceptr = 0;
-        // SAFETY: valid out-pointer; the context is current; flag 1 = CU_MEM_ATTACH_GLOBAL.
-        let code = unsafe { sys::cuMemAllocManaged(&raw mut ptr, len.max(1), 1) };
-        check(code, "cuMemAllocManaged")?;
-        let mut buffer = Self {
-            gpu: gpu.clone(),
-            ptr,
-            len,
-        };
-        buffer.as_mut_slice().fill(0);
-        Ok(buffer)
-    }
-
-    /// The device (and host) address.
-    #[must_use]
-    pub fn ptr(&self) -> u64 {
-        self.ptr
-    }
-
-    /// Host view of the bytes. Callers must not let a kernel run on the buffer meanwhile
-    /// (`&mut self` and the synchronous kernels of this crate ensure it).
-    pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        let addr = usize::try_from(self.ptr).expect("host addresses fit usize");
-        // SAFETY: `ptr` is a managed allocation of `len` bytes, addressable from the host
-        // (managed memory shares one address on host and device); `&mut self` makes the view
-        // unique, and no kernel touches it while we hold it.
-        unsafe {
-            std::slice::from_raw_parts_mut(
-                std::ptr::with_exposed_provenance_mut::<u8>(addr),
-                self.len,
-            )
-        }
-    }
-
-    /// Moves every page back to host memory, so the next kernel pays UVM's first-touch
-    /// migration again (each timed UVM run starts from the host, like Strata's cold runs).
-    ///
-    /// # Errors
-    /// The prefetch failed.
-    pub fn prefetch_to_host(&self) -> Result<(), GpuWorkloadError> {
-        self.gpu.bind()?;
-        let location = sys::CUmemLocation {
-            type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST,
-            id: 0,
-        };
-        let stream = self.gpu.stream();
-        // SAFETY: the range is this allocation; the stream belongs to the current context.
-        let code = unsafe { sys::cuMemPrefetchAsync_v2(self.ptr, self.len, location, 0, stream) };
-        check(code, "cuMemPrefetchAsync")?;
-        self.gpu.synchronize()?;
-        Ok(())
-    }
-}
-
-impl Drop for ManagedBuffer {
-    fn drop(&mut self) {
-        if self.gpu.bind().is_ok() {
-            // SAFETY: `ptr` came from cuMemAllocManaged and is freed exactly once.
-            unsafe {
-                sys::cuMemFree_v2(self.ptr);
-            }
-        }
-    }
 }

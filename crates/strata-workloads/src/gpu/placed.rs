@@ -4,10 +4,10 @@
 
 use std::sync::Arc;
 
-use strata_gpu::driver::{Args, DeviceBuffer, Gpu, MappedHostBuffer};
+use strata_gpu::driver::{Args, DeviceBuffer, Gpu, ManagedBuffer, MappedHostBuffer};
 use strata_gpu::{ElementType, EvictionPolicy, GpuStats, Space, SpaceOptions, Strata};
 
-use super::device::{GpuWorkloadError, ManagedBuffer, context_sync, ensure_fits};
+use super::device::{GpuWorkloadError, HEADROOM, context_sync, ensure_fits};
 use crate::par;
 
 /// Plain 4-byte elements that can be copied into byte buffers (little-endian, as the GPU
@@ -54,7 +54,7 @@ pub enum Placed {
     /// Pinned host memory mapped into the GPU, read directly over PCIe (EMOGI's zero-copy).
     ZeroCopy(MappedHostBuffer),
     /// CUDA managed memory (UVM), only where it fits in free GPU memory.
-    Managed(ManagedBuffer),
+    Managed(ManagedBuffer, Arc<Gpu>),
 }
 
 impl Placed {
@@ -112,9 +112,16 @@ impl Placed {
     /// # Errors
     /// It does not fit, or the allocation failed.
     pub fn managed<T: Element>(gpu: &Arc<Gpu>, data: &[T]) -> Result<Self, GpuWorkloadError> {
-        let mut buffer = ManagedBuffer::new(gpu, data.len().max(1) * 4)?;
+        let bytes = data.len().max(1) * 4;
+        let advice = "UVM is measured only with data that fits, never oversubscribed";
+        ensure_fits(gpu, bytes as u64, "a managed (UVM) buffer", advice)?;
+        let mut buffer = ManagedBuffer::new_if_fits(gpu, bytes, HEADROOM)?.ok_or_else(|| {
+            GpuWorkloadError::Invalid(
+                "free GPU memory shrank while allocating managed memory".into(),
+            )
+        })?;
         copy_into(buffer.as_mut_slice(), data);
-        Ok(Self::Managed(buffer))
+        Ok(Self::Managed(buffer, gpu.clone()))
     }
 
     /// Whether the kernels' `_space` variant applies.
@@ -130,7 +137,7 @@ impl Placed {
             Self::Space(space) => Args::new().arg(space.handle()),
             Self::Device(buffer) => Args::new().arg(buffer.ptr()),
             Self::ZeroCopy(buffer) => Args::new().arg(buffer.device_ptr()),
-            Self::Managed(buffer) => Args::new().arg(buffer.ptr()),
+            Self::Managed(buffer, _) => Args::new().arg(buffer.ptr()),
         }
     }
 
@@ -146,7 +153,10 @@ impl Placed {
                 space.evict(0..space.size())?;
                 space.reset_stats()?;
             }
-            Self::Managed(buffer) => buffer.prefetch_to_host()?,
+            Self::Managed(buffer, gpu) => {
+                buffer.prefetch_to_host()?;
+                gpu.synchronize()?;
+            }
             Self::Device(_) | Self::ZeroCopy(_) => {}
         }
         Ok(())
