@@ -109,7 +109,7 @@ pub struct GraphArgs {
     #[arg(long, default_value = "all")]
     algorithms: String,
     #[command(flatten)]
-    compare: CompareArgs,
+    compare: Box<CompareArgs>,
     /// BFS variant: `top-down` or `direction-optimising`.
     #[arg(long, default_value = "top-down")]
     bfs: String,
@@ -255,7 +255,7 @@ pub struct EmbedArgs {
     #[arg(long, default_value_t = 1)]
     seed: u64,
     #[command(flatten)]
-    compare: CompareArgs,
+    compare: Box<CompareArgs>,
     /// Where to write the JSON results.
     #[arg(long, default_value = "strata-bench-embed.json")]
     json: PathBuf,
