@@ -191,7 +191,9 @@ fn bump(c: &AtomicU64, n: u64) {
 }
 
 /// Longest run read and installed in one go (prefetch and read-ahead), in bytes.
-const MAX_RUN_BYTES: usize = 1 << 20;
+const MAX_RUN_BYTES: usize = 4 << 20;
+/// Pages an evictor claims and drops together.
+const EVICT_BATCH: usize = 64;
 /// Fault messages read per `read(2)`: a few, so that a burst spreads over the fillers.
 const MESSAGES_PER_READ: usize = 4;
 
@@ -275,6 +277,16 @@ struct Shared {
     stop_fd: EventFd,
     /// Fault messages being served now (statistics wait for them: see `Region::stats`).
     in_service: AtomicUsize,
+    /// Read-ahead windows claimed by fillers for the read-ahead threads.
+    ra_queue: Mutex<std::collections::VecDeque<(usize, usize)>>,
+    /// Signals `ra_queue`.
+    ra_ready: std::sync::Condvar,
+    /// For batched `MADV_DONTNEED` through `process_madvise` (None where unavailable).
+    pidfd: Option<sys::SelfPidFd>,
+    /// Set once `process_madvise` was refused (older kernels): use `madvise` per range.
+    no_process_madvise: AtomicBool,
+    /// Evictors were woken and have not gone back to sleep (fillers then need not wake them).
+    evict_pending: AtomicBool,
     evictions: AtomicU64,
     /// Evictions per stamp tick, so the stamp's bits span several buffer turnovers.
     stamp_unit: u64,
@@ -440,6 +452,11 @@ impl Region {
             stop: AtomicBool::new(false),
             stop_fd,
             in_service: AtomicUsize::new(0),
+            ra_queue: Mutex::new(std::collections::VecDeque::new()),
+            ra_ready: std::sync::Condvar::new(),
+            pidfd: sys::SelfPidFd::open().ok(),
+            no_process_madvise: AtomicBool::new(false),
+            evict_pending: AtomicBool::new(false),
             evictions: AtomicU64::new(0),
             stamp_unit: ((frames as u64 * 4) >> STAMP_BITS).max(1),
             wake_below_free,
@@ -462,6 +479,12 @@ impl Region {
                     })?;
             let sh = Arc::clone(&region.shared);
             region.spawn(format!("strata-fill-{i}"), move || sh.filler_main(&poller))?;
+        }
+        if region.shared.read_ahead > 0 {
+            for i in 0..region.shared.config.fillers {
+                let sh = Arc::clone(&region.shared);
+                region.spawn(format!("strata-ahead-{i}"), move || sh.read_ahead_main())?;
+            }
         }
         for i in 0..region.shared.config.evictors {
             let sh = Arc::clone(&region.shared);
@@ -671,6 +694,14 @@ impl Region {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner());
             self.shared.frames.nudge();
+        }
+        {
+            let _guard = self
+                .shared
+                .ra_queue
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            self.shared.ra_ready.notify_all();
         }
         for t in self.threads.drain(..) {
             if t.join().is_err() {
@@ -909,32 +940,63 @@ impl Shared {
                 }
             }
         }
+        // A fault right after a resident page continues a sequential run: read this window
+        // with the faulting page, and hand the window after it to a read-ahead thread first,
+        // so that both reads are in flight together and the next fault finds its pages
+        // arriving.
+        let sequential = self.read_ahead > 0
+            && page > 0
+            && !matches!(
+                word::state(self.pages.load(page - 1)),
+                State::Absent | State::Poisoned
+            );
+        let mut extra = 0;
+        if sequential {
+            extra = self.claim_run(page + 1, self.read_ahead);
+            if extra == self.read_ahead {
+                let next = page + 1 + extra;
+                let n = self.claim_run(next, self.read_ahead);
+                if n > 0 {
+                    self.queue_read_ahead(next, n);
+                }
+            }
+        }
+        let together = if write { 1 } else { 1 + extra };
         match self.fill_run(
             page,
-            1,
+            together,
             write,
             &Reclaim::Allowed,
             &OnFillError::Poison { tid },
             scratch,
         ) {
-            Ok(_) => self.stats.record_fault(started.elapsed()),
+            Ok(n) => {
+                self.stats.record_fault(started.elapsed());
+                let ahead = n.saturating_sub(1) as u64;
+                bump(&self.counters.read_ahead_pages, ahead);
+                self.stats.add_prefetched(ahead);
+            }
             Err(e) => {
+                if together > 1 {
+                    // fill_run released the window with the failed page.
+                } else if extra > 0 {
+                    self.release_run(page + 1, extra);
+                }
                 self.record(e);
                 return;
             }
         }
-        if self.read_ahead > 0 && page > 0 && page + 1 < self.pages.len() {
-            let prev = word::state(self.pages.load(page - 1));
-            if !matches!(prev, State::Absent | State::Poisoned) {
-                self.read_ahead_after(page, scratch);
-            }
+        if write && extra > 0 {
+            self.fill_ahead(page + 1, extra, scratch);
         }
     }
 
-    fn read_ahead_after(&self, page: usize, scratch: &mut Scratch) {
-        let end = (page + 1 + self.read_ahead).min(self.pages.len());
+    /// Claims up to `max` absent pages from `first` on (moves them to `Filling`), stopping
+    /// at the first that is not absent. Returns how many.
+    fn claim_run(&self, first: usize, max: usize) -> usize {
+        let end = (first + max).min(self.pages.len());
         let mut count = 0;
-        for q in page + 1..end {
+        for q in first..end {
             let w = self.pages.load(q);
             if word::state(w) != State::Absent
                 || !self.pages.cas(q, w, word::with_state(w, State::Filling))
@@ -943,13 +1005,14 @@ impl Shared {
             }
             count += 1;
         }
-        if count == 0 {
-            return;
-        }
-        // Read-ahead is a guess: its failure is not the program's, and the page's own fault
-        // will report the store's error if it persists.
+        count
+    }
+
+    /// Fills claimed read-ahead pages, with free frames only. Read-ahead is a guess: its
+    /// failure is not the program's (the page's own fault reports a lasting store error).
+    fn fill_ahead(&self, first: usize, count: usize, scratch: &mut Scratch) {
         if let Ok(n) = self.fill_run(
-            page + 1,
+            first,
             count,
             false,
             &Reclaim::FreeOnly,
@@ -958,6 +1021,39 @@ impl Shared {
         ) {
             bump(&self.counters.read_ahead_pages, n as u64);
             self.stats.add_prefetched(n as u64);
+        }
+    }
+
+    fn queue_read_ahead(&self, first: usize, count: usize) {
+        let mut q = self.ra_queue.lock().unwrap_or_else(|e| e.into_inner());
+        q.push_back((first, count));
+        drop(q);
+        self.ra_ready.notify_one();
+    }
+
+    fn read_ahead_main(&self) {
+        let mut scratch = Scratch(Vec::new());
+        loop {
+            let job = {
+                let mut q = self.ra_queue.lock().unwrap_or_else(|e| e.into_inner());
+                loop {
+                    if self.stop.load(Ordering::Acquire) {
+                        // Release what was claimed but will not be read.
+                        for (first, count) in q.drain(..) {
+                            self.release_run(first, count);
+                        }
+                        return;
+                    }
+                    if let Some(job) = q.pop_front() {
+                        break job;
+                    }
+                    q = self
+                        .ra_ready
+                        .wait_timeout(q, Duration::from_millis(50))
+                        .map_or_else(|e| e.into_inner().0, |r| r.0);
+                }
+            };
+            self.fill_ahead(job.0, job.1, &mut scratch);
         }
     }
 
@@ -1143,14 +1239,27 @@ impl Shared {
 
     // ---- frames and eviction ----------------------------------------------------------------
 
+    /// Wakes the evictors unless they are already awake.
+    fn wake_evictors(&self) {
+        if !self.evict_pending.swap(true, Ordering::AcqRel) {
+            // Under the lock, so an evictor between its check and its wait cannot miss it.
+            let _guard = self
+                .frames
+                .pressure_lock
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            self.frames.nudge();
+        }
+    }
+
     fn acquire_frame(&self, reclaim: &Reclaim) -> Result<Option<u32>, RegionError> {
         if let Some(f) = self.frames.pop() {
             if self.frames.free_count() < self.wake_below_free {
-                self.frames.nudge();
+                self.wake_evictors();
             }
             return Ok(Some(f));
         }
-        self.frames.nudge();
+        self.wake_evictors();
         if matches!(reclaim, Reclaim::FreeOnly) {
             return Ok(None);
         }
@@ -1184,9 +1293,9 @@ impl Shared {
         }
     }
 
-    /// One clock sweep step at a time until a victim is evicted or the sweep has looked at
-    /// every frame a few times.
-    fn evict_one(&self) -> Evicted {
+    /// Sweeps the clock until it claims a victim (moves it to `Evicting`), giving pages with
+    /// a reference or hot bit another pass. None if a few turns found nothing evictable.
+    fn claim_victim(&self) -> Option<(usize, u64)> {
         let n = self.frames.len();
         for _ in 0..3 * n {
             let f = self.frames.tick();
@@ -1207,42 +1316,118 @@ impl Shared {
                 self.pages.cas(page, w, cleared);
                 continue;
             }
-            match self.evict_page(page, w) {
-                Ok(true) => return Evicted::Frame(word::frame(w)),
-                Ok(false) => {}
-                Err(e) => return Evicted::WriteFailed(e),
+            if self
+                .pages
+                .cas(page, w, word::with_state(w, State::Evicting))
+            {
+                return Some((page, w));
             }
         }
-        Evicted::Nothing
+        None
+    }
+
+    /// Evicts one page; the caller gets its frame.
+    fn evict_one(&self) -> Evicted {
+        let Some(victim) = self.claim_victim() else {
+            return Evicted::Nothing;
+        };
+        let (mut frames, error) = self.complete_evictions(vec![victim]);
+        match (frames.pop(), error) {
+            (Some(f), _) => Evicted::Frame(f),
+            (None, Some(e)) => Evicted::WriteFailed(e),
+            (None, None) => Evicted::Nothing,
+        }
     }
 
     /// Evicts `page` whose word was `w` (resident). Ok(false): the page changed meanwhile.
-    /// The caller owns the freed frame.
+    /// Its frame goes back to the free list.
     fn evict_page(&self, page: usize, w: u64) -> Result<bool, RegionError> {
-        let dirty = word::state(w) == State::Dirty;
         if !self
             .pages
             .cas(page, w, word::with_state(w, State::Evicting))
         {
             return Ok(false);
         }
-        if dirty && let Err(e) = self.write_back(page) {
-            self.finish(page, word::with_state(w | REF, State::Dirty));
-            return Err(e);
+        let (frames, error) = self.complete_evictions(vec![(page, w)]);
+        for f in &frames {
+            self.frames.push(*f);
         }
-        if let Err(e) =
-            self.map
-                .advise(page * self.page_bytes, self.page_bytes, libc::MADV_DONTNEED)
-        {
+        match error {
+            Some(e) => Err(e),
+            None => Ok(!frames.is_empty()),
+        }
+    }
+
+    /// Finishes evicting pages this thread claimed (each was `w` before it became
+    /// `Evicting`): writes dirty ones back, drops them all from memory (one call for the lot
+    /// where the kernel allows, so one TLB flush), and marks them absent. Returns the freed
+    /// frames and the first write-back error (a page that fails stays resident and dirty).
+    fn complete_evictions(
+        &self,
+        mut claimed: Vec<(usize, u64)>,
+    ) -> (Vec<u32>, Option<RegionError>) {
+        let mut first_error = None;
+        claimed.retain(|&(page, w)| {
+            if word::state(w) != State::Dirty {
+                return true;
+            }
+            match self.write_back(page) {
+                Ok(()) => true,
+                Err(e) => {
+                    self.finish(page, word::with_state(w | REF, State::Dirty));
+                    first_error.get_or_insert(e);
+                    false
+                }
+            }
+        });
+        if claimed.is_empty() {
+            return (Vec::new(), first_error);
+        }
+        claimed.sort_unstable_by_key(|&(page, _)| page);
+        let mut ranges: Vec<(usize, usize)> = Vec::new();
+        for &(page, _) in &claimed {
+            let addr = self.page_addr(page);
+            match ranges.last_mut() {
+                Some((start, len)) if *start + *len == addr => *len += self.page_bytes,
+                _ => ranges.push((addr, self.page_bytes)),
+            }
+        }
+        if let Err(e) = self.drop_ranges(&ranges) {
+            // Nothing was lost: dirty pages were written back (and are protected again).
             eprintln!("strata-pager: MADV_DONTNEED failed: {e}");
-            let back = if dirty { State::Clean } else { word::state(w) };
-            self.finish(page, word::with_state(w, back));
-            return Ok(false);
+            for &(page, w) in &claimed {
+                self.finish(page, word::with_state(w, State::Clean));
+            }
+            return (Vec::new(), first_error);
         }
-        let stamp = self.evictions.fetch_add(1, Ordering::Relaxed) / self.stamp_unit;
-        self.finish(page, word::evicted(stamp));
-        self.stats.add_evictions(1);
-        Ok(true)
+        let mut frames = Vec::with_capacity(claimed.len());
+        for &(page, w) in &claimed {
+            let stamp = self.evictions.fetch_add(1, Ordering::Relaxed) / self.stamp_unit;
+            self.finish(page, word::evicted(stamp));
+            frames.push(word::frame(w));
+        }
+        self.stats.add_evictions(claimed.len() as u64);
+        (frames, first_error)
+    }
+
+    /// Drops the pages of `ranges` (addresses inside the mapping) from memory.
+    fn drop_ranges(&self, ranges: &[(usize, usize)]) -> std::io::Result<()> {
+        if ranges.len() > 1
+            && let Some(pidfd) = &self.pidfd
+            && !self.no_process_madvise.load(Ordering::Relaxed)
+        {
+            let total: usize = ranges.iter().map(|r| r.1).sum();
+            match pidfd.dontneed(ranges) {
+                Ok(n) if n == total => return Ok(()),
+                Ok(_) => {} // partly done: finish below (dropping twice is harmless)
+                Err(_) => self.no_process_madvise.store(true, Ordering::Relaxed),
+            }
+        }
+        let base = self.map.ptr() as usize;
+        for &(addr, len) in ranges {
+            self.map.advise(addr - base, len, libc::MADV_DONTNEED)?;
+        }
+        Ok(())
     }
 
     /// Write-protects `page` and writes it to the store. The caller owns the page in a
@@ -1281,6 +1466,9 @@ impl Shared {
                     .pressure_lock
                     .lock()
                     .unwrap_or_else(|e| e.into_inner());
+                // Cleared under the lock: a filler that sets it again must take the lock to
+                // wake us, which it can only do once we wait.
+                self.evict_pending.store(false, Ordering::Release);
                 if !self.stop.load(Ordering::Acquire)
                     && self.frames.free_count() >= self.wake_below_free
                 {
@@ -1295,17 +1483,28 @@ impl Shared {
             }
             while self.frames.free_count() < self.stop_at_free && !self.stop.load(Ordering::Acquire)
             {
-                match self.evict_one() {
-                    Evicted::Frame(f) => self.frames.push(f),
-                    Evicted::Nothing => {
-                        std::thread::sleep(Duration::from_micros(200));
-                        break;
+                // Claim a batch, then drop it with one call: far fewer system calls and TLB
+                // shootdowns than page by page.
+                let want = (self.stop_at_free - self.frames.free_count()).clamp(1, EVICT_BATCH);
+                let mut claimed = Vec::with_capacity(want);
+                while claimed.len() < want {
+                    match self.claim_victim() {
+                        Some(v) => claimed.push(v),
+                        None => break,
                     }
-                    Evicted::WriteFailed(e) => {
-                        self.record(e);
-                        std::thread::sleep(Duration::from_millis(1));
-                        break;
-                    }
+                }
+                if claimed.is_empty() {
+                    std::thread::sleep(Duration::from_micros(200));
+                    break;
+                }
+                let (frames, error) = self.complete_evictions(claimed);
+                for f in frames {
+                    self.frames.push(f);
+                }
+                if let Some(e) = error {
+                    self.record(e);
+                    std::thread::sleep(Duration::from_millis(1));
+                    break;
                 }
             }
         }
