@@ -8,6 +8,7 @@
 //! needs from a transport so a libfabric backend can be added beside UCX.
 #![warn(missing_docs)]
 
+pub mod bench;
 pub mod client;
 pub mod protocol;
 pub mod server;

@@ -1,0 +1,199 @@
+//! Measurements behind `strata bench remote` that need no pager: raw page throughput of a
+//! store at a given batch depth, and the loopback TCP ceiling of this host. Not used on any
+//! data path.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+use strata_core::store::{ReadRequest, Store, StoreError};
+
+/// Kinds of page contents.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PageData {
+    /// Random bytes (incompressible).
+    Random,
+    /// Text-like words (LZ4 compresses these ~3-5x).
+    Text,
+    /// Smooth `f64` fields (what ZFP is for).
+    Floats,
+}
+
+impl PageData {
+    /// Fills `page` (page number `index`) with this kind of data; `seed` varies it per run.
+    pub fn fill(self, page: &mut [u8], index: u64, seed: u64) {
+        let mut state = seed ^ index.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        let mut next = move || {
+            // xorshift64*: cheap, good enough to defeat compression.
+            state ^= state >> 12;
+            state ^= state << 25;
+            state ^= state >> 27;
+            state.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        };
+        match self {
+            PageData::Random => {
+                for chunk in page.chunks_mut(8) {
+                    let v = next().to_le_bytes();
+                    chunk.copy_from_slice(&v[..chunk.len()]);
+                }
+            }
+            PageData::Text => {
+                const WORDS: [&[u8]; 8] = [
+                    b"memory ", b"strata ", b"page ", b"remote ", b"node ", b"fault ", b"the ",
+                    b"of ",
+                ];
+                let mut at = 0;
+                while at < page.len() {
+                    let word = WORDS[usize::try_from(next() % 8).unwrap_or(0)];
+                    let take = word.len().min(page.len() - at);
+                    page[at..at + take].copy_from_slice(&word[..take]);
+                    at += take;
+                }
+            }
+            PageData::Floats => {
+                let phase = (next() % 1000) as f64 / 1000.0;
+                for (i, chunk) in page.chunks_mut(8).enumerate() {
+                    let x = ((index * 4096 + i as u64) as f64) * 1e-3 + phase;
+                    let v = (x.sin() * 100.0).to_le_bytes();
+                    chunk.copy_from_slice(&v[..chunk.len()]);
+                }
+            }
+        }
+    }
+}
+
+/// Page throughput of one store.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Throughput {
+    /// Median bytes per second of writing every page, in batches of `depth`.
+    pub write_bytes_per_sec: f64,
+    /// Median bytes per second of reading every page in a shuffled order, in batches.
+    pub read_bytes_per_sec: f64,
+    /// Median microseconds per page read (batch time / batch size).
+    pub read_us_per_page: f64,
+}
+
+/// Writes then reads every page of `store` (`repeats` times, median), `depth` pages per
+/// batch, verifying every page read back (a fast store that returns wrong bytes is a bug,
+/// not a result).
+pub fn page_throughput(
+    store: &dyn Store,
+    page: usize,
+    depth: usize,
+    repeats: usize,
+    data: PageData,
+    seed: u64,
+) -> Result<Throughput, StoreError> {
+    let pages = store.size() / page as u64;
+    let depth = depth.max(1);
+    let mut images: Vec<Vec<u8>> = (0..depth.min(64))
+        .map(|i| {
+            let mut p = vec![0u8; page];
+            data.fill(&mut p, i as u64, seed);
+            p
+        })
+        .collect();
+    // Page `i` holds image `i % images.len()` with its index stamped in the first 8 bytes.
+    let image_of = |i: u64, images: &mut Vec<Vec<u8>>| -> Vec<u8> {
+        let mut p = images[usize::try_from(i).unwrap_or(0) % images.len()].clone();
+        p[..8].copy_from_slice(&i.to_le_bytes());
+        p
+    };
+    let mut order: Vec<u64> = (0..pages).collect();
+    let mut writes = Vec::new();
+    let mut reads = Vec::new();
+    let mut per_page = Vec::new();
+    let mut state = seed | 1;
+    for _ in 0..repeats.max(1) {
+        let started = Instant::now();
+        for chunk in (0..pages).collect::<Vec<_>>().chunks(depth) {
+            let bufs: Vec<Vec<u8>> = chunk.iter().map(|i| image_of(*i, &mut images)).collect();
+            let requests: Vec<(u64, &[u8])> = chunk
+                .iter()
+                .zip(&bufs)
+                .map(|(i, b)| (i * page as u64, b.as_slice()))
+                .collect();
+            store.write_batch(&requests)?;
+        }
+        writes.push((pages * page as u64) as f64 / started.elapsed().as_secs_f64());
+        // Fisher-Yates with xorshift: a different random order each repeat.
+        for i in (1..order.len()).rev() {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            order.swap(i, usize::try_from(state % (i as u64 + 1)).unwrap_or(0));
+        }
+        let mut bufs: Vec<Vec<u8>> = (0..depth).map(|_| vec![0u8; page]).collect();
+        let started = Instant::now();
+        for chunk in order.chunks(depth) {
+            let t = Instant::now();
+            let mut requests: Vec<ReadRequest<'_>> = chunk
+                .iter()
+                .zip(bufs.iter_mut())
+                .map(|(i, b)| ReadRequest {
+                    offset: i * page as u64,
+                    buf: b.as_mut_slice(),
+                })
+                .collect();
+            store.read_batch(&mut requests)?;
+            per_page.push(t.elapsed().as_secs_f64() * 1e6 / chunk.len() as f64);
+            for (i, b) in chunk.iter().zip(&bufs) {
+                if b[..] != image_of(*i, &mut images)[..] {
+                    return Err(StoreError::Corrupt {
+                        store: store.describe(),
+                        offset: i * page as u64,
+                        detail: "the page read back differs from the page written".into(),
+                    });
+                }
+            }
+        }
+        reads.push((pages * page as u64) as f64 / started.elapsed().as_secs_f64());
+    }
+    Ok(Throughput {
+        write_bytes_per_sec: median(&mut writes),
+        read_bytes_per_sec: median(&mut reads),
+        read_us_per_page: median(&mut per_page),
+    })
+}
+
+/// Median of a non-empty list (0 for an empty one).
+pub fn median(values: &mut [f64]) -> f64 {
+    if values.is_empty() {
+        return 0.0;
+    }
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+/// Bytes per second one TCP connection moves over 127.0.0.1 on this host, in 64 KiB writes
+/// for about `duration`: the ceiling any TCP transport here can reach.
+pub fn loopback_tcp_ceiling(duration: Duration) -> std::io::Result<f64> {
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let address = listener.local_addr()?;
+    let reader = std::thread::spawn(move || -> std::io::Result<u64> {
+        let (mut socket, _) = listener.accept()?;
+        let mut buf = vec![0u8; 1 << 20];
+        let mut total = 0u64;
+        loop {
+            match socket.read(&mut buf)? {
+                0 => return Ok(total),
+                n => total += n as u64,
+            }
+        }
+    });
+    let mut socket = TcpStream::connect(address)?;
+    socket.set_nodelay(true)?;
+    let chunk = vec![0x5au8; 64 << 10];
+    let started = Instant::now();
+    let mut sent = 0u64;
+    while started.elapsed() < duration {
+        socket.write_all(&chunk)?;
+        sent += chunk.len() as u64;
+    }
+    drop(socket);
+    let received = reader
+        .join()
+        .map_err(|_| std::io::Error::other("reader thread panicked"))??;
+    Ok(received.min(sent) as f64 / started.elapsed().as_secs_f64())
+}
