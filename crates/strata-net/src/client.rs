@@ -212,10 +212,32 @@ struct Piece {
     buffer: usize,
     length: usize,
     completion: Arc<Completion>,
+    finished: bool,
+}
+
+impl Piece {
+    fn finish(mut self, outcome: Result<(), StoreError>) {
+        self.finished = true;
+        self.completion.finish(outcome);
+    }
+}
+
+impl Drop for Piece {
+    /// A piece dropped unfinished (the I/O thread stopped or panicked) fails its request, so
+    /// no caller waits forever. By then no progress call can touch the caller's buffer.
+    fn drop(&mut self) {
+        if !self.finished {
+            self.completion.finish(Err(StoreError::Unavailable {
+                store: "remote".into(),
+                reason: "the remote I/O thread stopped; reopen the store".into(),
+            }));
+        }
+    }
 }
 
 struct Shared {
-    queue: Mutex<VecDeque<Piece>>,
+    /// Pieces for the I/O thread; `None` once that thread has ended.
+    queue: Mutex<Option<VecDeque<Piece>>>,
     stop: AtomicBool,
     waker: Mutex<Option<WorkerWaker>>,
 }
@@ -259,7 +281,7 @@ impl RemoteStore {
         let stripes = size.div_ceil(options.stripe_bytes).max(1);
         let per_node = stripes.div_ceil(addresses.len() as u64) * options.stripe_bytes;
         let shared = Arc::new(Shared {
-            queue: Mutex::new(VecDeque::new()),
+            queue: Mutex::new(Some(VecDeque::new())),
             stop: AtomicBool::new(false),
             waker: Mutex::new(None),
         });
@@ -271,8 +293,11 @@ impl RemoteStore {
             let options = options.clone();
             std::thread::Builder::new()
                 .name("strata-remote-io".into())
-                .spawn(
-                    move || match IoLoop::connect(&options, &addresses, per_node, counters) {
+                .spawn(move || {
+                    // However the thread ends (even by panic), later submissions fail at
+                    // once instead of waiting for a thread that is gone.
+                    let _closed = CloseQueueOnExit(&shared);
+                    match IoLoop::connect(&options, &addresses, per_node, counters) {
                         Ok(mut io) => {
                             *shared.waker.lock().unwrap_or_else(|e| e.into_inner()) =
                                 Some(io.worker.waker());
@@ -282,8 +307,8 @@ impl RemoteStore {
                         Err(e) => {
                             let _ = ready_tx.send(Err(e));
                         }
-                    },
-                )
+                    }
+                })
                 .map_err(|e| RemoteOpenError::Thread(e.to_string()))?
         };
         ready_rx
@@ -336,6 +361,7 @@ impl RemoteStore {
                 buffer: buffer + done,
                 length: take,
                 completion: Arc::clone(completion),
+                finished: false,
             });
             done += take;
         }
@@ -359,11 +385,10 @@ impl RemoteStore {
         if pieces.is_empty() {
             return Ok(());
         }
-        self.shared
-            .queue
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .extend(pieces);
+        match &mut *self.shared.queue.lock().unwrap_or_else(|e| e.into_inner()) {
+            Some(queue) => queue.extend(pieces),
+            None => drop(pieces), // the I/O thread is gone: the pieces fail as they drop
+        }
         if let Some(waker) = &*self.shared.waker.lock().unwrap_or_else(|e| e.into_inner()) {
             waker.wake();
         }
@@ -449,6 +474,22 @@ impl Drop for RemoteStore {
 
 // ---------------------------------------------------------------------------------------------
 // The I/O thread
+
+/// Closes the submission queue when the I/O thread ends (normally or by panic); queued
+/// pieces fail as they drop.
+struct CloseQueueOnExit<'a>(&'a Shared);
+
+impl Drop for CloseQueueOnExit<'_> {
+    fn drop(&mut self) {
+        let left = self
+            .0
+            .queue
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        drop(left);
+    }
+}
 
 struct Reply {
     header: Option<ReplyHeader>,
@@ -840,8 +881,9 @@ impl IoLoop {
                 .queue
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .drain(..)
-                .collect();
+                .as_mut()
+                .map(|q| q.drain(..).collect())
+                .unwrap_or_default();
             for piece in queued {
                 let node = piece.node;
                 self.nodes[node].waiting.push_back(piece);
@@ -877,7 +919,7 @@ impl IoLoop {
                 };
                 if let Some(reason) = &self.nodes[index].lost {
                     let error = lost_error(&self.nodes[index].name, reason);
-                    piece.completion.finish(Err(error));
+                    piece.finish(Err(error));
                     continue;
                 }
                 let now = Instant::now();
@@ -915,7 +957,7 @@ impl IoLoop {
                 len: piece.length as u64,
                 size: node.size,
             };
-            piece.completion.finish(Err(error));
+            piece.finish(Err(error));
             return;
         }
         let mut requests = Vec::with_capacity(2);
@@ -1044,7 +1086,7 @@ impl IoLoop {
                 Some(e) => Err(e),
                 None => Ok(()),
             };
-            flight.piece.completion.finish(outcome);
+            flight.piece.finish(outcome);
         }
     }
 
@@ -1090,14 +1132,11 @@ impl IoLoop {
             drop(flight.requests);
             flight
                 .piece
-                .completion
                 .finish(Err(lost_error(&self.nodes[index].name, &reason)));
         }
         self.nodes[index].in_flight = 0;
         for piece in std::mem::take(&mut self.nodes[index].waiting) {
-            piece
-                .completion
-                .finish(Err(lost_error(&self.nodes[index].name, &reason)));
+            piece.finish(Err(lost_error(&self.nodes[index].name, &reason)));
         }
     }
 

@@ -514,3 +514,43 @@ fn open_store_builds_remote_stores_with_codecs() {
         "a remote store without a token must be refused"
     );
 }
+
+#[test]
+fn one_store_serves_many_threads_at_once() {
+    let mut seed_rng = rng("one_store_many_threads");
+    let nodes = [node(32 << 20), node(32 << 20)];
+    let addresses: Vec<SocketAddr> = nodes.iter().map(MemoryNode::address).collect();
+    for access in [AccessPath::Messages, AccessPath::OneSided] {
+        let store = Arc::new(RemoteStore::connect(8 << 20, options(&addresses, access)).unwrap());
+        let share = store.size() / 4;
+        let threads: Vec<_> = (0..4u64)
+            .map(|t| {
+                let store = Arc::clone(&store);
+                let seed = seed_rng.random::<u64>();
+                std::thread::spawn(move || {
+                    // Each thread owns one quarter; unaligned ranges cross stripes and nodes.
+                    let mut rng = StdRng::seed_from_u64(seed);
+                    let base = t * share;
+                    let mut reference = vec![0u8; share as usize];
+                    for _ in 0..200 {
+                        let at = rng.random_range(0..share - 1);
+                        let len = rng.random_range(1..=(100_000).min(share - at)) as usize;
+                        if rng.random_bool(0.5) {
+                            let mut bytes = vec![0u8; len];
+                            rng.fill_bytes(&mut bytes);
+                            store.write_at(base + at, &bytes).unwrap();
+                            reference[at as usize..at as usize + len].copy_from_slice(&bytes);
+                        } else {
+                            let mut bytes = vec![0u8; len];
+                            store.read_at(base + at, &mut bytes).unwrap();
+                            assert!(bytes[..] == reference[at as usize..at as usize + len]);
+                        }
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().expect("a thread failed");
+        }
+    }
+}

@@ -143,6 +143,13 @@ pub struct RemoteBenchArgs {
     /// UCX transports for the in-process node and the clients.
     #[arg(long, default_value = "tcp")]
     transports: String,
+    /// Use this running memory node (`strata serve`) instead of one started in-process; its
+    /// token comes from --token or STRATA_REMOTE_TOKEN.
+    #[arg(long)]
+    node: Option<String>,
+    /// Token of the --node memory node.
+    #[arg(long)]
+    token: Option<String>,
     /// Skip the pager STREAM and scan sweeps (raw measurements only).
     #[arg(long)]
     raw_only: bool,
@@ -201,8 +208,19 @@ struct Report {
 
 const TOKEN: &str = "strata-bench-remote";
 
-fn remote_options(node: SocketAddr, args: &RemoteBenchArgs, stripe: u64) -> RemoteStoreOptions {
-    let mut o = RemoteStoreOptions::new(vec![node.to_string()], TOKEN, Duration::from_secs(30));
+/// The memory node the benchmark talks to: its address and token.
+#[derive(Debug, Clone)]
+struct Target {
+    address: String,
+    token: String,
+}
+
+fn remote_options(node: &Target, args: &RemoteBenchArgs, stripe: u64) -> RemoteStoreOptions {
+    let mut o = RemoteStoreOptions::new(
+        vec![node.address.clone()],
+        node.token.clone(),
+        Duration::from_secs(30),
+    );
     o.transports = Some(args.transports.clone());
     o.stripe_bytes = stripe;
     o.max_in_flight = args.depth.max(1);
@@ -211,7 +229,7 @@ fn remote_options(node: SocketAddr, args: &RemoteBenchArgs, stripe: u64) -> Remo
 
 /// A remote store (kept for its counters) and the store to use (possibly compressed).
 fn open(
-    node: SocketAddr,
+    node: &Target,
     args: &RemoteBenchArgs,
     codec: CodecKind,
     size: u64,
@@ -265,16 +283,38 @@ pub fn bench(args: &RemoteBenchArgs) -> anyhow::Result<()> {
             & u128::from(u64::MAX),
     )?;
     let capacity = 4 * (args.size.max(args.raw_size) + (64 << 20));
-    let node = MemoryNode::start(ServeOptions {
-        listen: "127.0.0.1:0".parse()?,
-        capacity,
-        token: TOKEN.into(),
-        transports: Some(args.transports.clone()),
-    })?;
+    let (local, target) = match &args.node {
+        None => {
+            let node = MemoryNode::start(ServeOptions {
+                listen: "127.0.0.1:0".parse()?,
+                capacity,
+                token: TOKEN.into(),
+                transports: Some(args.transports.clone()),
+            })?;
+            let target = Target {
+                address: node.address().to_string(),
+                token: TOKEN.into(),
+            };
+            (Some(node), target)
+        }
+        Some(address) => {
+            let token = match &args.token {
+                Some(t) => t.clone(),
+                None => StoreConfig::builder().with_env()?.build_token().context(
+                    "--node needs the node's token: pass --token or set STRATA_REMOTE_TOKEN",
+                )?,
+            };
+            let target = Target {
+                address: address.clone(),
+                token,
+            };
+            (None, target)
+        }
+    };
     let cpus = strata_core::config::available_cpus();
     println!(
         "remote memory benchmark: memory node on {} (UCX transports {}), {} CPUs, pages of {}, seed {seed}",
-        node.address(),
+        target.address,
         args.transports,
         cpus,
         format_size(args.page_size)
@@ -295,23 +335,25 @@ pub fn bench(args: &RemoteBenchArgs) -> anyhow::Result<()> {
         notes: Vec::new(),
     };
     if !args.skip_raw {
-        raw_measurements(args, node.address(), page, seed, ceiling, &mut report)?;
+        raw_measurements(args, &target, page, seed, ceiling, &mut report)?;
     }
     if !args.raw_only {
-        pager_measurements(args, node.address(), &codecs, seed, &mut report)?;
+        pager_measurements(args, &target, &codecs, seed, &mut report)?;
     }
     std::fs::write(&args.json, serde_json::to_string_pretty(&report)?)
         .with_context(|| format!("write {}", args.json.display()))?;
     std::fs::write(&args.svg, plot(&report))
         .with_context(|| format!("write {}", args.svg.display()))?;
     println!("wrote {} and {}", args.json.display(), args.svg.display());
-    node.shutdown();
+    if let Some(node) = local {
+        node.shutdown();
+    }
     Ok(())
 }
 
 fn raw_measurements(
     args: &RemoteBenchArgs,
-    node: SocketAddr,
+    node: &Target,
     page: usize,
     seed: u64,
     ceiling: f64,
@@ -527,7 +569,7 @@ fn pager_config(
 
 fn pager_measurements(
     args: &RemoteBenchArgs,
-    node: SocketAddr,
+    node: &Target,
     codecs: &[CodecKind],
     seed: u64,
     report: &mut Report,
@@ -574,8 +616,9 @@ fn pager_measurements(
         }
     }
     println!(
-        "\nsequential scan through the pager (compressible vs incompressible pages), fillers {}, 1 evictor",
-        args.fillers.iter().max().copied().unwrap_or(1)
+        "\nsequential scan through the pager (compressible vs incompressible pages), fillers {}, 1 evictor, median of {}",
+        args.fillers.iter().max().copied().unwrap_or(1),
+        args.repeats.max(1)
     );
     for codec in codecs {
         for data in [PageData::Text, PageData::Random, PageData::Floats] {
@@ -629,7 +672,7 @@ fn print_pager_row(row: &PagerRow, dram_triad: f64) {
 
 fn stream_row(
     args: &RemoteBenchArgs,
-    node: SocketAddr,
+    node: &Target,
     codec: CodecKind,
     fillers: usize,
     evictors: usize,
@@ -676,7 +719,7 @@ fn stream_row(
 
 fn scan_row(
     args: &RemoteBenchArgs,
-    node: SocketAddr,
+    node: &Target,
     codec: CodecKind,
     data: PageData,
     fillers: usize,
@@ -705,13 +748,18 @@ fn scan_row(
     }
     let before = remote.counters().bytes_received.load(Ordering::Relaxed);
     let region = Region::new(store, size, pager_config(args, fillers, 1)?)?;
-    let started = Instant::now();
-    let mut sum = 0u64;
-    for chunk in region.as_slice().chunks(4096) {
-        sum = sum.wrapping_add(u64::from(chunk[0]));
+    let mut times = Vec::new();
+    for _ in 0..args.repeats.max(1) {
+        region.evict_all()?;
+        let started = Instant::now();
+        let mut sum = 0u64;
+        for chunk in region.as_slice().chunks(4096) {
+            sum = sum.wrapping_add(u64::from(chunk[0]));
+        }
+        times.push(started.elapsed().as_secs_f64());
+        std::hint::black_box(sum);
     }
-    let seconds = started.elapsed().as_secs_f64();
-    std::hint::black_box(sum);
+    let seconds = median(&mut times);
     let error = region.take_error().map(|e| e.to_string());
     drop(region);
     let moved = remote.counters().bytes_received.load(Ordering::Relaxed) - before;
@@ -728,7 +776,7 @@ fn scan_row(
         bytes_per_sec: vec![("scan".into(), size as f64 / seconds)],
         network_bytes_received: moved,
         network_bytes_sent: 0,
-        logical_bytes: size,
+        logical_bytes: size * args.repeats.max(1) as u64,
         seconds,
         error,
     })
