@@ -30,12 +30,20 @@ __device__ __forceinline__ strata_u64 sum_page(const unsigned char* p, strata_u6
     return acc;
 }
 __device__ __forceinline__ void bump_page(unsigned char* p, strata_u64 bytes) {
-    strata_u64* v = (strata_u64*)p;
+    // Four 16-byte loads in flight per lane before the stores (zero-copy needs the parallelism).
+    uint4* v = (uint4*)p;
     const unsigned lane = threadIdx.x & 31;
-    for (strata_u64 i = lane * 2; i < bytes / 8; i += 64) {
-        strata_u64 a = __ldcg(v + i), b = __ldcg(v + i + 1);
-        __stcg(v + i, a + 1);
-        __stcg(v + i + 1, b + 1);
+    const strata_u64 n = bytes / 16;
+    strata_u64 i = lane;
+    for (; i + 96 < n; i += 128) {
+        uint4 a = __ldcg(v + i), b = __ldcg(v + i + 32), c = __ldcg(v + i + 64), d = __ldcg(v + i + 96);
+        a.x += 1; b.x += 1; c.x += 1; d.x += 1;
+        __stcg(v + i, a); __stcg(v + i + 32, b); __stcg(v + i + 64, c); __stcg(v + i + 96, d);
+    }
+    for (; i < n; i += 32) {
+        uint4 a = __ldcg(v + i);
+        a.x += 1;
+        __stcg(v + i, a);
     }
 }
 // Page order for the random-touch patterns: a bijection of [0, pages) when `cold` (every page

@@ -54,10 +54,12 @@ typedef unsigned int strata_u32;
 #define STRATA_NO_PAGE 0xFFFFFFFFu
 #define STRATA_FRAME_REF 1u        // referenced since the clock hand last passed
 #define STRATA_FRAME_PROTECTED 2u  // in the protected segment (scan-resistant policy)
-#define STRATA_AGE_SHIFT 8
-#define STRATA_AGE_MASK (0xFFu << STRATA_AGE_SHIFT)
-// Protected frames survive this many clock passes without a reference before demotion.
-#define STRATA_AGE_LIMIT 16u
+#define STRATA_STAMP_SHIFT 16
+#define STRATA_STAMP_MASK (0xFFFFu << STRATA_STAMP_SHIFT)
+// A protected frame is demoted once this many epochs (an epoch = as many faults as the cache
+// has frames) pass without a reference. Counting faults rather than clock-hand passes keeps
+// the age independent of how often sweeps skip busy frames.
+#define STRATA_AGE_EPOCHS 4u
 
 // ---- policies and error flags ----------------------------------------------------------------
 #define STRATA_POLICY_CLOCK 0u
@@ -88,7 +90,8 @@ struct StrataCounters {
     strata_u64 no_frame_retries;
     strata_u32 clock_hand;
     strata_u32 protected_now;  // frames in the protected segment
-    strata_u64 reserved[4];
+    strata_u64 lifetime_faults;// never reset: the clock of protected-segment ageing
+    strata_u64 reserved[3];
 };
 
 // The space handle a kernel receives (by value). Pointers are device addresses.
@@ -192,7 +195,7 @@ __device__ strata_u32 take_frame(const StrataSpace& s, strata_u32 page, strata_u
                                  bool* victim_dirty) {
     const strata_u32 n = s.frame_count;
     const bool scan_resistant = s.policy == STRATA_POLICY_SCAN_RESISTANT;
-    const strata_u64 max_steps = (strata_u64)n * (scan_resistant ? STRATA_AGE_LIMIT + 4 : 3) + 64;
+    const strata_u64 max_steps = (strata_u64)n * 3 + 64;
     for (strata_u64 step = 0; step < max_steps; ++step) {
         strata_u32 f = atomicAdd(&s.counters->clock_hand, 1u) % n;
         StrataFrame* fr = &s.frames[f];
@@ -206,28 +209,35 @@ __device__ strata_u32 take_frame(const StrataSpace& s, strata_u32 page, strata_u
             continue;
         }
         strata_u32 flags = load_volatile(&fr->flags);
-        if (flags & STRATA_FRAME_PROTECTED) {
+        if (scan_resistant) {
+            const strata_u32 epoch = (strata_u32)(load_volatile(&s.counters->lifetime_faults) / n) & 0xFFFFu;
+            const strata_u32 stamp = (flags & STRATA_STAMP_MASK) >> STRATA_STAMP_SHIFT;
+            if (flags & STRATA_FRAME_PROTECTED) {
+                if (flags & STRATA_FRAME_REF) {
+                    // Referenced: refresh its stamp.
+                    atomicCAS(&fr->flags, flags, (flags & ~(STRATA_FRAME_REF | STRATA_STAMP_MASK)) | (epoch << STRATA_STAMP_SHIFT));
+                } else if (((epoch - stamp) & 0xFFFFu) > STRATA_AGE_EPOCHS) {
+                    // Unused for too long: back to the probationary part.
+                    if (atomicCAS(&fr->flags, flags, flags & ~(STRATA_FRAME_PROTECTED | STRATA_STAMP_MASK)) == flags)
+                        atomicSub(&s.counters->protected_now, 1u);
+                }
+                continue;
+            }
             if (flags & STRATA_FRAME_REF) {
-                atomicAnd(&fr->flags, ~(STRATA_FRAME_REF | STRATA_AGE_MASK));
-            } else if (((flags & STRATA_AGE_MASK) >> STRATA_AGE_SHIFT) < STRATA_AGE_LIMIT) {
-                atomicAdd(&fr->flags, 1u << STRATA_AGE_SHIFT);
-            } else {
-                strata_u32 before = atomicAnd(&fr->flags, ~(STRATA_FRAME_PROTECTED | STRATA_AGE_MASK));
-                if (before & STRATA_FRAME_PROTECTED) atomicSub(&s.counters->protected_now, 1u);
+                // Re-referenced (or faulted again after an earlier stay): protect it if there is
+                // room, else give it a second chance.
+                const strata_u32 promoted = (flags & ~(STRATA_FRAME_REF | STRATA_STAMP_MASK)) |
+                                            STRATA_FRAME_PROTECTED | (epoch << STRATA_STAMP_SHIFT);
+                if (atomicAdd(&s.counters->protected_now, 1u) < s.protected_quota) {
+                    if (atomicCAS(&fr->flags, flags, promoted) != flags) atomicSub(&s.counters->protected_now, 1u);
+                } else {
+                    atomicSub(&s.counters->protected_now, 1u);
+                    atomicAnd(&fr->flags, ~STRATA_FRAME_REF);
+                }
+                continue;
             }
-            continue;
-        }
-        if (flags & STRATA_FRAME_REF) {
-            // Second chance. Under the scan-resistant policy a re-referenced page also enters
-            // the protected segment while it has room.
-            if (scan_resistant && atomicAdd(&s.counters->protected_now, 1u) < s.protected_quota) {
-                strata_u32 before = atomicOr(&fr->flags, STRATA_FRAME_PROTECTED);
-                if (before & STRATA_FRAME_PROTECTED) atomicSub(&s.counters->protected_now, 1u);
-                atomicAnd(&fr->flags, ~(STRATA_FRAME_REF | STRATA_AGE_MASK));
-            } else {
-                if (scan_resistant) atomicSub(&s.counters->protected_now, 1u);
-                atomicAnd(&fr->flags, ~STRATA_FRAME_REF);
-            }
+        } else if (flags & STRATA_FRAME_REF) {
+            atomicAnd(&fr->flags, ~STRATA_FRAME_REF);  // second chance
             continue;
         }
         strata_u64* vword = &s.page_table[owner];
@@ -322,6 +332,7 @@ __device__ strata_u32 serve_fault(const StrataSpace& s, strata_u64 page, unsigne
                              ((w & STRATA_HISTORY) ? 0ull : STRATA_HISTORY);
         atomicAdd(&s.page_table[page], publish);
         atomicAdd(&s.counters->faults, 1ull);
+        atomicAdd(&s.counters->lifetime_faults, 1ull);
         atomicAdd(&s.counters->bytes_in, ps);
         if (prefetch) atomicAdd(&s.counters->prefetched, 1ull);
         strata_u64 dt = now_ns() - t0;
@@ -444,22 +455,27 @@ __device__ __forceinline__ void with_page(const StrataSpace& s, strata_u64 page,
         const unsigned hit = __ballot_sync(mask, status == PIN_HIT);
         unsigned claimed = __ballot_sync(mask, status == PIN_CLAIMED);
         hits_here += __popc(hit);
+        // Hits first: access and unpin before this warp serves any fault, so while it sweeps
+        // for a frame it holds no pin at all.
+        frame = __shfl_sync(mask, frame, leader);
+        const bool mine = (hit >> leader) & 1u;
+        if (mine) op(s.frame_data + ((strata_u64)frame << s.page_shift));
+        __syncwarp(mask);
+        if (mine && is_leader) unpin_release(&s.page_table[page]);
         unsigned ready = hit;
+        // Then each claimed page: serve, access, unpin, one at a time (at most one frame held).
         while (claimed) {
             const unsigned l = __ffs(claimed) - 1;
             claimed &= claimed - 1;
             const strata_u64 p = __shfl_sync(mask, page, l);
             const strata_u32 f = serve_fault(s, p, l, lane, mask, write, false);
             if (f != STRATA_NO_PAGE) {
-                if (lane == l) frame = f;
                 ready |= 1u << l;
+                if (leader == l) op(s.frame_data + ((strata_u64)f << s.page_shift));
+                __syncwarp(mask);
+                if (lane == l) unpin_release(&s.page_table[p]);
             }
         }
-        frame = __shfl_sync(mask, frame, leader);
-        const bool mine = (ready >> leader) & 1u;
-        if (mine) op(s.frame_data + ((strata_u64)frame << s.page_shift));
-        __syncwarp(mask);
-        if (mine && is_leader) unpin_release(&s.page_table[page]);
         pending &= ~ready;
         if (pending && !ready) {
             __nanosleep(sleep_ns);

@@ -107,8 +107,10 @@ pub struct DeviceCounters {
     pub clock_hand: u32,
     /// Frames in the protected segment.
     pub protected_now: u32,
+    /// Faults since the space was made (never reset): ages the protected segment.
+    pub lifetime_faults: u64,
     /// Reserved.
-    pub reserved: [u64; 4],
+    pub reserved: [u64; 3],
 }
 
 impl DeviceCounters {
@@ -129,7 +131,8 @@ impl DeviceCounters {
             no_frame_retries: 0,
             clock_hand: 0,
             protected_now: 0,
-            reserved: [0; 4],
+            lifetime_faults: 0,
+            reserved: [0; 3],
         }
     }
 }

@@ -557,6 +557,7 @@ impl Space {
         fresh.first_bad_index = c.first_bad_index;
         fresh.clock_hand = c.clock_hand;
         fresh.protected_now = c.protected_now;
+        fresh.lifetime_faults = c.lifetime_faults;
         self.counters.upload(0, std::slice::from_ref(&fresh))?;
         Ok(())
     }
