@@ -43,6 +43,8 @@ for line in sys.stdin:
         print(m["target"]["name"], m["executable"])' |
             while read -r name exe; do cp "$exe" "$CARRY/tests/${pkg}__${name}"; done
     done
+    # Debug info is not needed there, and the carried tree must stay under 64 MiB in all.
+    strip --strip-debug "$CARRY/strata" "$CARRY"/tests/*
     ls -la "$CARRY" "$CARRY/tests"
     du -sh "$CARRY"
 }
