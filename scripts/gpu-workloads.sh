@@ -16,7 +16,9 @@
 #                (default: 128-float rows, the issue's example, then 1024-float rows, one
 #                row per 4 KiB page, over a table of the same 8 GiB)
 # Output (two files, as the device machine returns at most 8): $OUT/workloads.log (summary
-# first, then every step's log) and $OUT/workloads.tar.gz (JSON, SVG and logs).
+# first, then every step's log) and $OUT/workloads.tar.gz (JSON, SVG and logs), both rewritten
+# after every command, so a run cut short still returns what finished. Each command is stopped
+# after $STEP_TIMEOUT seconds (default 400).
 # gpu-check.sh can run all of this as one step: `bash scripts/gpu-workloads.sh run`.
 set -u -o pipefail
 
@@ -40,15 +42,33 @@ OUT="${OUT:-$ROOT/gpu-logs}"
 WORK="$(mktemp -d /tmp/strata-workloads.XXXXXX)"
 SUMMARY=()
 
+# Seconds one command may run before it is stopped (its log so far is kept).
+STEP_TIMEOUT="${STEP_TIMEOUT:-400}"
+
 log() { # log <name> <command...>: output to $WORK/<name>.log, pass/fail and time recorded
     local name="$1"; shift
     local start rc
     start=$(date +%s)
     echo "\$ $*" >"$WORK/$name.log"
-    "$@" >>"$WORK/$name.log" 2>&1
+    timeout "$STEP_TIMEOUT" "$@" >>"$WORK/$name.log" 2>&1
     rc=$?
     SUMMARY+=("$(printf '%-14s %-7s %5ss  %s' "$name" "$([ $rc -eq 0 ] && echo ok || echo FAIL:$rc)" "$(($(date +%s) - start))" "$(grep -E 'CHECK PASSED|wrote|Error' "$WORK/$name.log" | tail -n 1 | cut -c1-90)")")
+    publish
     return $rc
+}
+
+publish() { # rewrites $OUT/workloads.log and $OUT/workloads.tar.gz from what exists so far
+    {
+        echo "== gpu-workloads summary ($(date -u +%FT%TZ), $(head -n 2 "$WORK/nvidia-smi.txt" 2>/dev/null | tail -n 1))"
+        printf '%s\n' "${SUMMARY[@]}"
+        for f in "$WORK"/*.log; do
+            [ -e "$f" ] || continue
+            echo
+            echo "=== $(basename "$f")"
+            cat "$f"
+        done
+    } >"$OUT/workloads.log"
+    tar -czf "$OUT/workloads.tar.gz" -C "$WORK" --exclude kernel-cache .
 }
 
 step_check() {
@@ -85,18 +105,9 @@ run() {
     for s in "${steps[@]}"; do
         "step_${s//-/_}" || failed=1
     done
+    publish
     rm -rf "$STRATA_KERNEL_CACHE"
-    {
-        echo "== gpu-workloads summary ($(date -u +%FT%TZ), $(head -n 2 "$WORK/nvidia-smi.txt" | tail -n 1))"
-        printf '%s\n' "${SUMMARY[@]}"
-        for f in "$WORK"/*.log; do
-            echo
-            echo "=== $(basename "$f")"
-            cat "$f"
-        done
-    } >"$OUT/workloads.log"
     head -n $((${#SUMMARY[@]} + 1)) "$OUT/workloads.log"
-    tar -czf "$OUT/workloads.tar.gz" -C "$WORK" --exclude kernel-cache .
     rm -rf "$WORK"
     return $failed
 }
