@@ -59,7 +59,7 @@ typedef unsigned int strata_u32;
 // A protected frame is demoted once this many epochs (an epoch = as many faults as the cache
 // has frames) pass without a reference. Counting faults rather than clock-hand passes keeps
 // the age independent of how often sweeps skip busy frames.
-#define STRATA_AGE_EPOCHS 4u
+#define STRATA_AGE_EPOCHS 16u
 
 // ---- policies and error flags ----------------------------------------------------------------
 #define STRATA_POLICY_CLOCK 0u
@@ -300,7 +300,10 @@ __device__ strata_u32 serve_fault(const StrataSpace& s, strata_u64 page, unsigne
         warp_copy(s.host + ((strata_u64)victim << s.page_shift), fdata, ps, lane, mask);
         __syncwarp(mask);
         if (lane == leader) {
-            __threadfence_system();
+            // GPU scope is enough: only this GPU reads the host copy while kernels run (a kernel's
+            // end makes it visible to the CPU), and a system-scope fence would wait for every
+            // posted PCIe write of the page on each eviction.
+            __threadfence();
             atomicAdd(&s.counters->writebacks, 1ull);
             atomicAdd(&s.counters->bytes_out, ps);
         }

@@ -59,5 +59,6 @@ pub mod probe;
 pub mod space;
 
 pub use space::{
-    ElementType, EvictionPolicy, GpuStats, KernelModule, Space, SpaceError, SpaceOptions, Strata,
+    ElementType, EvictionPolicy, GpuStats, KernelModule, Space, SpaceError, SpaceOptions,
+    SpacePlan, Strata,
 };

@@ -261,64 +261,14 @@ fn fmt(bytes: u64) -> String {
 
 impl Space {
     fn new(strata: &Strata, size_bytes: u64, options: &SpaceOptions) -> Result<Self, SpaceError> {
-        let page = strata_core::geometry::PageSize::new(options.page_size)
-            .map_err(|e| SpaceError::Invalid(e.to_string()))?;
+        let plan = SpacePlan::new(size_bytes, options)?;
+        let (page, pages, frames, protected_quota) =
+            (plan.page, plan.pages, plan.frames, plan.protected_quota);
         let ps = page.bytes();
-        if size_bytes == 0 {
-            return Err(SpaceError::Invalid(
-                "a space needs at least one byte: give a positive size".into(),
-            ));
-        }
-        if !size_bytes.is_multiple_of(options.element.size()) {
-            return Err(SpaceError::Invalid(format!(
-                "size {size_bytes} is not a whole number of {}-byte elements",
-                options.element.size()
-            )));
-        }
-        let pages = size_bytes.div_ceil(ps);
-        if pages >= u64::from(NO_PAGE) {
-            return Err(SpaceError::Invalid(format!(
-                "{pages} pages is more than a space can index (2^32 - 1): use larger pages"
-            )));
-        }
-        let frames = (options.cache_bytes / ps).min(pages.max(2));
-        if frames < 2 {
-            return Err(SpaceError::Invalid(format!(
-                "a cache of {} holds fewer than 2 pages of {}: ask for at least {}",
-                fmt(options.cache_bytes),
-                fmt(ps),
-                fmt(2 * ps)
-            )));
-        }
-        let protected_quota = match options.policy {
-            EvictionPolicy::Clock => 0,
-            EvictionPolicy::ScanResistant { protected_fraction } => {
-                if !(0.0..=0.95).contains(&protected_fraction) {
-                    return Err(SpaceError::Invalid(format!(
-                        "protected fraction {protected_fraction} is outside 0..=0.95"
-                    )));
-                }
-                #[allow(
-                    clippy::cast_possible_truncation,
-                    clippy::cast_sign_loss,
-                    clippy::cast_precision_loss
-                )]
-                let q = (frames as f64 * protected_fraction) as u32;
-                q
-            }
-        };
         let gpu = strata.gpu.clone();
         let frame_bytes = frames * ps;
-        let table_bytes = pages * 8 + frames * 8 + std::mem::size_of::<DeviceCounters>() as u64;
         let (free, _) = gpu.mem_info()?;
-        // Keep 256 MiB of headroom for kernels, modules and other users of the GPU.
-        if frame_bytes + table_bytes + (256 << 20) > free {
-            return Err(SpaceError::CacheTooLarge {
-                cache: fmt(frame_bytes),
-                tables: fmt(table_bytes),
-                free: fmt(free),
-            });
-        }
+        plan.check_fits(free)?;
         let to_usize = |v: u64| {
             usize::try_from(v).map_err(|_| SpaceError::Invalid(format!("{v} bytes is too large")))
         };
@@ -654,5 +604,201 @@ impl GpuStats {
                 self.fault_ns_max,
             ),
         }
+    }
+}
+
+/// The geometry of a space, validated without touching a GPU.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SpacePlan {
+    /// Page size.
+    pub page: strata_core::geometry::PageSize,
+    /// Pages in the space.
+    pub pages: u64,
+    /// Frames in the cache (never more than the pages, at least 2).
+    pub frames: u64,
+    /// Most frames the protected segment may hold.
+    pub protected_quota: u32,
+}
+
+impl SpacePlan {
+    /// Validates `options` for a space of `size_bytes`.
+    pub fn new(size_bytes: u64, options: &SpaceOptions) -> Result<Self, SpaceError> {
+        let page = strata_core::geometry::PageSize::new(options.page_size)
+            .map_err(|e| SpaceError::Invalid(e.to_string()))?;
+        let ps = page.bytes();
+        if size_bytes == 0 {
+            return Err(SpaceError::Invalid(
+                "a space needs at least one byte: give a positive size".into(),
+            ));
+        }
+        if !size_bytes.is_multiple_of(options.element.size()) {
+            return Err(SpaceError::Invalid(format!(
+                "size {size_bytes} is not a whole number of {}-byte elements",
+                options.element.size()
+            )));
+        }
+        let pages = size_bytes.div_ceil(ps);
+        if pages >= u64::from(NO_PAGE) {
+            return Err(SpaceError::Invalid(format!(
+                "{pages} pages is more than a space can index (2^32 - 1): use larger pages"
+            )));
+        }
+        let frames = (options.cache_bytes / ps).min(pages.max(2));
+        if frames < 2 {
+            return Err(SpaceError::Invalid(format!(
+                "a cache of {} holds fewer than 2 pages of {}: ask for at least {}",
+                fmt(options.cache_bytes),
+                fmt(ps),
+                fmt(2 * ps)
+            )));
+        }
+        let protected_quota = match options.policy {
+            EvictionPolicy::Clock => 0,
+            EvictionPolicy::ScanResistant { protected_fraction } => {
+                if !(0.0..=0.95).contains(&protected_fraction) {
+                    return Err(SpaceError::Invalid(format!(
+                        "protected fraction {protected_fraction} is outside 0..=0.95: give a fraction of the cache such as 0.5"
+                    )));
+                }
+                #[allow(
+                    clippy::cast_possible_truncation,
+                    clippy::cast_sign_loss,
+                    clippy::cast_precision_loss
+                )]
+                let q = (frames as f64 * protected_fraction) as u32;
+                q
+            }
+        };
+        Ok(SpacePlan {
+            page,
+            pages,
+            frames,
+            protected_quota,
+        })
+    }
+
+    /// Bytes of GPU memory the space takes: frames, page table, frame table, counters.
+    pub fn gpu_bytes(&self) -> (u64, u64) {
+        let frame_bytes = self.frames * self.page.bytes();
+        let table_bytes =
+            self.pages * 8 + self.frames * 8 + std::mem::size_of::<DeviceCounters>() as u64;
+        (frame_bytes, table_bytes)
+    }
+
+    /// Checks that the space fits in `free` bytes of GPU memory with 256 MiB to spare for
+    /// kernels, modules and other users of the GPU.
+    pub fn check_fits(&self, free: u64) -> Result<(), SpaceError> {
+        let (frame_bytes, table_bytes) = self.gpu_bytes();
+        if frame_bytes + table_bytes + (256 << 20) > free {
+            return Err(SpaceError::CacheTooLarge {
+                cache: fmt(frame_bytes),
+                tables: fmt(table_bytes),
+                free: fmt(free),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl SpaceOptions {
+    /// Applies `STRATA_PAGE_SIZE` and `STRATA_CACHE_SIZE` from the environment (through the
+    /// workspace's validated configuration).
+    pub fn with_env(mut self) -> Result<Self, SpaceError> {
+        let cfg = strata_core::config::SpaceConfig::builder()
+            .page_size(self.page_size)
+            .cache_bytes(self.cache_bytes)
+            .with_env()
+            .and_then(strata_core::config::SpaceConfigBuilder::build)
+            .map_err(|e| SpaceError::Invalid(e.to_string()))?;
+        self.page_size = cfg.page_size.bytes();
+        self.cache_bytes = cfg.cache_bytes;
+        Ok(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn o(page: u64, cache: u64, policy: EvictionPolicy) -> SpaceOptions {
+        SpaceOptions {
+            page_size: page,
+            cache_bytes: cache,
+            element: ElementType::F64,
+            policy,
+        }
+    }
+
+    #[test]
+    fn plan_validates_sizes_and_policies() {
+        let p = SpacePlan::new(10 << 20, &o(64 << 10, 1 << 20, EvictionPolicy::Clock)).unwrap();
+        assert_eq!((p.pages, p.frames, p.protected_quota), (160, 16, 0));
+        // The cache never exceeds the space.
+        let p = SpacePlan::new(1 << 20, &o(4096, 1 << 30, EvictionPolicy::Clock)).unwrap();
+        assert_eq!(p.frames, 256);
+        // A partial last page still counts.
+        let p = SpacePlan::new(4096 + 8, &o(4096, 1 << 20, EvictionPolicy::Clock)).unwrap();
+        assert_eq!(p.pages, 2);
+        let sr = EvictionPolicy::ScanResistant {
+            protected_fraction: 0.5,
+        };
+        assert_eq!(
+            SpacePlan::new(1 << 30, &o(1 << 20, 64 << 20, sr))
+                .unwrap()
+                .protected_quota,
+            32
+        );
+        for (size, opts) in [
+            (0, o(4096, 1 << 20, EvictionPolicy::Clock)),
+            (12, o(4096, 1 << 20, EvictionPolicy::Clock)),
+            (1 << 20, o(3000, 1 << 20, EvictionPolicy::Clock)),
+            (1 << 20, o(4096, 4096, EvictionPolicy::Clock)),
+            (
+                1 << 20,
+                o(
+                    4096,
+                    1 << 20,
+                    EvictionPolicy::ScanResistant {
+                        protected_fraction: 1.5,
+                    },
+                ),
+            ),
+            (1 << 50, o(4096, 1 << 20, EvictionPolicy::Clock)),
+        ] {
+            let e = SpacePlan::new(size, &opts).unwrap_err();
+            assert!(matches!(e, SpaceError::Invalid(_)), "{size} {opts:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn plan_checks_free_gpu_memory() {
+        let p = SpacePlan::new(8 << 30, &o(64 << 10, 1 << 30, EvictionPolicy::Clock)).unwrap();
+        let (frames, tables) = p.gpu_bytes();
+        assert_eq!(frames, 1 << 30);
+        assert!(p.check_fits(frames + tables + (256 << 20)).is_ok());
+        let e = p.check_fits(frames).unwrap_err();
+        assert!(e.to_string().contains("smaller cache"), "{e}");
+    }
+
+    #[test]
+    fn stats_convert_to_the_common_snapshot() {
+        let st = GpuStats {
+            hits: 30,
+            faults: 10,
+            evictions: 4,
+            writebacks: 2,
+            prefetched: 1,
+            bytes_in: 40960,
+            bytes_out: 8192,
+            fault_ns_total: 10_000,
+            fault_ns_max: 3_000,
+            no_frame_retries: 0,
+            protected_frames: 0,
+        };
+        assert_eq!(st.mean_fault_ns(), 1000);
+        let snap = st.to_snapshot();
+        assert_eq!(snap.faults, 10);
+        assert_eq!(snap.hit_rate(), Some(0.75));
+        assert_eq!(snap.tiers[0].bytes_read, 40960);
     }
 }
