@@ -14,6 +14,31 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
+//! # Design, and where it departs from Umap
+//! - No manager thread: every filler waits on the region's userfaultfd itself (epoll with
+//!   `EPOLLEXCLUSIVE`, so one fault wakes one filler) and serves the faults it reads. A
+//!   filler that finds no free frame evicts one itself (direct reclaim), so no thread's stall
+//!   holds up every fault.
+//! - Page state is one atomic word per page (state, reference/hot bits, eviction stamp,
+//!   frame); all transitions are compare-and-swaps. A fault on a page another thread is
+//!   working on leaves a waiter bit and returns; the owner wakes the range when done.
+//! - Clean pages are installed write-protected (`UFFDIO_COPY_MODE_WP`), so a first write is
+//!   seen once and marks the page dirty; write faults on missing pages install writable pages.
+//!   Before a dirty page is written back it is write-protected again, so a racing write waits
+//!   rather than being lost.
+//! - Eviction: a clock over the buffer's frames with reference bits (set by fills and first
+//!   writes) and re-fault detection (a page that comes back within one buffer's worth of
+//!   evictions is hot and survives an extra pass), rather than Umap's FIFO. Evictors claim a
+//!   batch of victims and drop them with one `process_madvise(MADV_DONTNEED)` (one TLB
+//!   shootdown per batch; `madvise` per range on kernels before 6.13).
+//! - Read-ahead: a fault right after a resident page reads the next window with the faulting
+//!   page, and queues the window after it for read-ahead threads, so two reads are in flight.
+//! - Per-region page size (any multiple of 4 KiB up to 2 MiB), buffer, thread counts,
+//!   read-ahead and water marks; any number of regions; memory is given back on eviction.
+//! - A store error on a fault answers the faulting thread with `SIGBUS` (poisoned page) and
+//!   is returned by the next `flush`; a write-back error keeps the page dirty and resident.
+//!   See [`region`] for the details.
+//!
 //! Layout (rustix-style): [`sys`] holds every raw kernel call (userfaultfd ioctls with
 //! `#[repr(C)]` structs checked by layout tests, `mmap`, `epoll`); [`pages`] the lock-free page
 //! and frame tables; [`region`] the safe [`Region`] API and its filler and evictor threads;

@@ -731,15 +731,19 @@ impl Drop for Region {
     }
 }
 
-/// Per-thread scratch buffer for store reads.
+/// Per-thread scratch buffer for store reads, 4 KiB-aligned so that stores opened with
+/// `O_DIRECT` read straight into it instead of through a bounce buffer.
 struct Scratch(Vec<u8>);
 
 impl Scratch {
+    const ALIGN: usize = 4096;
+
     fn get(&mut self, len: usize) -> &mut [u8] {
-        if self.0.len() < len {
-            self.0.resize(len, 0);
+        if self.0.len() < len + Self::ALIGN {
+            self.0 = vec![0; len + Self::ALIGN];
         }
-        &mut self.0[..len]
+        let skip = self.0.as_ptr().align_offset(Self::ALIGN);
+        &mut self.0[skip..skip + len]
     }
 }
 

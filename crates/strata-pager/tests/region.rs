@@ -484,3 +484,39 @@ fn stream_kernels_validate_through_a_region() {
     assert!(s.evictions > 0 && s.writebacks > 0, "{s}");
     assert!(region.counters().read_ahead_pages > 0);
 }
+
+#[test]
+fn read_only_region_at_a_fixed_address() {
+    need_uffd!("read_only_region_at_a_fixed_address");
+    let mut rng = Rng::from_time("read_only_fixed");
+    let (store, data) = random_store(1 << 20, &mut rng);
+    // Reserve an address range of our own, then map the region over it.
+    // SAFETY: a fresh PROT_NONE anonymous mapping at an address of the kernel's choosing.
+    let addr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            1 << 20,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(addr, libc::MAP_FAILED);
+    let addr = addr.cast::<u8>();
+    // SAFETY: the range is our reservation above, which the region replaces (and unmaps when
+    // dropped).
+    let region = unsafe {
+        Region::builder(store, 1 << 20)
+            .config(config(8192, 64 << 10, 1, 1))
+            .read_only(true)
+            .fixed_address(addr)
+    }
+    .build()
+    .unwrap();
+    assert_eq!(region.as_ptr(), addr);
+    assert!(region.as_slice() == &data[..]);
+    region.flush().unwrap();
+    assert_eq!(region.counters().dirty_pages, 0);
+    assert_eq!(region.stats().writebacks, 0);
+}
