@@ -422,6 +422,9 @@ impl NodeLoop {
         let Some(client) = self.clients.get(&to) else {
             return;
         };
+        // Eager: the page travels with the reply. Letting UCX use rendezvous for 64 KiB replies
+        // (zero-copy into the client's buffer, one more round trip) measured 2x slower over
+        // TCP here (461 vs ~1000 MB/s at 32 in flight).
         // SAFETY: `data` points into `keep` (region memory or owned bytes) or is empty; both
         // stay alive in `self.pending` until the send completes.
         let sent = unsafe {
