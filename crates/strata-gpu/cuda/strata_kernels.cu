@@ -3,28 +3,36 @@
 // access races with them; prefetch reuses the fault path and is safe under any concurrency.
 #include "strata.cuh"
 
+// Copies frame `f` (holding `page`) back to the host copy; the whole warp calls it.
+__device__ void write_back_frame(const StrataSpace& s, strata_u32 page, strata_u64 f, unsigned lane) {
+    const strata_u64 ps = 1ull << s.page_shift;
+    strata::detail::warp_copy(s.host + ((strata_u64)page << s.page_shift), s.frame_data + f * ps, ps, lane,
+                              0xFFFFFFFFu);
+    __syncwarp();
+    if (lane == 0) {
+        __threadfence_system();  // the CPU reads the host copy next
+        atomicAdd(&s.counters->writebacks, 1ull);
+        atomicAdd(&s.counters->bytes_out, ps);
+    }
+}
+
+// Frames handled by this warp: a warp per frame, grid-strided.
+#define STRATA_FOR_EACH_FRAME(f)                                                                    \
+    for (strata_u64 f = (blockIdx.x * (strata_u64)blockDim.x + threadIdx.x) / 32; f < s.frame_count; \
+         f += (strata_u64)gridDim.x * (blockDim.x / 32))
+
 // Writes every dirty resident page back to the host copy and marks it clean. A warp per frame.
 extern "C" __global__ void strata_flush(StrataSpace s) {
     const unsigned lane = threadIdx.x & 31;
-    const strata_u64 warps = (strata_u64)gridDim.x * (blockDim.x / 32);
-    const strata_u64 ps = 1ull << s.page_shift;
-    for (strata_u64 f = (blockIdx.x * (strata_u64)blockDim.x + threadIdx.x) / 32; f < s.frame_count;
-         f += warps) {
+    STRATA_FOR_EACH_FRAME(f) {
         const strata_u32 page = s.frames[f].page;
         if (page == STRATA_NO_PAGE) continue;
         const strata_u64 w = s.page_table[page];
         if (strata::detail::state_of(w) != STRATA_RESIDENT || (w & STRATA_FRAME_MASK) != f ||
             !(w & STRATA_DIRTY))
             continue;
-        strata::detail::warp_copy(s.host + ((strata_u64)page << s.page_shift), s.frame_data + f * ps,
-                                  ps, lane, 0xFFFFFFFFu);
-        __syncwarp();
-        if (lane == 0) {
-            __threadfence_system();
-            atomicAnd(&s.page_table[page], ~STRATA_DIRTY);
-            atomicAdd(&s.counters->writebacks, 1ull);
-            atomicAdd(&s.counters->bytes_out, ps);
-        }
+        write_back_frame(s, page, f, lane);
+        if (lane == 0) atomicAnd(&s.page_table[page], ~STRATA_DIRTY);
     }
 }
 
@@ -32,24 +40,12 @@ extern "C" __global__ void strata_flush(StrataSpace s) {
 // become free. A warp per frame.
 extern "C" __global__ void strata_evict(StrataSpace s, strata_u64 first, strata_u64 last) {
     const unsigned lane = threadIdx.x & 31;
-    const strata_u64 warps = (strata_u64)gridDim.x * (blockDim.x / 32);
-    const strata_u64 ps = 1ull << s.page_shift;
-    for (strata_u64 f = (blockIdx.x * (strata_u64)blockDim.x + threadIdx.x) / 32; f < s.frame_count;
-         f += warps) {
+    STRATA_FOR_EACH_FRAME(f) {
         const strata_u32 page = s.frames[f].page;
         if (page == STRATA_NO_PAGE || page < first || page >= last) continue;
         const strata_u64 w = s.page_table[page];
         const bool owns = strata::detail::state_of(w) == STRATA_RESIDENT && (w & STRATA_FRAME_MASK) == f;
-        if (owns && (w & STRATA_DIRTY)) {
-            strata::detail::warp_copy(s.host + ((strata_u64)page << s.page_shift),
-                                      s.frame_data + f * ps, ps, lane, 0xFFFFFFFFu);
-            __syncwarp();
-            if (lane == 0) {
-                __threadfence_system();
-                atomicAdd(&s.counters->writebacks, 1ull);
-                atomicAdd(&s.counters->bytes_out, ps);
-            }
-        }
+        if (owns && (w & STRATA_DIRTY)) write_back_frame(s, page, f, lane);
         if (lane == 0) {
             if (owns) {
                 atomicAnd(&s.page_table[page], STRATA_PIN_MASK | STRATA_HISTORY);
