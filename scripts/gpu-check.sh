@@ -31,8 +31,8 @@ build() {
     mkdir -p "$CARRY/tests"
     cargo build --release -p strata-cli
     cp "$TARGET/release/strata" "$CARRY/strata"
-    rm -f "$CARRY"/tests/*
     for pkg in "${TEST_PACKAGES[@]}"; do
+        rm -f "$CARRY/tests/${pkg}__"*
         cargo test --release -p "$pkg" --no-run --message-format=json 2>/dev/null |
             python3 -c '
 import json, sys
