@@ -606,10 +606,16 @@ fn pager_measurements(
         "  {:<12} {:>7} {:>8} {:>10} {:>10} {:>9} {:>12} {:>12}",
         "codec", "fillers", "evictors", "copy MB/s", "triad MB/s", "of DRAM", "net in", "net out"
     );
+    // Baseline: the same pager over a local memory store (what the region costs without the
+    // network), at the largest filler count and one evictor.
+    let most = args.fillers.iter().max().copied().unwrap_or(1);
+    let row = stream_row(args, None, CodecKind::None, most, 1, &cfg)?;
+    print_pager_row(&row, dram_triad);
+    report.pager.push(row);
     for codec in codecs {
         for &fillers in &args.fillers {
             for &evictors in &args.evictors {
-                let row = stream_row(args, node, *codec, fillers, evictors, &cfg)?;
+                let row = stream_row(args, Some(node), *codec, fillers, evictors, &cfg)?;
                 print_pager_row(&row, dram_triad);
                 report.pager.push(row);
             }
@@ -670,30 +676,47 @@ fn print_pager_row(row: &PagerRow, dram_triad: f64) {
     }
 }
 
+/// One STREAM run through a pager region over the memory node, or (`node` None, the
+/// baseline) over a local memory store with the same pager settings.
 fn stream_row(
     args: &RemoteBenchArgs,
-    node: &Target,
+    node: Option<&Target>,
     codec: CodecKind,
     fillers: usize,
     evictors: usize,
     cfg: &StreamConfig,
 ) -> anyhow::Result<PagerRow> {
-    let (remote, store) = open(node, args, codec, args.size, AccessPath::Messages, None)?;
+    let (remote, store) = match node {
+        Some(node) => {
+            let (remote, store) = open(node, args, codec, args.size, AccessPath::Messages, None)?;
+            (Some(remote), store)
+        }
+        None => (
+            None,
+            Arc::new(MemoryStore::new(args.size)) as Arc<dyn Store>,
+        ),
+    };
     let config = pager_config(args, fillers, evictors)?;
     let started = Instant::now();
     let region = Region::new(store, args.size, config)?;
     let outcome = run_stream(&region, cfg, &mut |_| {});
     let flushed = region.unmap().map_err(|e| anyhow::anyhow!("{e}"));
-    let c = remote.counters();
+    let counter = |pick: fn(&strata_net::NetworkCounters) -> u64| {
+        remote.as_ref().map_or(0, |r| pick(r.counters()))
+    };
     let mut row = PagerRow {
         workload: "stream",
-        codec: codec_name(codec),
+        codec: if node.is_some() {
+            codec_name(codec)
+        } else {
+            "local memory".into()
+        },
         data: "stream-arrays",
         fillers,
         evictors,
         bytes_per_sec: Vec::new(),
-        network_bytes_received: c.bytes_received.load(Ordering::Relaxed),
-        network_bytes_sent: c.bytes_sent.load(Ordering::Relaxed),
+        network_bytes_received: counter(|c| c.bytes_received.load(Ordering::Relaxed)),
+        network_bytes_sent: counter(|c| c.bytes_sent.load(Ordering::Relaxed)),
         logical_bytes: 0,
         seconds: started.elapsed().as_secs_f64(),
         error: None,
