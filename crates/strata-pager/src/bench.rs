@@ -31,13 +31,17 @@ use crate::{EvictionPolicy, Region};
 pub const UMAP_REFERENCE_FAULTS_PER_SEC: f64 = 86_000.0;
 
 /// Access order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Access {
     /// Page order, each thread a contiguous share.
     Seq,
     /// A random permutation of pager pages, dealt to the threads.
     Random,
+    /// Skewed re-use: as many touches as pages, 80 % of them to a hot eighth of the pages
+    /// (which fits in the buffer when the file is at most 4x the limit), 20 % anywhere. What
+    /// separates eviction policies: a good one keeps the hot pages resident.
+    Skewed,
 }
 
 impl std::str::FromStr for Access {
@@ -46,7 +50,10 @@ impl std::str::FromStr for Access {
         match s {
             "seq" | "sequential" => Ok(Self::Seq),
             "random" | "rand" => Ok(Self::Random),
-            _ => Err(format!("access {s:?} not understood; write seq or random")),
+            "skewed" => Ok(Self::Skewed),
+            _ => Err(format!(
+                "access {s:?} not understood; write seq, random or skewed"
+            )),
         }
     }
 }
@@ -95,6 +102,8 @@ pub struct BenchPlan {
     pub threads: usize,
     /// Access orders.
     pub access: Vec<Access>,
+    /// Eviction policies to compare.
+    pub policies: Vec<EvictionPolicy>,
     /// Repetitions (median reported).
     pub repeat: usize,
     /// Limit method for the kernel baseline.
@@ -116,6 +125,8 @@ pub struct BenchRow {
     pub page_bytes: u64,
     /// Filler threads (0 for the kernel).
     pub fillers: usize,
+    /// Eviction policy (`clock`, `fifo`; `kernel` for the kernel).
+    pub policy: String,
     /// Touching threads.
     pub threads: usize,
     /// Median seconds of a run.
@@ -234,16 +245,33 @@ fn schedule(units: u64, threads: usize, access: Access, seed: u64) -> Vec<Vec<u6
                 .map(|t| (t * share..((t + 1) * share).min(units)).collect())
                 .collect()
         }
-        Access::Random => {
-            let mut order: Vec<u64> = (0..units).collect();
+        Access::Random | Access::Skewed => {
             let mut x = seed | 1;
-            for i in (1..order.len()).rev() {
+            let mut next = move || {
                 x ^= x << 13;
                 x ^= x >> 7;
                 x ^= x << 17;
-                let j = usize::try_from(x % (i as u64 + 1)).unwrap_or(0);
-                order.swap(i, j);
-            }
+                x
+            };
+            let order: Vec<u64> = if access == Access::Random {
+                let mut order: Vec<u64> = (0..units).collect();
+                for i in (1..order.len()).rev() {
+                    let j = usize::try_from(next() % (i as u64 + 1)).unwrap_or(0);
+                    order.swap(i, j);
+                }
+                order
+            } else {
+                let hot = (units / 8).max(1);
+                (0..units)
+                    .map(|_| {
+                        if next() % 10 < 8 {
+                            next() % hot
+                        } else {
+                            next() % units
+                        }
+                    })
+                    .collect()
+            };
             let mut out = vec![Vec::new(); threads];
             for (i, u) in order.into_iter().enumerate() {
                 out[i % threads].push(u);
@@ -445,7 +473,7 @@ struct ChildSpec {
     size: u64,
     unit: u64,
     threads: usize,
-    random: bool,
+    access: Access,
     seed: u64,
     passes: u32,
 }
@@ -501,18 +529,14 @@ pub fn mmap_child_main(spec: &str) -> Result<(), BenchError> {
             source: std::io::Error::last_os_error(),
         });
     }
-    let access = if spec.random {
-        Access::Random
-    } else {
-        Access::Seq
-    };
+    let access = spec.access;
     // Give the kernel the access hint a careful user would: without MADV_RANDOM its
     // read-around turns every random fault into a 128 KiB read that the memory limit then
     // throws away (measured here: under 1 MB/s), which would flatter Strata.
-    let advice = if spec.random {
-        libc::MADV_RANDOM
-    } else {
+    let advice = if access == Access::Seq {
         libc::MADV_SEQUENTIAL
+    } else {
+        libc::MADV_RANDOM
     };
     // SAFETY: advice on the mapping we just made; advisory only.
     unsafe { libc::madvise(ptr, len, advice) };
@@ -597,14 +621,12 @@ fn run_kernel_child(
 fn strata_run(
     store: Arc<dyn Store>,
     plan: &BenchPlan,
-    access: Access,
-    page: u64,
-    fillers: usize,
+    (access, page, fillers, policy): (Access, u64, usize, EvictionPolicy),
     seed: u64,
 ) -> Result<(f64, u64, u64, u64), BenchError> {
     let read_ahead = match access {
         Access::Seq => (4u64 << 20) / page,
-        Access::Random => 0,
+        Access::Random | Access::Skewed => 0,
     };
     let config = PagerConfig::builder()
         .page_bytes(page)
@@ -616,7 +638,7 @@ fn strata_run(
         .map_err(crate::RegionError::from)?;
     let region = Region::builder(store, plan.size)
         .config(config)
-        .policy(EvictionPolicy::Clock)
+        .policy(policy)
         .build()?;
     let sched = schedule(plan.size.div_ceil(page), plan.threads, access, seed);
     // SAFETY: the region is mapped for `size` bytes while `region` lives.
@@ -638,9 +660,7 @@ fn strata_run(
 
 fn row(
     contestant: &str,
-    access: Access,
-    page_bytes: u64,
-    fillers: usize,
+    (access, page_bytes, fillers, policy): (Access, u64, usize, &str),
     plan: &BenchPlan,
     runs: &[(f64, u64, u64, u64)],
 ) -> BenchRow {
@@ -657,6 +677,7 @@ fn row(
         access,
         page_bytes,
         fillers,
+        policy: policy.into(),
         threads: plan.threads,
         seconds,
         all_seconds,
@@ -743,26 +764,23 @@ pub fn run(plan: &BenchPlan, log: &mut dyn FnMut(String)) -> Result<BenchResults
     for &access in &plan.access {
         for &page in &plan.page_sizes {
             for &fillers in &plan.fillers {
-                for (name, store) in [
-                    ("strata-memory", &memory_store),
-                    ("strata-file", &file_store),
-                ] {
-                    let mut runs = Vec::new();
-                    for _ in 0..plan.repeat {
-                        seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
-                        drop_cache(&path)?;
-                        runs.push(strata_run(
-                            store.clone(),
-                            plan,
-                            access,
-                            page,
-                            fillers,
-                            seed,
-                        )?);
+                for &policy in &plan.policies {
+                    for (name, store) in [
+                        ("strata-memory", &memory_store),
+                        ("strata-file", &file_store),
+                    ] {
+                        let mut runs = Vec::new();
+                        for _ in 0..plan.repeat {
+                            seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+                            drop_cache(&path)?;
+                            let what = (access, page, fillers, policy);
+                            runs.push(strata_run(store.clone(), plan, what, seed)?);
+                        }
+                        let policy = format!("{policy:?}").to_lowercase();
+                        let r = row(name, (access, page, fillers, &policy), plan, &runs);
+                        log(describe_row(&r));
+                        rows.push(r);
                     }
-                    let r = row(name, access, page, fillers, plan, &runs);
-                    log(describe_row(&r));
-                    rows.push(r);
                 }
             }
             let mut runs = Vec::new();
@@ -774,7 +792,7 @@ pub fn run(plan: &BenchPlan, log: &mut dyn FnMut(String)) -> Result<BenchResults
                     size: plan.size,
                     unit: page,
                     threads: plan.threads,
-                    random: access == Access::Random,
+                    access,
                     seed,
                     passes: PASSES,
                 };
@@ -786,7 +804,7 @@ pub fn run(plan: &BenchPlan, log: &mut dyn FnMut(String)) -> Result<BenchResults
                     r.major_faults,
                 ));
             }
-            let r = row("kernel-mmap", access, page, 0, plan, &runs);
+            let r = row("kernel-mmap", (access, page, 0, "kernel"), plan, &runs);
             log(describe_row(&r));
             rows.push(r);
         }
@@ -844,11 +862,12 @@ fn ratios(rows: &[BenchRow]) -> Vec<BenchRatio> {
 
 fn describe_row(r: &BenchRow) -> String {
     format!(
-        "{:<13} {:<6} page {:>8} fillers {:>2}: {:>9.1} MB/s {:>10.0} faults/s ({:.3} s)",
+        "{:<13} {:<6} page {:>8} fillers {:>2} {:<6}: {:>9.1} MB/s {:>10.0} faults/s ({:.3} s)",
         r.contestant,
         format!("{:?}", r.access).to_lowercase(),
         format_size(r.page_bytes),
         r.fillers,
+        r.policy,
         r.bytes_per_sec / 1e6,
         r.faults_per_sec,
         r.seconds
@@ -868,16 +887,25 @@ pub fn table(res: &BenchResults) -> String {
         res.kernel_limit
     );
     s += &format!(
-        "{:<13} {:<6} {:>9} {:>7} {:>10} {:>12} {:>12} {:>10}\n",
-        "contestant", "access", "page", "fillers", "MB/s", "faults/s", "page-ins/s", "p50 fault"
+        "{:<13} {:<6} {:>9} {:>7} {:<6} {:>10} {:>12} {:>12} {:>10}\n",
+        "contestant",
+        "access",
+        "page",
+        "fillers",
+        "policy",
+        "MB/s",
+        "faults/s",
+        "page-ins/s",
+        "p50 fault"
     );
     for r in &res.rows {
         s += &format!(
-            "{:<13} {:<6} {:>9} {:>7} {:>10.1} {:>12.0} {:>12.0} {:>10}\n",
+            "{:<13} {:<6} {:>9} {:>7} {:<6} {:>10.1} {:>12.0} {:>12.0} {:>10}\n",
             r.contestant,
             format!("{:?}", r.access).to_lowercase(),
             format_size(r.page_bytes),
             r.fillers,
+            r.policy,
             r.bytes_per_sec / 1e6,
             r.faults_per_sec,
             r.page_ins_per_sec,
@@ -974,6 +1002,10 @@ mod tests {
 
     #[test]
     fn schedules_cover_every_unit_once() {
+        let skewed = schedule(1000, 2, Access::Skewed, 9).concat();
+        assert_eq!(skewed.len(), 1000);
+        let hot = skewed.iter().filter(|&&u| u < 125).count();
+        assert!(hot > 700, "80 % of touches go to the hot eighth: {hot}");
         for access in [Access::Seq, Access::Random] {
             let plan = schedule(1000, 3, access, 12345);
             let mut all: Vec<u64> = plan.concat();

@@ -7,8 +7,8 @@
 //! | 0..3   | [`State`] |
 //! | 3      | `REF`: referenced since the clock hand last passed (fill, write, re-fault) |
 //! | 4      | `WAITER`: a fault arrived while the page was in transition; wake on completion |
-//! | 5      | `HOT`: the page came back soon after eviction (a re-fault), so it earns an extra pass |
-//! | 6      | `GHOST`: the page was evicted before and bits 8..32 hold when |
+//! | 5..7   | heat (0..3): raised each time the page comes back soon after its eviction (a re-fault), lowered by each clock pass; a hot page survives that many extra passes, and keeps its heat while evicted |
+//! | 7      | `GHOST`: the page was evicted before and bits 8..32 hold when |
 //! | 8..32  | eviction stamp (coarse eviction clock, for the re-fault distance) |
 //! | 32..64 | frame index while the page holds a frame |
 //!
@@ -47,10 +47,11 @@ const STATE_MASK: u64 = 0b111;
 pub const REF: u64 = 1 << 3;
 /// Someone waits for the transition to end.
 pub const WAITER: u64 = 1 << 4;
-/// Re-faulted soon after eviction.
-pub const HOT: u64 = 1 << 5;
+/// The heat field (two bits): re-faults soon after eviction.
+pub const HOT: u64 = 0b11 << HEAT_SHIFT;
+const HEAT_SHIFT: u32 = 5;
 /// Evicted before; the stamp is valid.
-pub const GHOST: u64 = 1 << 6;
+pub const GHOST: u64 = 1 << 7;
 const STAMP_SHIFT: u32 = 8;
 /// Bits of the eviction stamp.
 pub const STAMP_BITS: u32 = 24;
@@ -95,9 +96,19 @@ pub mod word {
         (w & STAMP_MASK) >> STAMP_SHIFT
     }
 
-    /// An absent page word remembering an eviction at `stamp`.
-    pub fn evicted(stamp: u64) -> u64 {
-        State::Absent as u64 | GHOST | ((stamp << STAMP_SHIFT) & STAMP_MASK)
+    /// An absent page word remembering an eviction at `stamp` and the page's heat.
+    pub fn evicted(stamp: u64, heat: u64) -> u64 {
+        State::Absent as u64 | GHOST | ((stamp << STAMP_SHIFT) & STAMP_MASK) | with_heat(0, heat)
+    }
+
+    /// The heat (0..=3) of `w`.
+    pub fn heat(w: u64) -> u64 {
+        (w & HOT) >> HEAT_SHIFT
+    }
+
+    /// `w` with heat `h` (capped at 3).
+    pub fn with_heat(w: u64, h: u64) -> u64 {
+        (w & !HOT) | (h.min(3) << HEAT_SHIFT)
     }
 
     /// Whether the state is one a single thread is in the middle of.
@@ -268,7 +279,9 @@ mod tests {
         assert_eq!(word::frame(w), 123_456);
         assert_ne!(w & REF, 0);
         assert_ne!(w & HOT, 0);
-        let e = word::evicted((1 << STAMP_BITS) + 77);
+        let e = word::evicted((1 << STAMP_BITS) + 77, 2);
+        assert_eq!(word::heat(e), 2);
+        assert_eq!(word::heat(word::with_heat(e, 9)), 3, "heat saturates");
         assert_eq!(word::state(e), State::Absent);
         assert_eq!(word::stamp(e), 77, "stamps wrap within their bits");
         assert_ne!(e & GHOST, 0);

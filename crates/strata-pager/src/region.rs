@@ -1153,7 +1153,9 @@ impl Shared {
             if old & crate::pages::GHOST != 0 {
                 let distance = now.wrapping_sub(word::stamp(old)) & ((1 << STAMP_BITS) - 1);
                 if distance <= span {
-                    new |= HOT;
+                    // Back within one buffer's worth of evictions: a little more memory would
+                    // have kept it, so it earns (more) extra passes.
+                    new = word::with_heat(new, word::heat(old) + 1);
                     bump(&self.counters.refaults, 1);
                 }
             }
@@ -1315,9 +1317,13 @@ impl Shared {
                 continue;
             }
             if self.policy == EvictionPolicy::Clock && w & (REF | HOT) != 0 {
-                // Second chance: clear the reference bit, or else the hot bit.
-                let cleared = if w & REF != 0 { w & !REF } else { w & !HOT };
-                self.pages.cas(page, w, cleared);
+                // Another pass: clear the reference bit, or else cool the page by one.
+                let cooled = if w & REF != 0 {
+                    w & !REF
+                } else {
+                    word::with_heat(w, word::heat(w) - 1)
+                };
+                self.pages.cas(page, w, cooled);
                 continue;
             }
             if self
@@ -1407,7 +1413,7 @@ impl Shared {
         let mut frames = Vec::with_capacity(claimed.len());
         for &(page, w) in &claimed {
             let stamp = self.evictions.fetch_add(1, Ordering::Relaxed) / self.stamp_unit;
-            self.finish(page, word::evicted(stamp));
+            self.finish(page, word::evicted(stamp, word::heat(w)));
             frames.push(word::frame(w));
         }
         self.stats.add_evictions(claimed.len() as u64);

@@ -304,9 +304,12 @@ pub struct PagerBenchArgs {
     /// Threads touching the memory.
     #[arg(long)]
     threads: Option<usize>,
-    /// Access patterns to run (comma-separated: seq, random).
+    /// Access patterns to run (comma-separated: seq, random, skewed).
     #[arg(long, value_delimiter = ',', default_value = "seq,random")]
     access: Vec<Access>,
+    /// Eviction policies to compare (comma-separated: clock, fifo).
+    #[arg(long, value_delimiter = ',', default_value = "clock")]
+    policy: Vec<EvictionPolicy>,
     /// Repetitions of each measurement (the median is reported).
     #[arg(long, default_value_t = 3)]
     repeat: usize,
@@ -350,6 +353,7 @@ pub fn bench(args: &PagerBenchArgs) -> anyhow::Result<()> {
         fillers,
         threads: args.threads.unwrap_or(cpus),
         access: args.access.clone(),
+        policies: args.policy.clone(),
         repeat: args.repeat.max(1),
         limit_method: args.limit_method,
         dir: args.dir.clone().unwrap_or_else(std::env::temp_dir),
