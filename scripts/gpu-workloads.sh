@@ -10,8 +10,9 @@
 #   check        `strata bench graph --check` and `strata bench embed --check`: small inputs,
 #                Strata at 4x oversubscription and every baseline, every result validated
 #                (Graph500 BFS rules, CC/PageRank vs the CPU, embeddings bit-exact)
-#   bench-graph  `strata bench graph $GRAPH_ARGS` (default scale 24; GRAPH_ARGS="--scale 25"
-#                for the issue's target size)
+#   bench-graph  `strata bench graph` once per ';'-separated argument list in $GRAPH_RUNS
+#                (default: one run at the defaults, scale 24; "--scale 25" is the issue's
+#                target size)
 #   bench-embed  `strata bench embed` once per ';'-separated argument list in $EMBED_RUNS
 #                (default: 128-float rows, the issue's example, then 1024-float rows, one
 #                row per 4 KiB page, over a table of the same 8 GiB)
@@ -26,7 +27,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CARRY="$ROOT/.carry/workloads"
 TARGET="${CARGO_TARGET_DIR:-/work/target-workloads}"
 STEPS=(check bench-graph bench-embed)
-GRAPH_ARGS="${GRAPH_ARGS:-}"
+GRAPH_RUNS="${GRAPH_RUNS:-}"
 EMBED_RUNS="${EMBED_RUNS:---dim 128;--dim 1024 --rows 2097152 --lookups 4194304}"
 
 build() {
@@ -78,21 +79,21 @@ step_check() {
     return $rc
 }
 
-step_bench_graph() {
-    # shellcheck disable=SC2086
-    log bench-graph "$CARRY/strata" bench graph --json "$WORK/graph.json" --svg "$WORK/graph.svg" $GRAPH_ARGS
-}
-
-step_bench_embed() {
-    local rc=0 i=0 args
-    IFS=';' read -r -a runs <<<"$EMBED_RUNS"
+bench_runs() { # bench_runs <graph|embed> <';'-separated argument lists>
+    local what="$1" rc=0 i=0 args
+    local -a runs
+    IFS=';' read -r -a runs <<<"$2"
+    [ ${#runs[@]} -eq 0 ] && runs=("")
     for args in "${runs[@]}"; do
         i=$((i + 1))
         # shellcheck disable=SC2086
-        log "bench-embed-$i" "$CARRY/strata" bench embed --json "$WORK/embed-$i.json" --svg "$WORK/embed-$i.svg" $args || rc=1
+        log "bench-$what-$i" "$CARRY/strata" bench "$what" --json "$WORK/$what-$i.json" --svg "$WORK/$what-$i.svg" $args || rc=1
     done
     return $rc
 }
+
+step_bench_graph() { bench_runs graph "$GRAPH_RUNS"; }
+step_bench_embed() { bench_runs embed "$EMBED_RUNS"; }
 
 run() {
     mkdir -p "$OUT"

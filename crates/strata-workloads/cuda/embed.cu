@@ -1,8 +1,8 @@
 // Embedding lookups with sum pooling for `strata bench embed`.
 //
 // One warp per bag: for each of the bag's row ids the warp reads the whole row (EMBED_DIM
-// floats, EMBED_DIM / 32 consecutive floats per lane, so a row is one contiguous coalesced read)
-// and accumulates it in registers; the pooled row is written once at the end.
+// floats, EMBED_DIM / 32 per lane, in coalesced vector loads) and accumulates it in
+// registers; the pooled row is written once at the end.
 //
 // Compile with -DEMBED_DIM=<floats per row> (a multiple of 32, at most 1024). Rows never
 // straddle pages: the host checks that the row size divides the page size.
@@ -22,29 +22,49 @@ typedef unsigned int u32;
 #define PER_LANE (EMBED_DIM / 32)
 #define FULL_MASK 0xFFFFFFFFu
 
-// Adds this lane's PER_LANE floats of a row to acc (widest aligned vector loads).
+// Adds this lane's PER_LANE floats of a row to acc, with the widest vector loads that keep
+// every load instruction of the warp on one contiguous stretch of the row: vector k of lane l
+// is vector k * 32 + l of the row (coalesced 128/256/512-byte reads, which matter most for
+// zero-copy reads over PCIe).
+#if PER_LANE % 4 == 0
+#define VEC 4
+typedef float4 vec_t;
+#elif PER_LANE % 2 == 0
+#define VEC 2
+typedef float2 vec_t;
+#else
+#define VEC 1
+typedef float vec_t;
+#endif
+#define VECS_PER_LANE (PER_LANE / VEC)
+
+__device__ __forceinline__ void add_vec(float* acc, const float4& v) {
+    acc[0] += v.x;
+    acc[1] += v.y;
+    acc[2] += v.z;
+    acc[3] += v.w;
+}
+__device__ __forceinline__ void add_vec(float* acc, const float2& v) {
+    acc[0] += v.x;
+    acc[1] += v.y;
+}
+__device__ __forceinline__ void add_vec(float* acc, const float& v) { acc[0] += v; }
+
 __device__ __forceinline__ void add_row(const float* row, float* acc) {
     const unsigned lane = threadIdx.x & 31;
-    const float* mine = row + lane * PER_LANE;
-#if PER_LANE % 4 == 0
+    const vec_t* vecs = (const vec_t*)row;
 #pragma unroll
-    for (int k = 0; k < PER_LANE / 4; ++k) {
-        const float4 v = __ldcg((const float4*)mine + k);
-        acc[4 * k] += v.x;
-        acc[4 * k + 1] += v.y;
-        acc[4 * k + 2] += v.z;
-        acc[4 * k + 3] += v.w;
-    }
-#elif PER_LANE % 2 == 0
+    for (int k = 0; k < VECS_PER_LANE; ++k) add_vec(acc + VEC * k, __ldcg(vecs + k * 32 + lane));
+}
+
+// Writes acc to the output row in the same interleaved order.
+__device__ __forceinline__ void store_row(float* row, const float* acc) {
+    const unsigned lane = threadIdx.x & 31;
 #pragma unroll
-    for (int k = 0; k < PER_LANE / 2; ++k) {
-        const float2 v = __ldcg((const float2*)mine + k);
-        acc[2 * k] += v.x;
-        acc[2 * k + 1] += v.y;
+    for (int k = 0; k < VECS_PER_LANE; ++k) {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) row[(k * 32 + lane) * VEC + j] = acc[VEC * k + j];
     }
-#else
-    acc[0] += __ldcg(mine);
-#endif
 }
 
 struct PtrTable {
@@ -81,9 +101,7 @@ __device__ void gather(const Table& table, const u32* ids, u64 bags, u32 bag, fl
             const u32 id = lane < count ? mine[j0 + lane] : 0u;
             for (u32 j = 0; j < count; ++j) table.add(__shfl_sync(FULL_MASK, id, j), acc);
         }
-        float* dst = out + b * EMBED_DIM + lane * PER_LANE;
-#pragma unroll
-        for (int k = 0; k < PER_LANE; ++k) dst[k] = acc[k];
+        store_row(out + b * EMBED_DIM, acc);
     }
 }
 

@@ -33,9 +33,10 @@ template <typename T> __device__ __forceinline__ T warp_sum(T v) {
     return v;
 }
 
-// Each warp walks chunks of CHUNK consecutive vertices, so consecutive rows, which share pages,
-// are read by the same warp.
-#define CHUNK 64
+// Work is cut into chunks of consecutive vertices whose rows start in the same page-sized
+// stretch of the neighbour array (bounds[c] .. bounds[c + 1], computed on the host), and each
+// warp takes whole chunks: a page is then read by one warp, once per pass, instead of by the
+// several warps whose rows share it, which would fault it back in after it was evicted.
 
 // Neighbour array behind a plain pointer.
 struct PtrEdges {
@@ -112,11 +113,12 @@ struct SpaceEdges {
 
 // Calls body(v, cursor) for every vertex of this warp's chunks, in order (warp-uniform).
 template <class Edges, class Body>
-__device__ __forceinline__ void for_each_vertex(const Edges& edges, u64 n, Body body) {
+__device__ __forceinline__ void for_each_vertex(const Edges& edges, const u32* bounds, u64 chunks,
+                                                Body body) {
     typename Edges::Cursor cursor = edges.begin();
-    for (u64 first = warp_index() * CHUNK; first < n; first += warp_total() * CHUNK) {
-        const u64 stop = first + CHUNK < n ? first + CHUNK : n;
-        for (u64 v = first; v < stop; ++v) body(v, cursor);
+    for (u64 c = warp_index(); c < chunks; c += warp_total()) {
+        const u64 stop = bounds[c + 1];
+        for (u64 v = bounds[c]; v < stop; ++v) body(v, cursor);
     }
     edges.finish(cursor);
 }
@@ -133,10 +135,11 @@ __device__ __forceinline__ void report_found(u64 found, u64 found_degree, u64* c
 }
 
 template <class Edges>
-__device__ void bfs_top_down(const Edges& edges, const u64* offsets, u64 n, u32* levels, u32* parents,
+__device__ void bfs_top_down(const Edges& edges, const u32* bounds, u64 chunks, const u64* offsets, u64 n,
+                             u32* levels, u32* parents,
                              u32 level, u64* counters) {
     u64 found = 0, found_degree = 0;
-    for_each_vertex(edges, n, [&](u64 v, typename Edges::Cursor& cursor) {
+    for_each_vertex(edges, bounds, chunks, [&](u64 v, typename Edges::Cursor& cursor) {
         if (levels[v] != level) return;
         const u64 start = offsets[v], end = offsets[v + 1];
         if (start == end) return;
@@ -156,10 +159,11 @@ __device__ void bfs_top_down(const Edges& edges, const u64* offsets, u64 n, u32*
 
 // Bottom-up: every unreached vertex looks for a neighbour on `level` and stops at the first.
 template <class Edges>
-__device__ void bfs_bottom_up(const Edges& edges, const u64* offsets, u64 n, u32* levels, u32* parents,
+__device__ void bfs_bottom_up(const Edges& edges, const u32* bounds, u64 chunks, const u64* offsets, u64 n,
+                              u32* levels, u32* parents,
                               u32 level, u64* counters) {
     u64 found = 0, found_degree = 0;
-    for_each_vertex(edges, n, [&](u64 v, typename Edges::Cursor& cursor) {
+    for_each_vertex(edges, bounds, chunks, [&](u64 v, typename Edges::Cursor& cursor) {
         if (levels[v] != UNREACHED) return;
         const u64 start = offsets[v], end = offsets[v + 1];
         if (start == end) return;
@@ -192,9 +196,10 @@ __device__ void bfs_bottom_up(const Edges& edges, const u64* offsets, u64 n, u32
 // At the fixed point every component carries its smallest vertex id.
 
 template <class Edges>
-__device__ void cc_hook(const Edges& edges, const u64* offsets, u64 n, u32* labels, u32* changed) {
+__device__ void cc_hook(const Edges& edges, const u32* bounds, u64 chunks, const u64* offsets, u64 n,
+                        u32* labels, u32* changed) {
     bool any = false;
-    for_each_vertex(edges, n, [&](u64 v, typename Edges::Cursor& cursor) {
+    for_each_vertex(edges, bounds, chunks, [&](u64 v, typename Edges::Cursor& cursor) {
         const u64 start = offsets[v], end = offsets[v + 1];
         if (start == end) return;
         const u32 mine = *(volatile u32*)&labels[v];
@@ -251,10 +256,11 @@ extern "C" __global__ void pr_init(float* rank, u64 n) {
 }
 
 template <class Edges>
-__device__ void pr_pull(const Edges& edges, const u64* offsets, u64 n, const float* contribution,
+__device__ void pr_pull(const Edges& edges, const u32* bounds, u64 chunks, const u64* offsets, u64 n,
+                        const float* contribution,
                         const double* dangling, float damping, float* next) {
     const float base = (float)((1.0 - damping) / (double)n + damping * *dangling / (double)n);
-    for_each_vertex(edges, n, [&](u64 v, typename Edges::Cursor& cursor) {
+    for_each_vertex(edges, bounds, chunks, [&](u64 v, typename Edges::Cursor& cursor) {
         const u64 start = offsets[v], end = offsets[v + 1];
         float sum = 0.0f;
         if (start != end) {
@@ -270,27 +276,32 @@ __device__ void pr_pull(const Edges& edges, const u64* offsets, u64 n, const flo
 }
 
 // ---- entry points ---------------------------------------------------------------------------
-#define GRAPH_ENTRY_POINTS(SUFFIX, PARAM, MAKE)                                                        \
-    extern "C" __global__ void bfs_top_down_##SUFFIX(PARAM, const u64* offsets, u64 n, u32* levels,  \
-                                                     u32* parents, u32 level, u64* counters) {        \
-        MAKE;                                                                                         \
-        bfs_top_down(edges, offsets, n, levels, parents, level, counters);                           \
-    }                                                                                                 \
-    extern "C" __global__ void bfs_bottom_up_##SUFFIX(PARAM, const u64* offsets, u64 n, u32* levels, \
-                                                      u32* parents, u32 level, u64* counters) {       \
-        MAKE;                                                                                         \
-        bfs_bottom_up(edges, offsets, n, levels, parents, level, counters);                          \
-    }                                                                                                 \
-    extern "C" __global__ void cc_hook_##SUFFIX(PARAM, const u64* offsets, u64 n, u32* labels,       \
-                                                u32* changed) {                                       \
-        MAKE;                                                                                         \
-        cc_hook(edges, offsets, n, labels, changed);                                                  \
-    }                                                                                                 \
-    extern "C" __global__ void pr_pull_##SUFFIX(PARAM, const u64* offsets, u64 n,                    \
-                                                const float* contribution, const double* dangling,    \
-                                                float damping, float* next) {                         \
-        MAKE;                                                                                         \
-        pr_pull(edges, offsets, n, contribution, dangling, damping, next);                           \
+// Every warp kernel takes the neighbour array first, then the chunk bounds.
+#define GRAPH_ENTRY_POINTS(SUFFIX, PARAM, MAKE)                                                    \
+    extern "C" __global__ void bfs_top_down_##SUFFIX(PARAM, const u32* bounds, u64 chunks,       \
+                                                     const u64* offsets, u64 n, u32* levels,     \
+                                                     u32* parents, u32 level, u64* counters) {   \
+        MAKE;                                                                                     \
+        bfs_top_down(edges, bounds, chunks, offsets, n, levels, parents, level, counters);       \
+    }                                                                                             \
+    extern "C" __global__ void bfs_bottom_up_##SUFFIX(PARAM, const u32* bounds, u64 chunks,      \
+                                                      const u64* offsets, u64 n, u32* levels,    \
+                                                      u32* parents, u32 level, u64* counters) {  \
+        MAKE;                                                                                     \
+        bfs_bottom_up(edges, bounds, chunks, offsets, n, levels, parents, level, counters);      \
+    }                                                                                             \
+    extern "C" __global__ void cc_hook_##SUFFIX(PARAM, const u32* bounds, u64 chunks,            \
+                                                const u64* offsets, u64 n, u32* labels,          \
+                                                u32* changed) {                                   \
+        MAKE;                                                                                     \
+        cc_hook(edges, bounds, chunks, offsets, n, labels, changed);                              \
+    }                                                                                             \
+    extern "C" __global__ void pr_pull_##SUFFIX(PARAM, const u32* bounds, u64 chunks,            \
+                                                const u64* offsets, u64 n,                       \
+                                                const float* contribution, const double* dangling,\
+                                                float damping, float* next) {                     \
+        MAKE;                                                                                     \
+        pr_pull(edges, bounds, chunks, offsets, n, contribution, dangling, damping, next);       \
     }
 
 GRAPH_ENTRY_POINTS(space, StrataSpace space, SpaceEdges edges{space})

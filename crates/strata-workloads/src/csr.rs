@@ -100,6 +100,30 @@ impl Csr {
         self.arcs() * 4
     }
 
+    /// Cuts the vertices into chunks by where their rows start: chunk `c` holds the vertices
+    /// `bounds[c]..bounds[c + 1]` whose rows start in neighbour positions
+    /// `c * ids_per_chunk .. (c + 1) * ids_per_chunk` (the last chunk also takes trailing
+    /// empty rows). GPU kernels hand whole chunks to one warp, so with chunks of one page a
+    /// page is read by one warp per pass.
+    ///
+    /// # Panics
+    /// If `ids_per_chunk` is zero.
+    #[must_use]
+    pub fn chunk_bounds(&self, ids_per_chunk: u64) -> Vec<u32> {
+        assert!(ids_per_chunk > 0, "chunks need at least one id");
+        let n = self.vertices();
+        let chunks = self.arcs().div_ceil(ids_per_chunk).max(1);
+        let starts = &self.offsets[..n];
+        let mut bounds: Vec<u32> = (0..chunks)
+            .map(|c| {
+                let first = starts.partition_point(|o| *o < c * ids_per_chunk);
+                u32::try_from(first).expect("n <= 2^31")
+            })
+            .collect();
+        bounds.push(u32::try_from(n).expect("n <= 2^31"));
+        bounds
+    }
+
     /// Checks the invariants every consumer relies on: offsets start at 0, never decrease and
     /// end at the arc count; ids are in range; rows are sorted and free of duplicates and
     /// self loops; every arc has its reverse.
@@ -355,6 +379,46 @@ mod tests {
             }
             assert_eq!(csr, Csr::from_edges(&list, &ProgressBar::hidden()).unwrap());
         }
+    }
+
+    #[test]
+    fn chunk_bounds_cover_every_vertex_once_by_row_start() {
+        let seed = crate::test_seed();
+        let list = kronecker(
+            &KroneckerParams::graph500(12, 8, seed),
+            &ProgressBar::hidden(),
+        )
+        .unwrap();
+        let csr = Csr::from_edges(&list, &ProgressBar::hidden()).unwrap();
+        for per in [1u64, 7, 1024, 16_384, 1 << 30] {
+            let bounds = csr.chunk_bounds(per);
+            assert_eq!(bounds.len() as u64, csr.arcs().div_ceil(per).max(1) + 1);
+            assert_eq!(bounds[0], 0);
+            assert_eq!(*bounds.last().unwrap() as usize, csr.vertices());
+            assert!(
+                bounds.windows(2).all(|w| w[0] <= w[1]),
+                "seed {seed}, per {per}"
+            );
+            let chunks = bounds.len() - 1;
+            for c in 0..chunks {
+                for v in bounds[c] as usize..bounds[c + 1] as usize {
+                    let start = csr.offsets[v];
+                    assert!(
+                        start >= c as u64 * per,
+                        "seed {seed}: vertex {v} before chunk {c}"
+                    );
+                    if c + 1 < chunks {
+                        assert!(
+                            start < (c as u64 + 1) * per,
+                            "seed {seed}: vertex {v} after chunk {c}"
+                        );
+                    }
+                }
+            }
+        }
+        // A graph without arcs is one chunk holding every vertex.
+        let empty = Csr::from_pairs(5, &[(1, 1)]).unwrap();
+        assert_eq!(empty.chunk_bounds(64), vec![0, 5]);
     }
 
     #[test]

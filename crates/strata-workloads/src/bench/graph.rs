@@ -303,7 +303,7 @@ pub fn run(config: &GraphBenchConfig) -> Result<GraphBenchReport, GpuWorkloadErr
 
     let compare = &config.compare;
     let strata = Strata::new(compare.gpu)?;
-    let runner = GraphGpu::new(&strata, &graph)?;
+    let runner = GraphGpu::new(&strata, &graph, compare.page_size)?;
     let mut outcome = Outcome::new(&strata, compare);
     let mut cross_check: Option<Vec<f32>> = None;
     let mut bfs_steps = Vec::new();

@@ -88,6 +88,8 @@ pub struct GraphGpu {
     gpu: Arc<Gpu>,
     n: u64,
     arcs: u64,
+    chunks: u64,
+    bounds: DeviceBuffer,
     offsets: DeviceBuffer,
     levels: DeviceBuffer,
     parents: DeviceBuffer,
@@ -116,11 +118,12 @@ fn elapsed_ms(start: Instant) -> f64 {
 }
 
 impl GraphGpu {
-    /// Compiles the kernels and uploads the offsets; allocates the vertex arrays.
+    /// Compiles the kernels, uploads the offsets and the work chunks (one per `chunk_bytes` of
+    /// the neighbour array: pass the Strata page size), allocates the vertex arrays.
     ///
     /// # Errors
     /// Compile, allocation or copy failures; vertex arrays that do not fit.
-    pub fn new(strata: &Strata, graph: &Csr) -> Result<Self, GpuWorkloadError> {
+    pub fn new(strata: &Strata, graph: &Csr, chunk_bytes: u64) -> Result<Self, GpuWorkloadError> {
         let gpu = strata.gpu().clone();
         let n = graph.vertices() as u64;
         let vertex_bytes = (n + 1) * 8 + n * 4 * 6 + u64::from(MAX_PAGERANK_ITERATIONS) * 8;
@@ -132,8 +135,11 @@ impl GraphGpu {
         )?;
         let module = strata.compile(GRAPH_CU, "graph.cu")?;
         let offsets = DeviceBuffer::zeroed(&gpu, graph.offsets.len() * 8)?;
-        context_sync(&gpu)?; // the zero fill runs on the legacy stream: finish it before the copy
+        let bounds = graph.chunk_bounds((chunk_bytes / 4).max(1));
+        let bounds_buffer = DeviceBuffer::zeroed(&gpu, bounds.len() * 4)?;
+        context_sync(&gpu)?; // the zero fills run on the legacy stream: finish them before the copies
         offsets.upload(0, &graph.offsets)?;
+        bounds_buffer.upload(0, &bounds)?;
         let vertex_array = || DeviceBuffer::zeroed(&gpu, graph.vertices().max(1) * 4);
         let fill_u32 = module.function("fill_u32")?;
         let vertex_grid = Grid {
@@ -143,6 +149,8 @@ impl GraphGpu {
         let runner = Self {
             n,
             arcs: graph.arcs(),
+            chunks: bounds.len() as u64 - 1,
+            bounds: bounds_buffer,
             levels: vertex_array()?,
             parents: vertex_array()?,
             labels: vertex_array()?,
@@ -270,6 +278,8 @@ impl GraphGpu {
             self.zero_u64(&self.counters, 2)?;
             let args = edges
                 .first_arg()
+                .arg(self.bounds.ptr())
+                .arg(self.chunks)
                 .arg(self.offsets.ptr())
                 .arg(self.n)
                 .arg(self.levels.ptr())
@@ -318,6 +328,8 @@ impl GraphGpu {
             let kernel = self.hook.pick(edges);
             let args = edges
                 .first_arg()
+                .arg(self.bounds.ptr())
+                .arg(self.chunks)
                 .arg(self.offsets.ptr())
                 .arg(self.n)
                 .arg(self.labels.ptr())
@@ -380,6 +392,8 @@ impl GraphGpu {
             let kernel = self.pull.pick(edges);
             let args = edges
                 .first_arg()
+                .arg(self.bounds.ptr())
+                .arg(self.chunks)
                 .arg(self.offsets.ptr())
                 .arg(self.n)
                 .arg(self.contribution.ptr())
