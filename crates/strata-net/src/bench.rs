@@ -74,20 +74,23 @@ pub struct Throughput {
     pub read_us_per_page: f64,
 }
 
-/// Writes then reads every page of `store` (`repeats` times, median), `depth` pages per
-/// batch, verifying every page read back (a fast store that returns wrong bytes is a bug,
-/// not a result).
+/// Writes then reads every page of `store` (`repeats` times, median), from `submitters`
+/// threads that each issue batches of `depth` pages (so up to `submitters * depth` are in
+/// flight, and one thread's checking overlaps another's waiting, as with a pager's fillers),
+/// verifying every page read back: a fast store that returns wrong bytes is a bug, not a
+/// result.
 pub fn page_throughput(
     store: &dyn Store,
     page: usize,
     depth: usize,
+    submitters: usize,
     repeats: usize,
     data: PageData,
     seed: u64,
 ) -> Result<Throughput, StoreError> {
     let pages = store.size() / page as u64;
     let depth = depth.max(1);
-    let mut images: Vec<Vec<u8>> = (0..depth.min(64))
+    let images: Vec<Vec<u8>> = (0..depth.min(64))
         .map(|i| {
             let mut p = vec![0u8; page];
             data.fill(&mut p, i as u64, seed);
@@ -95,7 +98,7 @@ pub fn page_throughput(
         })
         .collect();
     // Page `i` holds image `i % images.len()` with its index stamped in the first 8 bytes.
-    let image_of = |i: u64, images: &mut Vec<Vec<u8>>| -> Vec<u8> {
+    let image_of = |i: u64| -> Vec<u8> {
         let mut p = images[usize::try_from(i).unwrap_or(0) % images.len()].clone();
         p[..8].copy_from_slice(&i.to_le_bytes());
         p
@@ -106,16 +109,17 @@ pub fn page_throughput(
     let mut per_page = Vec::new();
     let mut state = seed | 1;
     for _ in 0..repeats.max(1) {
+        let sequential: Vec<u64> = (0..pages).collect();
         let started = Instant::now();
-        for chunk in (0..pages).collect::<Vec<_>>().chunks(depth) {
-            let bufs: Vec<Vec<u8>> = chunk.iter().map(|i| image_of(*i, &mut images)).collect();
+        in_parallel(&sequential, depth, submitters, |chunk| {
+            let bufs: Vec<Vec<u8>> = chunk.iter().map(|i| image_of(*i)).collect();
             let requests: Vec<(u64, &[u8])> = chunk
                 .iter()
                 .zip(&bufs)
                 .map(|(i, b)| (i * page as u64, b.as_slice()))
                 .collect();
-            store.write_batch(&requests)?;
-        }
+            store.write_batch(&requests).map(|()| Vec::new())
+        })?;
         writes.push((pages * page as u64) as f64 / started.elapsed().as_secs_f64());
         // Fisher-Yates with xorshift: a different random order each repeat.
         for i in (1..order.len()).rev() {
@@ -124,9 +128,9 @@ pub fn page_throughput(
             state ^= state << 17;
             order.swap(i, usize::try_from(state % (i as u64 + 1)).unwrap_or(0));
         }
-        let mut bufs: Vec<Vec<u8>> = (0..depth).map(|_| vec![0u8; page]).collect();
         let started = Instant::now();
-        for chunk in order.chunks(depth) {
+        let times = in_parallel(&order, depth, submitters, |chunk| {
+            let mut bufs: Vec<Vec<u8>> = chunk.iter().map(|_| vec![0u8; page]).collect();
             let t = Instant::now();
             let mut requests: Vec<ReadRequest<'_>> = chunk
                 .iter()
@@ -137,9 +141,9 @@ pub fn page_throughput(
                 })
                 .collect();
             store.read_batch(&mut requests)?;
-            per_page.push(t.elapsed().as_secs_f64() * 1e6 / chunk.len() as f64);
+            let us = t.elapsed().as_secs_f64() * 1e6 / chunk.len() as f64;
             for (i, b) in chunk.iter().zip(&bufs) {
-                if b[..] != image_of(*i, &mut images)[..] {
+                if b[..] != image_of(*i)[..] {
                     return Err(StoreError::Corrupt {
                         store: store.describe(),
                         offset: i * page as u64,
@@ -147,13 +151,51 @@ pub fn page_throughput(
                     });
                 }
             }
-        }
+            Ok(vec![us])
+        })?;
         reads.push((pages * page as u64) as f64 / started.elapsed().as_secs_f64());
+        per_page.extend(times);
     }
     Ok(Throughput {
         write_bytes_per_sec: median(&mut writes),
         read_bytes_per_sec: median(&mut reads),
         read_us_per_page: median(&mut per_page),
+    })
+}
+
+/// Runs `work` on consecutive chunks of `items` (`depth` each) from `threads` threads that
+/// take the next chunk as they finish one; collects what each call returns.
+fn in_parallel<F>(
+    items: &[u64],
+    depth: usize,
+    threads: usize,
+    work: F,
+) -> Result<Vec<f64>, StoreError>
+where
+    F: Fn(&[u64]) -> Result<Vec<f64>, StoreError> + Sync,
+{
+    let chunks: Vec<&[u64]> = items.chunks(depth.max(1)).collect();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..threads.max(1))
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut out = Vec::new();
+                    loop {
+                        let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(chunk) = chunks.get(k) else {
+                            return Ok(out);
+                        };
+                        out.extend(work(chunk)?);
+                    }
+                })
+            })
+            .collect();
+        let mut all = Vec::new();
+        for h in handles {
+            all.extend(h.join().expect("a benchmark thread panicked")?);
+        }
+        Ok(all)
     })
 }
 

@@ -131,9 +131,12 @@ pub struct RemoteBenchArgs {
     /// Store size for the raw page measurements.
     #[arg(long, default_value = "128MiB", value_parser = size_arg)]
     raw_size: u64,
-    /// Pages per batch (requests in flight) for the raw measurements.
+    /// Pages per batch for the raw measurements.
     #[arg(long, default_value_t = 32)]
     depth: usize,
+    /// Threads issuing batches at once in the raw measurements (like a pager's fillers).
+    #[arg(long, default_value_t = 2)]
+    submitters: usize,
     /// Repeats of each raw measurement (median reported).
     #[arg(long, default_value_t = 3)]
     repeats: usize,
@@ -171,6 +174,8 @@ struct RawRow {
     codec: String,
     data: PageData,
     depth: usize,
+    /// Threads issuing batches at once.
+    submitters: usize,
     link_bytes_per_sec: Option<u64>,
     #[serde(flatten)]
     throughput: Throughput,
@@ -223,7 +228,7 @@ fn remote_options(node: &Target, args: &RemoteBenchArgs, stripe: u64) -> RemoteS
     );
     o.transports = Some(args.transports.clone());
     o.stripe_bytes = stripe;
-    o.max_in_flight = args.depth.max(1);
+    o.max_in_flight = (args.depth * args.submitters).max(1);
     o
 }
 
@@ -364,14 +369,15 @@ fn raw_measurements(
         format_size(args.page_size)
     );
     println!(
-        "  {:<44} {:>5} {:>10} {:>10} {:>9} {:>7} {:>8}",
+        "  {:<44} {:>7} {:>10} {:>10} {:>9} {:>7} {:>8}",
         "store [data]", "depth", "read MB/s", "write MB/s", "us/page", "of TCP", "net B/B"
     );
+    println!("  (depth = pages per batch x threads issuing batches; us/page = batch time / pages)");
     let print = |r: &RawRow| {
         println!(
-            "  {:<44} {:>5} {:>10.0} {:>10.0} {:>9.1} {:>6.0}% {:>8.2}",
+            "  {:<44} {:>7} {:>10.0} {:>10.0} {:>9.1} {:>6.0}% {:>8.2}",
             format!("{} [{:?}]", r.store, r.data),
-            r.depth,
+            format!("{}x{}", r.depth, r.submitters),
             mbs(r.throughput.read_bytes_per_sec),
             mbs(r.throughput.write_bytes_per_sec),
             r.throughput.read_us_per_page,
@@ -384,6 +390,7 @@ fn raw_measurements(
         &baseline,
         page,
         args.depth,
+        args.submitters,
         args.repeats,
         PageData::Random,
         seed,
@@ -394,6 +401,7 @@ fn raw_measurements(
         codec: "none".into(),
         data: PageData::Random,
         depth: args.depth,
+        submitters: args.submitters,
         link_bytes_per_sec: None,
         throughput: t,
         network_bytes_per_byte_read: 0.0,
@@ -409,10 +417,13 @@ fn raw_measurements(
                 args.raw_size
             };
             let (_remote, store) = open(node, args, CodecKind::None, size, access, None)?;
+            // Depth 1 from one thread is the pure round-trip latency.
+            let submitters = if depth == 1 { 1 } else { args.submitters };
             let t = page_throughput(
                 store.as_ref(),
                 page,
                 depth,
+                submitters,
                 args.repeats,
                 PageData::Random,
                 seed,
@@ -427,6 +438,7 @@ fn raw_measurements(
                 codec: "none".into(),
                 data: PageData::Random,
                 depth,
+                submitters,
                 link_bytes_per_sec: None,
                 throughput: t,
                 network_bytes_per_byte_read: 1.0,
@@ -453,7 +465,15 @@ fn raw_measurements(
             // error bound itself is tested in strata-codec).
             lossy_throughput(store.as_ref(), page, args.depth, args.repeats, data, seed)?
         } else {
-            page_throughput(store.as_ref(), page, args.depth, args.repeats, data, seed)?
+            page_throughput(
+                store.as_ref(),
+                page,
+                args.depth,
+                args.submitters,
+                args.repeats,
+                data,
+                seed,
+            )?
         };
         let moved = remote.counters().bytes_received.load(Ordering::Relaxed) - before;
         let logical = (size / args.page_size * args.page_size) * args.repeats.max(1) as u64;
@@ -467,6 +487,11 @@ fn raw_measurements(
             codec: codec_name(codec),
             data,
             depth: args.depth,
+            submitters: if matches!(codec, CodecKind::Zfp { .. }) {
+                1
+            } else {
+                args.submitters
+            },
             link_bytes_per_sec: link,
             throughput: t,
             network_bytes_per_byte_read: moved as f64 / logical as f64,
