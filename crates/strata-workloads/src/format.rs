@@ -241,7 +241,7 @@ fn parse_header(
     Ok((origin, u64_at(16), u64_at(24), u64_at(56), u64_at(64)))
 }
 
-/// Reads a graph written by [`write`], verifying sizes, checksums and CSR invariants.
+/// Reads a graph written by [`fn@write`], verifying sizes, checksums and CSR invariants.
 ///
 /// # Errors
 /// I/O failures, a foreign file, another version, truncation or checksum mismatch.

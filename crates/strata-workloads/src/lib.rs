@@ -1,8 +1,11 @@
 //! Workloads that GPU-oversubscription systems are judged on, built locally from seeds:
 //! Graph500 Kronecker and uniform random graphs in CSR form ([`generate`], [`csr`], stored by
-//! [`format`]), CPU references for BFS, connected components and PageRank ([`reference`]),
+//! [`mod@format`]), CPU references for BFS, connected components and PageRank ([`mod@reference`]),
 //! Graph500 BFS validation ([`validate`]), and Zipf-skewed embedding lookups with sum pooling
-//! ([`zipf`], [`embed`]).
+//! ([`zipf`], [`embed`]); the same workloads as GPU kernels written against `strata.cuh`, run
+//! over a Strata space or the baselines' memories ([`gpu`]); and the benchmarks behind
+//! `strata bench graph` and `strata bench embed` ([`mod@bench`]). H200 results and what bounds
+//! them: `results/RESULTS.md`.
 //!
 //! Everything here is deterministic from a seed and independent of the thread count, so a
 //! graph generated on one host and checked on another is the same graph.

@@ -5,7 +5,7 @@
 //! 2. the parent array forms a tree rooted at the source: following parents from any reached
 //!    vertex ends at the source without a cycle (levels are derived this way, so a cycle or a
 //!    parent chain that leaves the tree is caught);
-//! 3. every tree edge (parent[v], v) is an edge of the graph, and level[v] = level[parent] + 1;
+//! 3. every tree edge `(parent[v], v)` is an edge of the graph, and `level[v] = level[parent] + 1`;
 //! 4. for every graph edge (u, v), u and v are both reached or both unreached, and their
 //!    levels differ by at most one;
 //! 5. a vertex is reached (has a parent) exactly when it is in the source's component, which
