@@ -19,7 +19,7 @@ enum Command {
     Info(cmd::info::InfoArgs),
     /// Run a benchmark.
     #[command(subcommand)]
-    Bench(Bench),
+    Bench(Box<Bench>),
     /// Run a memory node that lends this machine's memory to Strata clients over UCX.
     Serve(cmd::remote::ServeArgs),
 }
@@ -51,7 +51,7 @@ fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Info(args) => cmd::info::run(&args),
         Command::Serve(args) => cmd::remote::serve(&args),
-        Command::Bench(bench) => match bench {
+        Command::Bench(bench) => match *bench {
             Bench::Stream(args) => cmd::pager::stream(&args),
             Bench::Pager(args) => cmd::pager::bench(&args),
             Bench::Remote(args) => cmd::remote::bench(&args),
