@@ -18,13 +18,15 @@
 //! # Messages or one-sided?
 //! [`AccessPath::Messages`] (request/response active messages, the default) against
 //! [`AccessPath::OneSided`] (UCX get/put on the region's remote key), measured by
-//! `strata bench remote` over UCX TCP on 127.0.0.1 on the 2-core development VM, 64 KiB pages,
-//! random order, 32 in flight: messages 0.81-1.26 GB/s, one-sided 0.65-0.74 GB/s (the range is
-//! the spread between runs on a loaded host; one TCP socket moved 1.2-2.3 GB/s in the same runs).
-//! One page at a time: messages 87 us, one-sided 106 us. The ~1 ms per `get` seen with
+//! `strata bench remote` over UCX TCP on 127.0.0.1 on the 2-core development VM (shared with
+//! other builds, so runs vary by up to 50%), 64 KiB pages in random order, two threads with
+//! 32-page batches: messages read 0.92-1.42 GB/s (median of five runs 1.20 GB/s), one-sided
+//! 0.45-1.06 GB/s (median 0.67 GB/s); one TCP socket moved 1.6-3.2 GB/s in the same runs. One
+//! page at a time: messages 88-98 us, one-sided 106-150 us. The ~1 ms per `get` seen with
 //! `ucx_perftest` does not appear, because the node's thread keeps progressing its worker. Over
 //! TCP, UCX emulates RMA in software, so messages win; on InfiniBand/RoCE one-sided access
-//! needs no node CPU and is the one to use.
+//! needs no node CPU and is the one to use. Replies carry the page eagerly: letting UCX use its
+//! rendezvous protocol for them measured 2x slower over TCP.
 //!
 //! # Lost nodes
 //! Every request carries a deadline (`STRATA_REMOTE_TIMEOUT`). A missed deadline or an

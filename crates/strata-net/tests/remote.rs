@@ -396,12 +396,16 @@ impl ChildNode {
         };
         Self { child, address }
     }
-    fn signal(&self, signal: &str) {
-        let status = Command::new("kill")
-            .args([signal, &self.child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(status.success());
+    fn signal(&self, signal: libc::c_int) {
+        let pid = libc::pid_t::try_from(self.child.id()).unwrap();
+        // SAFETY: kill(2) with the pid of our own child process and a standard signal.
+        let rc = unsafe { libc::kill(pid, signal) };
+        assert_eq!(
+            rc,
+            0,
+            "kill({pid}, {signal}): {}",
+            std::io::Error::last_os_error()
+        );
     }
 }
 
@@ -439,7 +443,7 @@ fn a_killed_node_is_an_error_within_the_timeout() {
     let mut back = vec![0u8; 16 << 10];
     store.read_at(16 << 10, &mut back).unwrap();
     assert_eq!(back, page);
-    child.signal("-KILL");
+    child.signal(libc::SIGKILL);
     let started = Instant::now();
     let e = loop {
         match store.read_at(16 << 10, &mut back) {
@@ -478,12 +482,12 @@ fn a_stopped_node_is_an_error_within_the_timeout() {
     let store = RemoteStore::connect(1 << 20, o).unwrap();
     let mut buf = vec![0u8; 64 << 10];
     store.read_at(0, &mut buf).unwrap();
-    child.signal("-STOP");
+    child.signal(libc::SIGSTOP);
     let (e, took) = first_failure(&store);
     assert!(matches!(e, StoreError::Unavailable { .. }), "{e}");
     assert!(took < Duration::from_secs(4), "took {took:?}");
     assert!(e.to_string().contains("no answer within"), "{e}");
-    child.signal("-CONT");
+    child.signal(libc::SIGCONT);
 }
 
 #[test]
