@@ -81,20 +81,7 @@ impl Zfp {
     pub fn load() -> Result<Self, String> {
         static API: OnceLock<Result<Arc<ZfpApi>, String>> = OnceLock::new();
         let api = API
-            .get_or_init(|| {
-                let mut first = None;
-                for name in ["libzfp.so.1", "libzfp.so"] {
-                    // SAFETY: loading libzfp runs no code beyond its ELF constructors.
-                    match unsafe { libloading::Library::new(name) } {
-                        // SAFETY: libzfp 1.x exports these symbols with the declared C types.
-                        Ok(lib) => return unsafe { resolve(lib) }.map(Arc::new),
-                        Err(e) => {
-                            first.get_or_insert_with(|| format!("{name}: {e}"));
-                        }
-                    }
-                }
-                Err(first.unwrap_or_default())
-            })
+            .get_or_init(|| load_from(&["libzfp.so.1", "libzfp.so"]).map(Arc::new))
             .clone()?;
         Ok(Self { api })
     }
@@ -180,6 +167,22 @@ impl Zfp {
     }
 }
 
+/// Opens the first of `names` that loads and resolves every symbol.
+fn load_from(names: &[&str]) -> Result<ZfpApi, String> {
+    let mut first = None;
+    for name in names {
+        // SAFETY: loading libzfp runs no code beyond its ELF constructors.
+        match unsafe { libloading::Library::new(name) } {
+            // SAFETY: libzfp 1.x exports these symbols with the declared C types.
+            Ok(lib) => return unsafe { resolve(lib) },
+            Err(e) => {
+                first.get_or_insert_with(|| format!("{name}: {e}"));
+            }
+        }
+    }
+    Err(first.unwrap_or_else(|| "no library name to try".into()))
+}
+
 fn as_bytes_mut(words: &mut [u64]) -> &mut [u8] {
     let len = std::mem::size_of_val(words);
     // SAFETY: any u64 buffer is a valid byte buffer of 8x the length, same allocation.
@@ -212,4 +215,17 @@ unsafe fn resolve(library: libloading::Library) -> Result<ZfpApi, String> {
         zfp_decompress: symbol!(zfp_decompress),
         _library: library,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_missing_libzfp_is_a_clear_error() {
+        let Err(e) = super::load_from(&["libzfp-strata-missing.so.1"]) else {
+            panic!("a library that does not exist loaded");
+        };
+        assert!(e.contains("libzfp-strata-missing.so.1"), "{e}");
+        let message = crate::CodecError::ZfpUnavailable(e).to_string();
+        assert!(message.contains("apt-get install libzfp1"), "{message}");
+    }
 }

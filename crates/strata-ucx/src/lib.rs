@@ -76,34 +76,39 @@ impl UcxError {
     }
 }
 
+/// Shared-library names of libucs tried, newest ABI first.
+const UCS_LIBRARY_NAMES: &[&str] = &["libucs.so.0", "libucs.so"];
+
 /// Loads UCX once per process and returns the resolved function table.
 pub fn api() -> Result<Arc<UcxApi>, UcxError> {
     static API: OnceLock<Result<Arc<UcxApi>, String>> = OnceLock::new();
-    API.get_or_init(|| {
-        let open = |names: &[&str]| {
-            let mut first = None;
-            for name in names {
-                // SAFETY: loading libucp/libucs runs their ELF constructors, which only set up
-                // UCX's own global state.
-                match unsafe { libloading::Library::new(name) } {
-                    Ok(lib) => return Ok(lib),
-                    Err(e) => {
-                        first.get_or_insert_with(|| format!("{name}: {e}"));
-                    }
+    API.get_or_init(|| load(UCS_LIBRARY_NAMES, probe::UCP_LIBRARY_NAMES).map(Arc::new))
+        .clone()
+        .map_err(UcxError::NotInstalled)
+}
+
+/// Opens the first of `ucs_names` and of `ucp_names` that loads and resolves every symbol.
+fn load(ucs_names: &[&str], ucp_names: &[&str]) -> Result<UcxApi, String> {
+    let open = |names: &[&str]| {
+        let mut first = None;
+        for name in names {
+            // SAFETY: loading libucp/libucs runs their ELF constructors, which only set up
+            // UCX's own global state.
+            match unsafe { libloading::Library::new(name) } {
+                Ok(lib) => return Ok(lib),
+                Err(e) => {
+                    first.get_or_insert_with(|| format!("{name}: {e}"));
                 }
             }
-            Err(first.unwrap_or_default())
-        };
-        let ucs = open(&["libucs.so.0", "libucs.so"])?;
-        let ucp = open(probe::UCP_LIBRARY_NAMES)?;
-        // SAFETY: the libraries are UCX's libucp/libucs; the declarations in `sys` follow the
-        // 1.13 headers (checked by the layout test) and the symbols keep their C ABI across
-        // UCX 1.x releases.
-        let api = unsafe { UcxApi::resolve(ucp, ucs) }.map_err(|e| e.to_string())?;
-        Ok(Arc::new(api))
-    })
-    .clone()
-    .map_err(UcxError::NotInstalled)
+        }
+        Err(first.unwrap_or_else(|| "no library name to try".into()))
+    };
+    let ucs = open(ucs_names)?;
+    let ucp = open(ucp_names)?;
+    // SAFETY: the libraries are UCX's libucp/libucs; the declarations in `sys` follow the
+    // 1.13 headers (checked by the layout test) and the symbols keep their C ABI across UCX
+    // 1.x releases.
+    unsafe { UcxApi::resolve(ucp, ucs) }.map_err(|e| e.to_string())
 }
 
 /// UCX's description of a status code.
@@ -332,3 +337,46 @@ unsafe impl Sync for MemoryHandle {}
 
 #[cfg(test)]
 mod layout_test;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_ucx_is_a_clear_error() {
+        let e = load(&["libucs-strata-missing.so.0"], probe::UCP_LIBRARY_NAMES).unwrap_err();
+        assert!(e.contains("libucs-strata-missing.so.0"), "{e}");
+        let message = UcxError::NotInstalled(e).to_string();
+        assert!(message.contains("apt-get install libucx0"), "{message}");
+        let e = load(UCS_LIBRARY_NAMES, &["libucp-strata-missing.so.0"]).unwrap_err();
+        assert!(e.contains("libucp-strata-missing.so.0"), "{e}");
+    }
+
+    #[test]
+    fn the_installed_ucx_loads_and_starts() {
+        let (major, minor, _) = version().expect("UCX is installed in CI (libucx0)");
+        assert!(
+            (major, minor) >= (1, 13),
+            "UCX {major}.{minor} is older than 1.13"
+        );
+        let context = Context::new(&ContextOptions {
+            transports: Some("tcp".into()),
+            rma: true,
+        })
+        .unwrap();
+        let worker = Worker::new(&context).unwrap();
+        let listener = worker.listen("127.0.0.1:0".parse().unwrap()).unwrap();
+        let address = listener.local_addr().unwrap();
+        assert!(
+            address.ip().is_loopback() && address.port() != 0,
+            "{address}"
+        );
+        let e = Context::new(&ContextOptions {
+            transports: Some("no-such-transport".into()),
+            rma: false,
+        })
+        .unwrap_err();
+        assert!(e.to_string().contains("UCX"), "{e}");
+        println!("bad transport: {e}");
+    }
+}
