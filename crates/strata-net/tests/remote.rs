@@ -432,9 +432,15 @@ fn first_failure(store: &RemoteStore) -> (StoreError, Duration) {
 #[test]
 fn a_killed_node_is_an_error_within_the_timeout() {
     let mut rng = rng("killed_node");
+    for access in [AccessPath::Messages, AccessPath::OneSided] {
+        killed_node(access, &mut rng);
+    }
+}
+
+fn killed_node(access: AccessPath, rng: &mut StdRng) {
     let child = ChildNode::start();
     let local = node(64 << 20);
-    let mut o = options(&[local.address(), child.address], AccessPath::Messages);
+    let mut o = options(&[local.address(), child.address], access);
     o.timeout = Duration::from_secs(2);
     let store = RemoteStore::connect(8 << 20, o).unwrap();
     let mut page = vec![0u8; 16 << 10];
@@ -471,7 +477,7 @@ fn a_killed_node_is_an_error_within_the_timeout() {
     store.write_at(0, &page).unwrap();
     store.read_at(0, &mut back).unwrap();
     assert_eq!(back, page);
-    println!("after kill ({started_kill:?} to the first error): {e}");
+    println!("{access:?}: after kill ({started_kill:?} to the first error): {e}");
 }
 
 #[test]
