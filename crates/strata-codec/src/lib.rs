@@ -18,6 +18,11 @@
 //! page (the `Store` contract). Any other header that fails its checks, a CRC mismatch, or a
 //! decoder failure is [`StoreError::Corrupt`]: a damaged page is never returned as data.
 //!
+//! Concurrency: different pages may be read and written from many threads at once. A read
+//! that races a write of the *same* page can see the new header with old bytes and then fails
+//! with `Corrupt` rather than returning a torn page; pagers serialise I/O per page, so this
+//! does not arise there.
+//!
 //! ZFP is lossy: with tolerance `t`, each value read back differs from the value written by
 //! at most `t`. Every ZFP page is decoded again right after compression and checked against
 //! that bound; a page that misses it, or holds NaN or infinity, is stored raw (exactly).
