@@ -512,6 +512,15 @@ struct Node {
     lost: Option<String>,
     in_flight: usize,
     waiting: VecDeque<Piece>,
+    /// One-sided writes: puts were issued since the last flush.
+    unflushed: bool,
+    /// One-sided writes: flushes issued so far; a put waits for flush number `epoch`.
+    flush_epoch: u64,
+    /// One-sided writes: the highest flush number that completed.
+    flushed_epoch: u64,
+    /// One-sided writes: flushes in flight, with their numbers. One flush per round covers
+    /// every put issued in that round, instead of one flush per page.
+    flushes: Vec<(u64, Request)>,
 }
 
 /// A piece on the wire and what it still waits for.
@@ -522,6 +531,8 @@ struct InFlight {
     requests: Vec<Request>,
     /// Messages path: still waiting for the node's reply.
     awaiting_reply: bool,
+    /// One-sided writes: the flush that makes this put remotely complete.
+    flush_epoch: Option<u64>,
     failed: Option<StoreError>,
 }
 
@@ -627,6 +638,10 @@ impl IoLoop {
                 lost: None,
                 in_flight: 0,
                 waiting: VecDeque::new(),
+                unflushed: false,
+                flush_epoch: 0,
+                flushed_epoch: 0,
+                flushes: Vec::new(),
             });
         }
         for index in 0..io.nodes.len() {
@@ -889,6 +904,8 @@ impl IoLoop {
                 self.nodes[node].waiting.push_back(piece);
             }
             let next_pace = self.issue();
+            self.flush_puts();
+            self.poll_flushes();
             self.retire();
             let next_deadline = self.expire();
             if shared.stop.load(Ordering::SeqCst)
@@ -991,19 +1008,14 @@ impl IoLoop {
                         .as_ref()
                         .expect("one-sided nodes hold a key"),
                 ),
-                (AccessPath::OneSided, true) => endpoint
-                    .put(
-                        piece.buffer as *const u8,
-                        piece.length,
-                        node.base + piece.remote_offset,
-                        node.remote_key
-                            .as_ref()
-                            .expect("one-sided nodes hold a key"),
-                    )
-                    .and_then(|put| {
-                        requests.push(put);
-                        endpoint.flush()
-                    }),
+                (AccessPath::OneSided, true) => endpoint.put(
+                    piece.buffer as *const u8,
+                    piece.length,
+                    node.base + piece.remote_offset,
+                    node.remote_key
+                        .as_ref()
+                        .expect("one-sided nodes hold a key"),
+                ),
             }
         };
         match issued {
@@ -1019,6 +1031,7 @@ impl IoLoop {
                         deadline: Instant::now(),
                         requests,
                         awaiting_reply: false,
+                        flush_epoch: None,
                         failed: None,
                     },
                 );
@@ -1038,6 +1051,10 @@ impl IoLoop {
         }
         self.counters.operations.fetch_add(1, Ordering::Relaxed);
         node.in_flight += 1;
+        let flush_epoch = (self.access == AccessPath::OneSided && piece.write).then(|| {
+            node.unflushed = true;
+            node.flush_epoch + 1
+        });
         self.in_flight.insert(
             id,
             InFlight {
@@ -1045,9 +1062,61 @@ impl IoLoop {
                 deadline: Instant::now() + self.timeout,
                 requests,
                 awaiting_reply,
+                flush_epoch,
                 failed: None,
             },
         );
+    }
+
+    /// Issues one flush per node that got puts this round (one-sided writes complete at the
+    /// node only once a later flush completes).
+    fn flush_puts(&mut self) {
+        for index in 0..self.nodes.len() {
+            let node = &mut self.nodes[index];
+            if !node.unflushed || node.lost.is_some() {
+                continue;
+            }
+            let Some(endpoint) = node.endpoint.as_ref() else {
+                continue;
+            };
+            node.unflushed = false;
+            node.flush_epoch += 1;
+            match endpoint.flush() {
+                Ok(request) => {
+                    let epoch = node.flush_epoch;
+                    node.flushes.push((epoch, request));
+                }
+                Err(e) => self.lose_node(index, format!("flushing writes failed ({e})")),
+            }
+        }
+    }
+
+    /// Notes completed flushes; a failed flush loses its node.
+    fn poll_flushes(&mut self) {
+        let mut failed = Vec::new();
+        for (index, node) in self.nodes.iter_mut().enumerate() {
+            let mut error = None;
+            let mut done = node.flushed_epoch;
+            node.flushes
+                .retain_mut(|(epoch, request)| match request.poll() {
+                    None => true,
+                    Some(Ok(())) => {
+                        done = done.max(*epoch);
+                        false
+                    }
+                    Some(Err(e)) => {
+                        error.get_or_insert(e);
+                        false
+                    }
+                });
+            node.flushed_epoch = done;
+            if let Some(e) = error {
+                failed.push((index, format!("flushing writes failed ({e})")));
+            }
+        }
+        for (index, reason) in failed {
+            self.lose_node(index, reason);
+        }
     }
 
     /// Finishes pieces whose requests and reply are all in.
@@ -1072,7 +1141,12 @@ impl IoLoop {
                         reason: format!("a transfer failed ({e}); the memory node may be gone"),
                     });
             }
-            if flight.requests.is_empty() && (!flight.awaiting_reply || flight.failed.is_some()) {
+            let flushed = flight
+                .flush_epoch
+                .is_none_or(|epoch| epoch <= self.nodes[flight.piece.node].flushed_epoch);
+            if flight.requests.is_empty()
+                && ((!flight.awaiting_reply && flushed) || flight.failed.is_some())
+            {
                 done.push(*id);
             }
         }
@@ -1118,6 +1192,8 @@ impl IoLoop {
         if let Some(endpoint) = self.nodes[index].endpoint.take() {
             self.close_and_drain(endpoint);
         }
+        self.nodes[index].flushes.clear();
+        self.nodes[index].unflushed = false;
         self.nodes[index].lost = Some(reason.clone());
         let ids: Vec<u64> = self
             .in_flight
