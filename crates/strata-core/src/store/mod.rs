@@ -10,7 +10,7 @@
 mod file;
 mod memory;
 
-pub use file::{FileStore, FileStoreOptions};
+pub use file::{FileStore, FileStoreOpenError, FileStoreOptions};
 pub use memory::MemoryStore;
 
 use std::io;
