@@ -208,9 +208,18 @@ pub struct RegionBuilder {
     tier: Option<Tier>,
     fixed_address: usize,
     read_only: bool,
+    without_poison: bool,
 }
 
 impl RegionBuilder {
+    /// Answer failed fills by sending `SIGBUS` to the faulting thread even where the kernel
+    /// has `UFFDIO_POISON` (the behaviour on kernels before 6.6), so tests cover that path.
+    #[doc(hidden)]
+    pub fn without_poison(mut self) -> Self {
+        self.without_poison = true;
+        self
+    }
+
     /// Map the region at exactly this address (`MAP_FIXED`), replacing what is there.
     ///
     /// # Safety
@@ -277,6 +286,8 @@ struct Shared {
     stop_fd: EventFd,
     /// Fault messages being served now (statistics wait for them: see `Region::stats`).
     in_service: AtomicUsize,
+    /// Answer failed fills with `UFFDIO_POISON` (else `SIGBUS` to the faulting thread).
+    use_poison: bool,
     /// Read-ahead windows claimed by fillers for the read-ahead threads.
     ra_queue: Mutex<std::collections::VecDeque<(usize, usize)>>,
     /// Signals `ra_queue`.
@@ -353,6 +364,7 @@ impl Region {
             tier: None,
             fixed_address: 0,
             read_only: false,
+            without_poison: false,
         }
     }
 
@@ -383,6 +395,7 @@ impl Region {
             .min(page_count)
             .max(1);
         let uffd = Uffd::open()?;
+        let use_poison = uffd.can_poison() && !b.without_poison;
         if !b.fixed_address.is_multiple_of(4096) {
             return Err(RegionError::Kernel {
                 op: "mmap(MAP_FIXED)",
@@ -452,6 +465,7 @@ impl Region {
             stop: AtomicBool::new(false),
             stop_fd,
             in_service: AtomicUsize::new(0),
+            use_poison,
             ra_queue: Mutex::new(std::collections::VecDeque::new()),
             ra_ready: std::sync::Condvar::new(),
             pidfd: sys::SelfPidFd::open().ok(),
@@ -1174,7 +1188,7 @@ impl Shared {
     /// Answers a failed fault on `page` (in `Filling`): poison, else SIGBUS to the thread.
     fn poison(&self, page: usize, tid: u32) {
         bump(&self.counters.failed_faults, 1);
-        if self.uffd.can_poison() {
+        if self.use_poison {
             match self.uffd.poison(self.page_addr(page), self.page_bytes) {
                 Ok(()) => {
                     self.finish(page, State::Poisoned as u64);

@@ -365,15 +365,20 @@ fn failing_store_errors_reach_flush_and_unmap_keeps_the_region() {
     assert_eq!(region.prefetch(&[(0, 8192)]).unwrap(), 2);
 }
 
-/// A store that cannot be read answers the faulting thread with SIGBUS (no hang, no zeros).
-/// Runs in a child process, which must die of SIGBUS within a deadline.
+/// A store that cannot be read answers the faulting thread with SIGBUS (no hang, no zeros),
+/// through `UFFDIO_POISON` where the kernel has it and through a signal to the thread where
+/// it does not. Runs in a child process, which must die of SIGBUS within a deadline.
 #[test]
 fn failing_store_fault_delivers_sigbus_not_a_hang() {
-    if std::env::var_os("PAGER_SIGBUS_CHILD").is_some() {
+    if let Some(mode) = std::env::var_os("PAGER_SIGBUS_CHILD") {
         let size = 1 << 20;
         let store = Arc::new(FlakyStore::new(size));
         store.fail_reads.store(true, Ordering::SeqCst);
-        let region = Region::new(store, size, config(4096, 64 << 10, 1, 1)).unwrap();
+        let mut builder = Region::builder(store, size).config(config(4096, 64 << 10, 1, 1));
+        if mode == "signal" {
+            builder = builder.without_poison();
+        }
+        let region = builder.build().unwrap();
         let v = region.as_slice()[5000];
         // Reaching this line means the faulting thread saw data it cannot have.
         println!("CHILD READ {v}");
@@ -381,33 +386,35 @@ fn failing_store_fault_delivers_sigbus_not_a_hang() {
     }
     need_uffd!("failing_store_fault_delivers_sigbus_not_a_hang");
     use std::os::unix::process::ExitStatusExt;
-    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "failing_store_fault_delivers_sigbus_not_a_hang",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("PAGER_SIGBUS_CHILD", "1")
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() > deadline {
-            child.kill().unwrap();
-            panic!("the faulting thread hung on a failing store");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    assert_eq!(
-        status.signal(),
-        Some(libc::SIGBUS),
-        "child should die of SIGBUS, got {status:?}"
-    );
+    for mode in ["poison", "signal"] {
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "failing_store_fault_delivers_sigbus_not_a_hang",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env("PAGER_SIGBUS_CHILD", mode)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            if Instant::now() > deadline {
+                child.kill().unwrap();
+                panic!("{mode}: the faulting thread hung on a failing store");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert_eq!(
+            status.signal(),
+            Some(libc::SIGBUS),
+            "{mode}: child should die of SIGBUS, got {status:?}"
+        );
+    }
 }
 
 #[test]
