@@ -62,6 +62,10 @@ pub const KNOWN_VARIABLES: &[(&str, &str)] = &[
         "STRATA_CUDA_HOME",
         "CUDA toolkit root for NVRTC include paths",
     ),
+    (
+        "STRATA_GPU_READ_THROUGH",
+        "GPU spaces serve first-touch page reads from the host copy (true/false)",
+    ),
 ];
 
 /// Why a configuration was refused.

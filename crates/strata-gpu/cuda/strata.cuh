@@ -34,9 +34,13 @@ typedef unsigned int strata_u32;
 // bit  35      history: the page was resident before (kept across eviction); the scan-resistant
 //              policy admits a page that faults again as referenced, so a loop larger than the
 //              cache gets its re-used pages into the protected segment
-// bits 40..63  pin count: pins live in the page word itself, so a hit is one atomic that both
-//              pins the page and reads its state, and an evictor's single compare-and-swap can
-//              never race with a pin (it fails if any pin appears).
+// bits 36..43  version: bumped each time the page leaves its frame (eviction), so a word read
+//              twice during an optimistic read proves the frame held this page throughout
+//              (a page evicted and reloaded into the same frame has a new version)
+// bits 44..63  pin count: pins live in the page word itself, so a pinned access is one atomic
+//              that both pins the page and reads its state, and an evictor's single
+//              compare-and-swap can never race with a pin (it fails if any pin appears).
+//              20 bits hold a million pins, more than a GPU has threads.
 #define STRATA_FRAME_MASK 0xFFFFFFFFull
 #define STRATA_STATE_SHIFT 32
 #define STRATA_STATE_MASK (3ull << STRATA_STATE_SHIFT)
@@ -46,9 +50,11 @@ typedef unsigned int strata_u32;
 #define STRATA_EVICTING 3ull
 #define STRATA_DIRTY (1ull << 34)
 #define STRATA_HISTORY (1ull << 35)
-#define STRATA_PIN_SHIFT 40
+#define STRATA_VERSION_SHIFT 36
+#define STRATA_VERSION_MASK (0xFFull << STRATA_VERSION_SHIFT)
+#define STRATA_PIN_SHIFT 44
 #define STRATA_PIN_ONE (1ull << STRATA_PIN_SHIFT)
-#define STRATA_PIN_MASK (0xFFFFFFull << STRATA_PIN_SHIFT)
+#define STRATA_PIN_MASK (0xFFFFFull << STRATA_PIN_SHIFT)
 
 // ---- frame table (one entry per frame of the page cache) --------------------------------------
 #define STRATA_NO_PAGE 0xFFFFFFFFu
@@ -60,10 +66,25 @@ typedef unsigned int strata_u32;
 // has frames) pass without a reference. Counting faults rather than clock-hand passes keeps
 // the age independent of how often sweeps skip busy frames.
 #define STRATA_AGE_EPOCHS 16u
+// A probationary frame's stamp counts faults in units of this many (16 bits span a million
+// faults): a probationary page stays at least half the probationary segment's turnover,
+// measured in faults, after its last second chance. Sweeps that skip pinned frames spin the
+// clock hand many laps while few faults complete; without this floor they would strip the
+// second chance of a page loaded a moment ago, and a page that two warps need one after the
+// other in the same pass (a row straddling two pages) would be loaded twice.
+#define STRATA_TICK_SHIFT 4u
 
 // ---- policies and error flags ----------------------------------------------------------------
 #define STRATA_POLICY_CLOCK 0u
 #define STRATA_POLICY_SCAN_RESISTANT 1u
+#define STRATA_POLICY_KIND_MASK 0xFFu
+// Flag on top of either policy: a page-granular read (acquire_page without write) that misses
+// on a page with no history is served straight from the pinned host copy (zero-copy, no frame
+// taken) and only marks the page; a page referenced again after that migrates as usual. For
+// read-only data that is mostly read once (a BFS's edge lists), so only re-used pages take
+// frames. The host copy is current for any page not resident, so this needs no write-back;
+// a kernel must not write a page it reads this way while it runs.
+#define STRATA_POLICY_READ_THROUGH 0x100u
 #define STRATA_ERR_OUT_OF_RANGE 1ull
 #define STRATA_ERR_NO_FRAME 2ull
 
@@ -91,7 +112,9 @@ struct StrataCounters {
     strata_u32 clock_hand;
     strata_u32 protected_now;  // frames in the protected segment
     strata_u64 lifetime_faults;// never reset: the clock of protected-segment ageing
-    strata_u64 reserved[3];
+    strata_u64 optimistic_retries; // optimistic reads whose page moved under them (then pinned)
+    strata_u64 read_through;   // page reads served from the host copy (STRATA_POLICY_READ_THROUGH)
+    strata_u64 reserved[1];
 };
 
 // The space handle a kernel receives (by value). Pointers are device addresses.
@@ -148,10 +171,46 @@ __device__ __forceinline__ void unpin_release(strata_u64* word) {
 __device__ __forceinline__ strata_u64 state_of(strata_u64 w) {
     return (w & STRATA_STATE_MASK) >> STRATA_STATE_SHIFT;
 }
+// Loads of page-table words for the optimistic read: the first with acquire semantics (pairs
+// with the publisher's fence, so frame bytes read after it are the published ones), the second
+// relaxed, after the frame bytes were read (ordered by an acquire load or a fence).
+__device__ __forceinline__ strata_u64 load_acquire(const strata_u64* p) {
+    strata_u64 v;
+    asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ strata_u64 load_relaxed(const strata_u64* p) {
+    strata_u64 v;
+    asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ void fence_acq_rel() { asm volatile("fence.acq_rel.gpu;" : : : "memory"); }
+// True if two reads of a page's word show it resident in the same frame throughout: same
+// state, frame and version (pins and the dirty bit may change under a reader).
+__device__ __forceinline__ bool same_residency(strata_u64 before, strata_u64 after) {
+    return state_of(before) == STRATA_RESIDENT && ((before ^ after) & ~(STRATA_PIN_MASK | STRATA_DIRTY)) == 0;
+}
+// Marks a page gone from its frame: NOT_RESIDENT, frame and dirty cleared, version bumped;
+// pins (transient ones of warps that found it busy) and the history bit kept. A CAS loop, as
+// the version must wrap inside its 8 bits rather than carry into the pins.
+__device__ __forceinline__ void retire_page_word(strata_u64* word) {
+    strata_u64 cur = load_volatile(word);
+    for (;;) {
+        const strata_u64 version = (cur + (1ull << STRATA_VERSION_SHIFT)) & STRATA_VERSION_MASK;
+        const strata_u64 next = (cur & (STRATA_PIN_MASK | STRATA_HISTORY)) | version;
+        const strata_u64 prev = atomicCAS(word, cur, next);
+        if (prev == cur) return;
+        cur = prev;
+    }
+}
 
 __device__ __forceinline__ void report_error(const StrataSpace& s, strata_u64 flag, strata_u64 index) {
     atomicOr(&s.counters->error_flags, flag);
     if (flag == STRATA_ERR_OUT_OF_RANGE) atomicMin(&s.counters->first_bad_index, index);
+}
+
+__device__ __forceinline__ void add_hits(const StrataSpace& s, strata_u64 n) {
+    atomicAdd(&s.counters->hits[(sm_id() % STRATA_HIT_SHARDS) * STRATA_SHARD_STRIDE], n);
 }
 
 __device__ __forceinline__ void touch_frame(const StrataSpace& s, strata_u32 frame) {
@@ -159,12 +218,13 @@ __device__ __forceinline__ void touch_frame(const StrataSpace& s, strata_u32 fra
     if (!(load_volatile(flags) & STRATA_FRAME_REF)) atomicOr(flags, STRATA_FRAME_REF);
 }
 
-enum PinStatus { PIN_NONE = 0, PIN_HIT = 1, PIN_BUSY = 2, PIN_CLAIMED = 3 };
+enum PinStatus { PIN_NONE = 0, PIN_HIT = 1, PIN_BUSY = 2, PIN_CLAIMED = 3, PIN_HOST = 4 };
 
 // One attempt by a group leader: pin a resident page, or claim a missing one for loading (the
-// claim keeps the pin), or report that someone else is moving it.
+// claim keeps the pin), or report that someone else is moving it. With `read_through`, a
+// missing page with no history is only marked (PIN_HOST: read it from the host copy, no pin).
 __device__ __forceinline__ int try_pin(const StrataSpace& s, strata_u64 page, bool write,
-                                       strata_u32* frame) {
+                                       strata_u32* frame, bool read_through = false) {
     strata_u64* word = &s.page_table[page];
     strata_u64 old = atomicAdd(word, STRATA_PIN_ONE);
     strata_u64 st = state_of(old);
@@ -177,6 +237,17 @@ __device__ __forceinline__ int try_pin(const StrataSpace& s, strata_u64 page, bo
     if (st == STRATA_NOT_RESIDENT) {
         strata_u64 cur = old + STRATA_PIN_ONE;
         while (state_of(cur) == STRATA_NOT_RESIDENT) {
+            if (read_through && !(cur & STRATA_HISTORY)) {
+                // The CAS succeeds only while the page is not resident, so no publisher is
+                // adding the history bit at the same time.
+                const strata_u64 prev = atomicCAS(word, cur, cur | STRATA_HISTORY);
+                if (prev == cur) {
+                    atomicAdd(word, 0ull - STRATA_PIN_ONE);
+                    return PIN_HOST;
+                }
+                cur = prev;
+                continue;
+            }
             strata_u64 claimed = (cur & ~STRATA_STATE_MASK) | (STRATA_LOADING << STRATA_STATE_SHIFT);
             strata_u64 prev = atomicCAS(word, cur, claimed);
             if (prev == cur) return PIN_CLAIMED;
@@ -194,8 +265,16 @@ __device__ __forceinline__ int try_pin(const StrataSpace& s, strata_u64 page, bo
 __device__ strata_u32 take_frame(const StrataSpace& s, strata_u32 page, strata_u32* victim,
                                  bool* victim_dirty) {
     const strata_u32 n = s.frame_count;
-    const bool scan_resistant = s.policy == STRATA_POLICY_SCAN_RESISTANT;
+    const bool scan_resistant = (s.policy & STRATA_POLICY_KIND_MASK) == STRATA_POLICY_SCAN_RESISTANT;
     const strata_u64 max_steps = (strata_u64)n * 3 + 64;
+    // Scan-resistant clocks: protected ageing counts epochs of n faults; probationary second
+    // chances count ticks of 2^STRATA_TICK_SHIFT faults and last half the probationary
+    // segment's turnover. Both are read once per sweep.
+    const strata_u64 faults_now = scan_resistant ? load_volatile(&s.counters->lifetime_faults) : 0;
+    const strata_u32 epoch = (strata_u32)(faults_now / n) & 0xFFFFu;
+    const strata_u32 tick = (strata_u32)(faults_now >> STRATA_TICK_SHIFT) & 0xFFFFu;
+    const strata_u32 probation = n - (s.protected_quota < n ? s.protected_quota : n - 1);
+    const strata_u32 min_age_ticks = (probation / 2) >> STRATA_TICK_SHIFT;
     for (strata_u64 step = 0; step < max_steps; ++step) {
         strata_u32 f = atomicAdd(&s.counters->clock_hand, 1u) % n;
         StrataFrame* fr = &s.frames[f];
@@ -210,15 +289,16 @@ __device__ strata_u32 take_frame(const StrataSpace& s, strata_u32 page, strata_u
         }
         strata_u32 flags = load_volatile(&fr->flags);
         if (scan_resistant) {
-            const strata_u32 epoch = (strata_u32)(load_volatile(&s.counters->lifetime_faults) / n) & 0xFFFFu;
             const strata_u32 stamp = (flags & STRATA_STAMP_MASK) >> STRATA_STAMP_SHIFT;
             if (flags & STRATA_FRAME_PROTECTED) {
                 if (flags & STRATA_FRAME_REF) {
                     // Referenced: refresh its stamp.
                     atomicCAS(&fr->flags, flags, (flags & ~(STRATA_FRAME_REF | STRATA_STAMP_MASK)) | (epoch << STRATA_STAMP_SHIFT));
                 } else if (((epoch - stamp) & 0xFFFFu) > STRATA_AGE_EPOCHS) {
-                    // Unused for too long: back to the probationary part.
-                    if (atomicCAS(&fr->flags, flags, flags & ~(STRATA_FRAME_PROTECTED | STRATA_STAMP_MASK)) == flags)
+                    // Unused for too long: back to the probationary part, with a fresh second
+                    // chance there.
+                    if (atomicCAS(&fr->flags, flags, (flags & ~(STRATA_FRAME_PROTECTED | STRATA_STAMP_MASK)) |
+                                                         (tick << STRATA_STAMP_SHIFT)) == flags)
                         atomicSub(&s.counters->protected_now, 1u);
                 }
                 continue;
@@ -231,11 +311,14 @@ __device__ strata_u32 take_frame(const StrataSpace& s, strata_u32 page, strata_u
                 if (atomicAdd(&s.counters->protected_now, 1u) < s.protected_quota) {
                     if (atomicCAS(&fr->flags, flags, promoted) != flags) atomicSub(&s.counters->protected_now, 1u);
                 } else {
+                    // Segment full: a second chance that lasts min_age_ticks of faults.
                     atomicSub(&s.counters->protected_now, 1u);
-                    atomicAnd(&fr->flags, ~STRATA_FRAME_REF);
+                    atomicCAS(&fr->flags, flags, (flags & ~(STRATA_FRAME_REF | STRATA_STAMP_MASK)) | (tick << STRATA_STAMP_SHIFT));
                 }
                 continue;
             }
+            // Too young to evict, unless a whole lap found nothing older (progress first).
+            if (step < n && ((tick - stamp) & 0xFFFFu) < min_age_ticks) continue;
         } else if (flags & STRATA_FRAME_REF) {
             atomicAnd(&fr->flags, ~STRATA_FRAME_REF);  // second chance
             continue;
@@ -246,6 +329,9 @@ __device__ strata_u32 take_frame(const StrataSpace& s, strata_u32 page, strata_u
             continue;
         strata_u64 evicting = (w & ~STRATA_STATE_MASK) | (STRATA_EVICTING << STRATA_STATE_SHIFT);
         if (atomicCAS(vword, w, evicting) != w) continue;
+        // Optimistic readers re-read the word after reading the frame: order the EVICTING mark
+        // before any byte of the frame is overwritten (this warp's copy follows a __syncwarp).
+        __threadfence();
         *victim = owner;
         *victim_dirty = (w & STRATA_DIRTY) != 0;
         return f;
@@ -314,13 +400,18 @@ __device__ strata_u32 serve_fault(const StrataSpace& s, strata_u64 page, unsigne
             __threadfence();
             // Victim back to NOT_RESIDENT, frame and dirty cleared; transient pins and the
             // history bit stay.
-            atomicAnd(&s.page_table[victim], STRATA_PIN_MASK | STRATA_HISTORY);
+            retire_page_word(&s.page_table[victim]);
             atomicAdd(&s.counters->evictions, 1ull);
         }
-        // Clock: a new page starts referenced. Scan-resistant: only a page seen before does.
+        // Clock: a new page starts referenced. Scan-resistant: only a page seen before does,
+        // and every new page is stamped with the fault tick (its probationary age starts now).
         const bool seen = (load_volatile(&s.page_table[page]) & STRATA_HISTORY) != 0;
-        strata_u32 before = atomicExch(&s.frames[frame].flags,
-                                       (s.policy == STRATA_POLICY_CLOCK || seen) ? STRATA_FRAME_REF : 0u);
+        const strata_u32 tick =
+            (strata_u32)(load_volatile(&s.counters->lifetime_faults) >> STRATA_TICK_SHIFT) & 0xFFFFu;
+        const strata_u32 fresh = (s.policy & STRATA_POLICY_KIND_MASK) == STRATA_POLICY_CLOCK
+                                     ? STRATA_FRAME_REF
+                                     : (seen ? STRATA_FRAME_REF : 0u) | (tick << STRATA_STAMP_SHIFT);
+        strata_u32 before = atomicExch(&s.frames[frame].flags, fresh);
         if (before & STRATA_FRAME_PROTECTED) atomicSub(&s.counters->protected_now, 1u);
     }
     __syncwarp(mask);
@@ -347,12 +438,14 @@ __device__ strata_u32 serve_fault(const StrataSpace& s, strata_u64 page, unsigne
 
 }  // namespace detail
 
-// A pinned page: what acquire() returns. `data` points at the page's frame in GPU memory.
+// A pinned page: what acquire() returns. `data` points at the page's frame in GPU memory, or
+// (read-through, `host`) at its bytes in the pinned host copy, with no pin held.
 struct PageRef {
     unsigned char* data;
     strata_u64 page;
     unsigned peers;   // lanes sharing this pin
     unsigned leader;  // the lane that holds it
+    bool host;        // served from the host copy: nothing to unpin
 };
 
 // Warp-collective over the calling lanes: every calling lane gets its page pinned (lanes with
@@ -371,15 +464,20 @@ __device__ __forceinline__ PageRef acquire_page(const StrataSpace& s, strata_u64
     unsigned sleep_ns = 64;
     unsigned idle_rounds = 0;
     unsigned hits_here = 0;
+    unsigned via_host = 0;  // leaders served from the host copy (they hold no pin)
+    const bool read_through = !write && !prefetch && (s.policy & STRATA_POLICY_READ_THROUGH);
     while (pending) {
         int status = detail::PIN_NONE;
-        if (is_leader && ((pending >> lane) & 1u)) status = detail::try_pin(s, page, write, &frame);
+        if (is_leader && ((pending >> lane) & 1u))
+            status = detail::try_pin(s, page, write, &frame, read_through);
         const unsigned hit = __ballot_sync(mask, status == detail::PIN_HIT);
         unsigned claimed = __ballot_sync(mask, status == detail::PIN_CLAIMED);
+        const unsigned hosted = __ballot_sync(mask, status == detail::PIN_HOST);
+        via_host |= hosted;
         hits_here += __popc(hit);
-        pending &= ~hit;
+        pending &= ~(hit | hosted);
         bool starved = false;
-        unsigned served = 0;
+        unsigned served = hosted;
         while (claimed) {
             const unsigned l = __ffs(claimed) - 1;
             claimed &= claimed - 1;
@@ -399,7 +497,7 @@ __device__ __forceinline__ PageRef acquire_page(const StrataSpace& s, strata_u64
             // are moving. Drop this warp's pins so that warps needing frames we hold can
             // finish (no deadlock however small the cache), then try again after a pause.
             idle_rounds = 0;
-            const unsigned held = __ballot_sync(mask, is_leader) & ~pending;
+            const unsigned held = __ballot_sync(mask, is_leader) & ~pending & ~via_host;
             if (is_leader && ((held >> lane) & 1u)) detail::unpin_release(&s.page_table[page]);
             pending |= held;
             hits_here = 0;
@@ -410,11 +508,12 @@ __device__ __forceinline__ PageRef acquire_page(const StrataSpace& s, strata_u64
         }
     }
     if (lane == __ffs(mask) - 1 && hits_here)
-        atomicAdd(&s.counters->hits[(detail::sm_id() % STRATA_HIT_SHARDS) * STRATA_SHARD_STRIDE],
-                  (strata_u64)hits_here);
+        detail::add_hits(s, hits_here);
+    if (lane == __ffs(mask) - 1 && via_host) atomicAdd(&s.counters->read_through, (strata_u64)__popc(via_host));
     frame = __shfl_sync(mask, frame, leader);
     PageRef r;
-    r.data = s.frame_data + ((strata_u64)frame << s.page_shift);
+    r.host = (via_host >> leader) & 1u;
+    r.data = r.host ? s.host + (page << s.page_shift) : s.frame_data + ((strata_u64)frame << s.page_shift);
     r.page = page;
     r.peers = peers;
     r.leader = leader;
@@ -424,7 +523,7 @@ __device__ __forceinline__ PageRef acquire_page(const StrataSpace& s, strata_u64
 // Drops the pin acquire_page() took. Call with the same lanes.
 __device__ __forceinline__ void release_page(const StrataSpace& s, const PageRef& r) {
     __syncwarp(r.peers);
-    if (detail::lane_id() == r.leader) detail::unpin_release(&s.page_table[r.page]);
+    if (detail::lane_id() == r.leader && !r.host) detail::unpin_release(&s.page_table[r.page]);
 }
 
 // Bulk access: acquire makes the page's bytes visible to this thread's ordinary loads (it
@@ -486,12 +585,64 @@ __device__ __forceinline__ void with_page(const StrataSpace& s, strata_u64 page,
         }
     }
     if (lane == __ffs(mask) - 1 && hits_here)
-        atomicAdd(&s.counters->hits[(sm_id() % STRATA_HIT_SHARDS) * STRATA_SHARD_STRIDE], (strata_u64)hits_here);
+        add_hits(s, hits_here);
 }
 }  // namespace detail
 
 __device__ __forceinline__ strata_u64 page_bytes(const StrataSpace& s) { return 1ull << s.page_shift; }
 __device__ __forceinline__ strata_u64 page_count(const StrataSpace& s) { return s.pages; }
+
+// ---- optimistic reads: no atomic on a hit ------------------------------------------------------
+// A pin costs two atomics on the page's word, and under skew every SM's warps aim them at the
+// same few hot words, which serialise in L2. A reader that only reads can skip the pin: read
+// the word (acquire), read the bytes from its frame, then check that the word still shows the
+// page resident in that frame with the same version. An evictor marks the word EVICTING (and
+// fences) before any byte of the frame is overwritten, and a page evicted and reloaded into the
+// same frame comes back with a new version, so a reader that passes the check read this page's
+// bytes; one that fails discards them and takes the pinned path. (The version has 8 bits: a
+// reader would have to stall across 256 evict-and-reload cycles of its own page to be fooled.)
+//
+//   strata::PageView v = strata::view_page(s, page);
+//   if (v.resident) { x = __ldcg(v.data + off); ... }     // ordinary L2 loads
+//   if (strata::view_valid(s, v)) { use x; ++hits; } else { acquire_page(...) as usual }
+//   ...
+//   strata::count_hits(s, hits);                          // once per warp at the end
+//
+// Writes and atomics keep pinning: a write must not land in a frame being written back.
+struct PageView {
+    const unsigned char* data;  // the page's frame (meaningful when resident)
+    strata_u64 page;
+    strata_u64 word;            // the page-table word as first read
+    bool resident;
+};
+
+__device__ __forceinline__ PageView view_page(const StrataSpace& s, strata_u64 page) {
+    PageView v;
+    v.page = page;
+    v.word = detail::load_acquire(&s.page_table[page]);
+    v.resident = detail::state_of(v.word) == STRATA_RESIDENT;
+    v.data = s.frame_data + ((v.word & STRATA_FRAME_MASK) << s.page_shift);
+    return v;
+}
+
+// True if every byte this thread read from `v.data` since view_page belongs to the page (it
+// stayed in its frame throughout); sets the frame's reference bit then. False: discard them.
+__device__ __forceinline__ bool view_valid(const StrataSpace& s, const PageView& v) {
+    if (!v.resident) return false;
+    detail::fence_acq_rel();  // the frame loads complete before the word is read again
+    if (!detail::same_residency(v.word, detail::load_relaxed(&s.page_table[v.page]))) {
+        atomicAdd(&s.counters->optimistic_retries, 1ull);
+        return false;
+    }
+    detail::touch_frame(s, (strata_u32)(v.word & STRATA_FRAME_MASK));
+    return true;
+}
+
+// Adds hits the caller served through view_page/view_valid to the statistics (call rarely,
+// e.g. once per warp: it is an atomic).
+__device__ __forceinline__ void count_hits(const StrataSpace& s, strata_u64 n) {
+    if (n) detail::add_hits(s, n);
+}
 
 namespace detail {
 template <typename T, int N = sizeof(T)> struct Bits;
@@ -502,6 +653,23 @@ template <typename T> struct Bits<T, 8> { typedef strata_u64 type; };
 template <typename T> __device__ __forceinline__ T load_cg(const T* p) {
     typedef typename Bits<T>::type B;
     B b = __ldcg((const B*)p);
+    union { B b; T t; } u;
+    u.b = b;
+    return u.t;
+}
+// An acquire load of one element: the page word's re-read after it cannot pass it.
+template <typename T> __device__ __forceinline__ T load_acquire_elem(const T* p) {
+    typedef typename Bits<T>::type B;
+    B b;
+    if (sizeof(B) == 8) {
+        strata_u64 x;
+        asm volatile("ld.acquire.gpu.global.b64 %0, [%1];" : "=l"(x) : "l"(p) : "memory");
+        b = (B)x;
+    } else {
+        unsigned x;
+        asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(x) : "l"(p) : "memory");
+        b = (B)x;
+    }
     union { B b; T t; } u;
     u.b = b;
     return u.t;
@@ -527,9 +695,29 @@ template <typename T> struct Array {
         }
         const strata_u64 byte = i * sizeof(T);
         const strata_u64 off = byte & ((1ull << s.page_shift) - 1);
+        const strata_u64 page = byte >> s.page_shift;
+        // Optimistic hit first (no atomic; see view_page), the pinned path if the page is not
+        // resident or moved while we read.
         T v = T(0);
-        detail::with_page(s, byte >> s.page_shift, false,
-                          [&](unsigned char* f) { v = detail::load_cg((const T*)(f + off)); });
+        bool done = false;
+        const strata_u64 w = detail::load_acquire(&s.page_table[page]);
+        if (detail::state_of(w) == STRATA_RESIDENT) {
+            const strata_u32 frame = (strata_u32)(w & STRATA_FRAME_MASK);
+            v = detail::load_acquire_elem((const T*)(s.frame_data + ((strata_u64)frame << s.page_shift) + off));
+            done = detail::same_residency(w, detail::load_relaxed(&s.page_table[page]));
+            if (done) detail::touch_frame(s, frame);
+            else atomicAdd(&s.counters->optimistic_retries, 1ull);
+        }
+        // Statistics as the pinned path counts them: one hit per group of lanes on one page.
+        const unsigned mask = __activemask();
+        const unsigned lane = detail::lane_id();
+        const unsigned ok = __ballot_sync(mask, done);
+        const unsigned group = __match_any_sync(mask, page) & ok;
+        const unsigned leaders = __ballot_sync(mask, done && lane == __ffs(group) - 1);
+        if (leaders && lane == __ffs(mask) - 1) detail::add_hits(s, __popc(leaders));
+        if (!done)
+            detail::with_page(s, page, false,
+                              [&](unsigned char* f) { v = detail::load_cg((const T*)(f + off)); });
         return v;
     }
 

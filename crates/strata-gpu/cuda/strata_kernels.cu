@@ -37,9 +37,15 @@ extern "C" __global__ void strata_flush(StrataSpace s) {
 }
 
 // Evicts resident pages in [first, last): dirty ones are written back first, their frames
-// become free. A warp per frame.
+// become free. A warp per frame. With read-through, the pages' history is forgotten too, so
+// their next touch is a first touch again (a cold start).
 extern "C" __global__ void strata_evict(StrataSpace s, strata_u64 first, strata_u64 last) {
     const unsigned lane = threadIdx.x & 31;
+    if (s.policy & STRATA_POLICY_READ_THROUGH) {
+        for (strata_u64 p = first + blockIdx.x * (strata_u64)blockDim.x + threadIdx.x; p < last;
+             p += (strata_u64)gridDim.x * blockDim.x)
+            atomicAnd(&s.page_table[p], ~STRATA_HISTORY);
+    }
     STRATA_FOR_EACH_FRAME(f) {
         const strata_u32 page = s.frames[f].page;
         if (page == STRATA_NO_PAGE || page < first || page >= last) continue;
@@ -48,7 +54,7 @@ extern "C" __global__ void strata_evict(StrataSpace s, strata_u64 first, strata_
         if (owns && (w & STRATA_DIRTY)) write_back_frame(s, page, f, lane);
         if (lane == 0) {
             if (owns) {
-                atomicAnd(&s.page_table[page], STRATA_PIN_MASK | STRATA_HISTORY);
+                strata::detail::retire_page_word(&s.page_table[page]);
                 atomicAdd(&s.counters->evictions, 1ull);
             }
             const strata_u32 before = atomicExch(&s.frames[f].flags, 0u);

@@ -255,6 +255,7 @@ impl Ctx<'_> {
             cache_bytes: self.opts.cache_bytes,
             element: ElementType::U64,
             policy,
+            read_through: false,
         };
         let mut space = self.strata.space(self.opts.cache_bytes * ratio, &o)?;
         let seed = self.seed ^ ratio ^ page;
@@ -931,6 +932,8 @@ mod tests {
                 fault_ns_max: 0,
                 no_frame_retries: 0,
                 protected_frames: 0,
+                optimistic_retries: 0,
+                read_through: 0,
             },
         };
         let s = svg(&[r]);

@@ -20,8 +20,16 @@ pub const EVICTING: u64 = 3;
 pub const DIRTY: u64 = 1 << 34;
 /// Page-table word: the page was resident before (kept across eviction).
 pub const HISTORY: u64 = 1 << 35;
+/// Page-table word: version shift (8 bits, bumped when the page leaves its frame).
+pub const VERSION_SHIFT: u32 = 36;
+/// Page-table word: version bits.
+pub const VERSION_MASK: u64 = 0xFF << VERSION_SHIFT;
+/// Page-table word: pin count shift (20 bits).
+pub const PIN_SHIFT: u32 = 44;
 /// Page-table word: one pin.
-pub const PIN_ONE: u64 = 1 << 40;
+pub const PIN_ONE: u64 = 1 << PIN_SHIFT;
+/// Space handle `policy` flag: read first touches through from the host copy.
+pub const POLICY_READ_THROUGH: u32 = 0x100;
 /// Frame table: no page.
 pub const NO_PAGE: u32 = 0xFFFF_FFFF;
 /// Error flag: an index outside the space.
@@ -42,6 +50,8 @@ pub struct PageWord {
     pub frame: u32,
     /// Dirty bit.
     pub dirty: bool,
+    /// Version (bumped each time the page leaves its frame).
+    pub version: u8,
     /// Pins held.
     pub pins: u32,
 }
@@ -53,7 +63,8 @@ impl PageWord {
             state: (w >> STATE_SHIFT) & 3,
             frame: u32::try_from(w & FRAME_MASK).unwrap_or(u32::MAX),
             dirty: w & DIRTY != 0,
-            pins: u32::try_from(w >> 40).unwrap_or(u32::MAX),
+            version: u8::try_from((w & VERSION_MASK) >> VERSION_SHIFT).unwrap_or(u8::MAX),
+            pins: u32::try_from(w >> PIN_SHIFT).unwrap_or(u32::MAX),
         }
     }
     /// Encodes.
@@ -61,7 +72,8 @@ impl PageWord {
         u64::from(self.frame)
             | (self.state << STATE_SHIFT)
             | if self.dirty { DIRTY } else { 0 }
-            | (u64::from(self.pins) << 40)
+            | (u64::from(self.version) << VERSION_SHIFT)
+            | (u64::from(self.pins) << PIN_SHIFT)
     }
 }
 
@@ -109,8 +121,12 @@ pub struct DeviceCounters {
     pub protected_now: u32,
     /// Faults since the space was made (never reset): ages the protected segment.
     pub lifetime_faults: u64,
+    /// Optimistic reads whose page moved under them (they fell back to pinning).
+    pub optimistic_retries: u64,
+    /// Page reads served from the host copy by read-through.
+    pub read_through: u64,
     /// Reserved.
-    pub reserved: [u64; 3],
+    pub reserved: [u64; 1],
 }
 
 impl DeviceCounters {
@@ -132,7 +148,9 @@ impl DeviceCounters {
             clock_hand: 0,
             protected_now: 0,
             lifetime_faults: 0,
-            reserved: [0; 3],
+            optimistic_retries: 0,
+            read_through: 0,
+            reserved: [0; 1],
         }
     }
 }
@@ -213,6 +231,8 @@ pub fn static_check_source() -> String {
          static_assert(sizeof(StrataCounters) == {}, \"StrataCounters size\");\n\
          static_assert(sizeof(StrataFrame) == {}, \"StrataFrame size\");\n\
          static_assert(STRATA_PIN_ONE == {}ull, \"pin unit\");\n\
+         static_assert(STRATA_VERSION_MASK == {}ull, \"version bits\");\n\
+         static_assert(STRATA_POLICY_READ_THROUGH == {}u, \"read-through flag\");\n\
          static_assert(STRATA_DIRTY == {}ull, \"dirty bit\");\n\
          static_assert(STRATA_HISTORY == {}ull, \"history bit\");\n\
          static_assert(STRATA_NO_PAGE == {}u, \"no page\");\n\
@@ -224,6 +244,8 @@ pub fn static_check_source() -> String {
         size_of::<DeviceCounters>(),
         size_of::<FrameEntry>(),
         PIN_ONE,
+        VERSION_MASK,
+        POLICY_READ_THROUGH,
         DIRTY,
         HISTORY,
         NO_PAGE,
@@ -242,16 +264,17 @@ mod tests {
 
     #[test]
     fn page_word_round_trips() {
-        for (state, frame, dirty, pins) in [
-            (RESIDENT, 7, true, 3),
-            (LOADING, 0, false, 1),
-            (EVICTING, u32::MAX, true, 0xFF_FFFF),
-            (NOT_RESIDENT, 0, false, 0),
+        for (state, frame, dirty, version, pins) in [
+            (RESIDENT, 7, true, 1, 3),
+            (LOADING, 0, false, 0, 1),
+            (EVICTING, u32::MAX, true, 255, 0xF_FFFF),
+            (NOT_RESIDENT, 0, false, 17, 0),
         ] {
             let w = PageWord {
                 state,
                 frame,
                 dirty,
+                version,
                 pins,
             };
             assert_eq!(PageWord::decode(w.encode()), w);
@@ -261,12 +284,14 @@ mod tests {
             state: RESIDENT,
             frame: 5,
             dirty: false,
+            version: 255,
             pins: 0,
         }
         .encode();
         let pinned = w + 3 * PIN_ONE;
         assert_eq!(PageWord::decode(pinned).pins, 3);
         assert_eq!(PageWord::decode(pinned).state, RESIDENT);
+        assert_eq!(PageWord::decode(pinned).version, 255);
         // Publish from LOADING adds one state step and the frame.
         let loading = (LOADING << STATE_SHIFT) + PIN_ONE;
         let published = loading + (1 << STATE_SHIFT) + 9;
@@ -276,6 +301,7 @@ mod tests {
                 state: RESIDENT,
                 frame: 9,
                 dirty: false,
+                version: 0,
                 pins: 1
             }
         );

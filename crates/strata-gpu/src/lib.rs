@@ -1,7 +1,7 @@
 //! GPU-driven demand paging: a *space* is a byte range that may be far larger than the GPU's
 //! memory. Its backing copy lives in pinned host memory mapped into the GPU; a page cache of
 //! frames in GPU memory holds the resident pages; a page table (one 64-bit word per page:
-//! state, dirty bit, frame, pin count) and a frame table (page, reference/protected bits) live
+//! state, dirty bit, frame, version, pin count) and a frame table (page, reference/protected bits) live
 //! in GPU memory. Kernels include `strata.cuh` and read and write elements or whole pages; a
 //! page fault is served by the faulting warp itself (claim, clock sweep with reference bits,
 //! dirty victim written back, 16-byte coalesced copy-in, release fence), with no CPU on the path.
@@ -43,9 +43,18 @@
 //! for bulk loops over a page's bytes (`ref.data`). All are warp-collective over the calling
 //! lanes, which coalesce on equal pages.
 //!
+//! Reads need no atomic on a hit: `read(i)` (and `strata::view_page` / `strata::view_valid`
+//! for bulk reads) reads the page word, the bytes from its frame, and the word again, and keeps
+//! the bytes only if the page stayed resident in that frame with the same version; an
+//! evictor marks the word EVICTING before it overwrites a frame and bumps the page's version
+//! when it leaves, so a reader can never keep another page's bytes. Misses, moved pages,
+//! writes and atomics take the pinned path (one atomic pins and reads the word, one unpins).
+//!
 //! Eviction: [`EvictionPolicy::Clock`] (clock with reference bits) or
 //! [`EvictionPolicy::ScanResistant`] (a protected segment that pages enter only when referenced
-//! again after the hand passed them), per space.
+//! again after the hand passed them, and leave only after many epochs of faults without a
+//! reference; probationary pages keep a second chance for half the probationary segment's
+//! turnover in faults, however fast busy sweeps spin the hand), per space.
 //!
 //! Deviation from DESIGN.md, on purpose: the pin count lives in the page-table word rather than
 //! the frame table, so a hit is a single atomic that pins and reads the state at once, and an

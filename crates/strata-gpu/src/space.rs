@@ -102,8 +102,13 @@ pub enum EvictionPolicy {
     /// Clock with reference bits (second chance).
     Clock,
     /// Clock plus a protected segment: a page enters it only when referenced again after the
-    /// clock hand passed it, and leaves it after many passes without a reference. A loop
+    /// clock hand passed it (or when it faults again after an earlier stay), and leaves it
+    /// after 16 epochs (of as many faults as the cache has frames) without a reference. A loop
     /// larger than the cache keeps the protected part resident instead of thrashing it all.
+    /// Probationary pages are evicted only once half the probationary segment's turnover (in
+    /// faults) has passed since their last second chance, unless a whole sweep finds none so
+    /// old; so leave the probationary part (1 - fraction) a few frames per concurrently
+    /// faulting warp, or pages two warps need one after the other are loaded twice.
     ScanResistant {
         /// Fraction of frames the protected segment may hold (0 to 0.95).
         protected_fraction: f64,
@@ -121,6 +126,11 @@ pub struct SpaceOptions {
     pub element: ElementType,
     /// Eviction policy.
     pub policy: EvictionPolicy,
+    /// Read-through: a page read (`acquire_page` without write) that misses on a page with no
+    /// history is served from the pinned host copy without taking a frame, and only a page
+    /// referenced again migrates (`evict` forgets the history of its range). For read-only
+    /// data read about once per kernel; kernels must not write pages they read this way.
+    pub read_through: bool,
 }
 
 impl Default for SpaceOptions {
@@ -130,6 +140,7 @@ impl Default for SpaceOptions {
             cache_bytes: 1 << 30,
             element: ElementType::U64,
             policy: EvictionPolicy::Clock,
+            read_through: false,
         }
     }
 }
@@ -303,6 +314,10 @@ impl Space {
             policy: match options.policy {
                 EvictionPolicy::Clock => 0,
                 EvictionPolicy::ScanResistant { .. } => 1,
+            } | if options.read_through {
+                crate::layout::POLICY_READ_THROUGH
+            } else {
+                0
             },
             protected_quota,
         };
@@ -496,6 +511,8 @@ impl Space {
             fault_ns_max: c.fault_ns_max,
             no_frame_retries: c.no_frame_retries,
             protected_frames: c.protected_now,
+            optimistic_retries: c.optimistic_retries,
+            read_through: c.read_through,
         })
     }
 
@@ -549,7 +566,8 @@ impl Space {
 /// A space's device statistics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct GpuStats {
-    /// Page pins that found the page resident (one per warp group, not per element).
+    /// Accesses that found the page resident, pinned or optimistic (one per group of lanes
+    /// on one page, not per element).
     pub hits: u64,
     /// Faults served.
     pub faults: u64,
@@ -571,6 +589,11 @@ pub struct GpuStats {
     pub no_frame_retries: u64,
     /// Frames in the protected segment now.
     pub protected_frames: u32,
+    /// Optimistic (pin-free) reads whose page moved while they read; each fell back to a
+    /// pinned read.
+    pub optimistic_retries: u64,
+    /// Page reads served from the host copy by read-through (no frame taken).
+    pub read_through: u64,
 }
 
 impl GpuStats {
@@ -712,8 +735,24 @@ impl SpaceOptions {
             .map_err(|e| SpaceError::Invalid(e.to_string()))?;
         self.page_size = cfg.page_size.bytes();
         self.cache_bytes = cfg.cache_bytes;
+        if let Some(on) = read_through_from_env()? {
+            self.read_through = on;
+        }
         Ok(self)
     }
+}
+
+/// `STRATA_GPU_READ_THROUGH` (true/false) if set: whether new spaces read first touches
+/// through from the host copy ([`SpaceOptions::read_through`]).
+///
+/// # Errors
+/// The variable is set to something other than a boolean.
+pub fn read_through_from_env() -> Result<Option<bool>, SpaceError> {
+    strata_core::config::env_bool(
+        &strata_core::config::process_env(),
+        "STRATA_GPU_READ_THROUGH",
+    )
+    .map_err(|e| SpaceError::Invalid(e.to_string()))
 }
 
 #[cfg(test)]
@@ -726,6 +765,7 @@ mod tests {
             cache_bytes: cache,
             element: ElementType::F64,
             policy,
+            read_through: false,
         }
     }
 
@@ -794,6 +834,8 @@ mod tests {
             fault_ns_max: 3_000,
             no_frame_retries: 0,
             protected_frames: 0,
+            optimistic_retries: 0,
+            read_through: 0,
         };
         assert_eq!(st.mean_fault_ns(), 1000);
         let snap = st.to_snapshot();

@@ -46,6 +46,7 @@ fn opts(page: u64, cache: u64, policy: EvictionPolicy) -> SpaceOptions {
         cache_bytes: cache,
         element: ElementType::U64,
         policy,
+        read_through: false,
     }
 }
 
@@ -401,6 +402,136 @@ fn scan_resistant_policy_beats_clock_on_a_loop_twice_the_cache() {
         faults[1],
         faults[0]
     );
+    // The protected segment (96 of 128 frames) stays across passes: the first pass faults on
+    // every page, each later one on about the 160 pages outside the segment.
+    let ideal = pages + 7 * (pages - 96);
+    assert!(
+        faults[1] * 100 <= ideal * 115,
+        "scan-resistant faults {} against {ideal} if the protected segment were kept",
+        faults[1]
+    );
+}
+
+/// Optimistic (pin-free) reads race evictions and write-backs: readers through `Array::read`
+/// and through `view_page`/`view_valid` check every value against what the space must hold,
+/// while writers dirty pages, at 1x (all hits) to 8x, with both policies and two page sizes.
+#[test]
+fn optimistic_reads_never_return_another_pages_bytes() {
+    let Some(strata) = strata_or_skip() else {
+        return;
+    };
+    let module = strata.compile(KERNELS, "gpu_kernels.cu").unwrap();
+    let verify = module.function("verify_reads").unwrap();
+    let grid = verify.full_grid(256).unwrap();
+    // (page size, cache, reads per thread): big pages get fewer, as nearly every random read
+    // at 8x moves a whole page.
+    for (page, cache, ops) in [(4u64 << 10, 4u64 << 20, 32u64), (64 << 10, 32 << 20, 4)] {
+        for ratio in [1u64, 2, 8] {
+            for policy in [
+                EvictionPolicy::Clock,
+                EvictionPolicy::ScanResistant {
+                    protected_fraction: 0.75,
+                },
+            ] {
+                let key = seed();
+                let n = (cache * ratio / 8) as usize;
+                let values: Vec<u64> = (0..n as u64).map(|i| i ^ key).collect();
+                let mut space = strata
+                    .space(cache * ratio, &opts(page, cache, policy))
+                    .unwrap();
+                space.fill_from_slice(0, &values).unwrap();
+                let bad = DeviceBuffer::zeroed(strata.gpu(), 8).unwrap();
+                // Hot set: four pages, read by about half of all reads.
+                let hot = 4 * page / 8;
+                verify
+                    .launch(
+                        grid,
+                        &Args::new()
+                            .arg(space.handle())
+                            .arg(ops)
+                            .arg(key.rotate_left(17))
+                            .arg(key)
+                            .arg(hot)
+                            .arg(bad.ptr()),
+                    )
+                    .unwrap();
+                space.check_errors().unwrap();
+                let mut wrong = [0u64];
+                bad.download(0, &mut wrong).unwrap();
+                let st = space.stats().unwrap();
+                eprintln!("page {page:>6} ratio {ratio} {policy:?}: {st:?}");
+                assert_eq!(
+                    wrong[0], 0,
+                    "page {page} ratio {ratio} {policy:?}: {} reads returned bytes that are not the page's (key {key:#x})",
+                    wrong[0]
+                );
+                assert!(st.hits > 0, "no hit at all: {st:?}");
+                if ratio > 1 {
+                    assert!(st.evictions > 0 && st.writebacks > 0, "no eviction: {st:?}");
+                }
+                let mut back = vec![0u64; n];
+                space.read_back(0, &mut back).unwrap();
+                let differ = back.iter().zip(&values).filter(|(a, b)| a != b).count();
+                assert_eq!(
+                    differ, 0,
+                    "page {page} ratio {ratio} {policy:?}: {differ} elements differ after flush"
+                );
+            }
+        }
+    }
+}
+
+/// Read-through: the first touch of each page is served from the host copy (no fault, no
+/// frame), a second touch migrates it, and `evict` makes the next touch a first touch again;
+/// every byte read either way is the page's.
+#[test]
+fn read_through_serves_first_touches_from_the_host_copy() {
+    let Some(strata) = strata_or_skip() else {
+        return;
+    };
+    let module = strata.compile(KERNELS, "gpu_kernels.cu").unwrap();
+    let check = module.function("check_pages").unwrap();
+    let (page, cache) = (64u64 << 10, 4u64 << 20);
+    let pages = 4 * cache / page;
+    let key = seed();
+    let n = (pages * page / 8) as usize;
+    let values: Vec<u64> = (0..n as u64).map(|i| i ^ key).collect();
+    let mut options = opts(page, cache, EvictionPolicy::Clock);
+    options.read_through = true;
+    let mut space = strata.space(pages * page, &options).unwrap();
+    space.fill_from_slice(0, &values).unwrap();
+    let bad = DeviceBuffer::zeroed(strata.gpu(), 8).unwrap();
+    let grid = check.full_grid(256).unwrap();
+    let pass = |space: &strata_gpu::Space| {
+        check
+            .launch(
+                grid,
+                &Args::new().arg(space.handle()).arg(key).arg(bad.ptr()),
+            )
+            .unwrap();
+        space.check_errors().unwrap();
+        let st = space.stats().unwrap();
+        eprintln!("{st:?}");
+        st
+    };
+    let first = pass(&space);
+    assert_eq!((first.read_through, first.faults), (pages, 0), "{first:?}");
+    let second = pass(&space);
+    assert_eq!(second.read_through, pages, "{second:?}");
+    assert!(
+        second.faults >= pages,
+        "a second touch must migrate: {second:?}"
+    );
+    space.evict(0..pages * page).unwrap();
+    let third = pass(&space);
+    assert_eq!(
+        third.read_through,
+        2 * pages,
+        "evict forgets history: {third:?}"
+    );
+    let mut wrong = [0u64];
+    bad.download(0, &mut wrong).unwrap();
+    assert_eq!(wrong[0], 0, "{} elements read through were wrong", wrong[0]);
 }
 
 #[test]

@@ -69,3 +69,57 @@ extern "C" __global__ void loop_pages(StrataSpace s, unsigned long long pages, u
         }
     atomicAdd(sink, acc);
 }
+
+// The space holds element i = i ^ key. Warps read elements (half of them on a few hot pages,
+// half anywhere), through Array::read (optimistic first, pinned on a miss) and through
+// view_page/view_valid with acquire_page as the fallback, and count every value that is not
+// i ^ key; one warp in four rewrites the same values, so pages turn dirty and evictions write
+// back while optimistic readers of those frames are in flight.
+extern "C" __global__ void verify_reads(StrataSpace s, unsigned long long ops, unsigned long long seed,
+                                        unsigned long long key, unsigned long long hot_elems,
+                                        unsigned long long* bad) {
+    strata::Array<unsigned long long> a(s);
+    const unsigned long long n = a.size();
+    const unsigned long long t = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
+    const bool writer = ((t / 32) & 3) == 3;
+    const unsigned long long per_page = strata::page_bytes(s) / 8;
+    unsigned long long wrong = 0, view_hits = 0;
+    for (unsigned long long k = 0; k < ops; ++k) {
+        const unsigned long long r = mix(seed ^ (t << 20) ^ k);
+        const unsigned long long i = (r & 1) ? (r >> 1) % (hot_elems < n ? hot_elems : n) : (r >> 1) % n;
+        if (writer) {
+            a.write(i, i ^ key);
+        } else if ((r >> 62) & 1) {
+            const strata::PageView v = strata::view_page(s, i / per_page);
+            unsigned long long x = 0;
+            if (v.resident) x = __ldcg((const unsigned long long*)v.data + i % per_page);
+            if (strata::view_valid(s, v)) {
+                ++view_hits;
+            } else {
+                const strata::PageRef ref = strata::acquire(s, i / per_page, false);
+                x = __ldcg((const unsigned long long*)ref.data + i % per_page);
+                strata::release(s, ref);
+            }
+            if (x != (i ^ key)) ++wrong;
+        } else if (a.read(i) != (i ^ key)) {
+            ++wrong;
+        }
+    }
+    strata::count_hits(s, view_hits);
+    if (wrong) atomicAdd(bad, wrong);
+}
+
+// A warp per page: acquires it for reading and counts elements that are not i ^ key.
+extern "C" __global__ void check_pages(StrataSpace s, unsigned long long key, unsigned long long* bad) {
+    const unsigned long long warps = (unsigned long long)gridDim.x * (blockDim.x / 32);
+    const unsigned long long w = (blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x) / 32;
+    const unsigned long long per_page = strata::page_bytes(s) / 8;
+    unsigned long long wrong = 0;
+    for (unsigned long long q = w; q < strata::page_count(s); q += warps) {
+        const strata::PageRef r = strata::acquire(s, q, false);
+        for (unsigned long long j = threadIdx.x & 31; j < per_page; j += 32)
+            if (__ldcg((const unsigned long long*)r.data + j) != ((q * per_page + j) ^ key)) ++wrong;
+        strata::release(s, r);
+    }
+    if (wrong) atomicAdd(bad, wrong);
+}

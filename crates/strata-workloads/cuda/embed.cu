@@ -6,7 +6,9 @@
 //
 // Compile with -DEMBED_DIM=<floats per row> (a multiple of 32, at most 1024). Rows never
 // straddle pages: the host checks that the row size divides the page size.
-//   gather_space  the table lives in a Strata space (one page pin per row read)
+//   gather_space  the table lives in a Strata space: a row on a resident page is read
+//                 optimistically (strata::view_page, no atomic), a miss or a page that moved
+//                 while it was read takes the pinned path (one page pin per row)
 //   gather_ptr    a plain pointer: GPU memory, zero-copy pinned host memory, or UVM
 #include "strata.cuh"
 
@@ -69,20 +71,41 @@ __device__ __forceinline__ void store_row(float* row, const float* acc) {
 
 struct PtrTable {
     const float* base;
-    __device__ __forceinline__ void add(u32 row, float* acc) const { add_row(base + (u64)row * EMBED_DIM, acc); }
+    __device__ __forceinline__ void add(u32 row, float* acc, u64&) const { add_row(base + (u64)row * EMBED_DIM, acc); }
+    __device__ __forceinline__ void done(u64) const {}
 };
 
 struct SpaceTable {
     StrataSpace s;
-    __device__ __forceinline__ void add(u32 row, float* acc) const {
+    __device__ __forceinline__ void add(u32 row, float* acc, u64& hits) const {
         const u64 byte = (u64)row * (EMBED_DIM * 4);
         if (byte + EMBED_DIM * 4 > s.size_bytes) {  // warp-uniform: one row per warp
             if ((threadIdx.x & 31) == 0) strata::detail::report_error(s, STRATA_ERR_OUT_OF_RANGE, byte / 4);
             return;
         }
-        const strata::PageRef r = strata::acquire_page(s, byte >> s.page_shift, false);
-        add_row((const float*)(r.data + (byte & ((1ull << s.page_shift) - 1))), acc);
+        const u64 page = byte >> s.page_shift;
+        const u64 off = byte & ((1ull << s.page_shift) - 1);
+        // Optimistic: read the row into registers without a pin, keep it if every lane's page
+        // word shows the page stayed in its frame meanwhile (most rows of a skewed serving load).
+        const strata::PageView v = strata::view_page(s, page);
+        if (__all_sync(FULL_MASK, v.resident)) {
+            float row_vals[PER_LANE];
+#pragma unroll
+            for (int k = 0; k < PER_LANE; ++k) row_vals[k] = 0.0f;
+            add_row((const float*)(v.data + off), row_vals);
+            if (__all_sync(FULL_MASK, strata::view_valid(s, v))) {
+#pragma unroll
+                for (int k = 0; k < PER_LANE; ++k) acc[k] += row_vals[k];
+                ++hits;
+                return;
+            }
+        }
+        const strata::PageRef r = strata::acquire_page(s, page, false);
+        add_row((const float*)(r.data + off), acc);
         strata::release_page(s, r);
+    }
+    __device__ __forceinline__ void done(u64 hits) const {
+        if ((threadIdx.x & 31) == 0) strata::count_hits(s, hits);
     }
 };
 
@@ -90,6 +113,7 @@ template <class Table>
 __device__ void gather(const Table& table, const u32* ids, u64 bags, u32 bag, float* out) {
     const unsigned lane = threadIdx.x & 31;
     const u64 warps = ((u64)gridDim.x * blockDim.x) >> 5;
+    u64 hits = 0;  // rows served optimistically (counted once per warp at the end)
     for (u64 b = (blockIdx.x * (u64)blockDim.x + threadIdx.x) >> 5; b < bags; b += warps) {
         float acc[PER_LANE];
 #pragma unroll
@@ -99,10 +123,11 @@ __device__ void gather(const Table& table, const u32* ids, u64 bags, u32 bag, fl
             // Each lane loads one id of the next 32; the warp walks them via shuffles.
             const u32 count = bag - j0 < 32 ? bag - j0 : 32;
             const u32 id = lane < count ? mine[j0 + lane] : 0u;
-            for (u32 j = 0; j < count; ++j) table.add(__shfl_sync(FULL_MASK, id, j), acc);
+            for (u32 j = 0; j < count; ++j) table.add(__shfl_sync(FULL_MASK, id, j), acc, hits);
         }
         store_row(out + b * EMBED_DIM, acc);
     }
+    table.done(hits);
 }
 
 extern "C" __global__ void gather_space(StrataSpace s, const u32* ids, u64 bags, u32 bag, float* out) {
