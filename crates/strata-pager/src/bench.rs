@@ -174,8 +174,10 @@ pub struct BenchResults {
     pub cpus: usize,
     /// `uname -r`.
     pub kernel_release: String,
-    /// The data file's file system, as the kernel names its device.
+    /// Directory of the data file.
     pub data_dir: String,
+    /// How Strata's file store reads the file.
+    pub strata_file_io: String,
     /// Measurements.
     pub rows: Vec<BenchRow>,
     /// Ratios.
@@ -367,6 +369,23 @@ fn drop_cache(path: &std::path::Path) -> Result<(), BenchError> {
         });
     }
     Ok(())
+}
+
+/// Whether `dir` is on tmpfs (or ramfs), where file pages live in memory for good.
+fn on_tmpfs(dir: &std::path::Path) -> bool {
+    const TMPFS_MAGIC: i64 = 0x0102_1994;
+    const RAMFS_MAGIC: i64 = 0x8584_58f6;
+    let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()) else {
+        return false;
+    };
+    let mut st = std::mem::MaybeUninit::<libc::statfs>::zeroed();
+    // SAFETY: statfs fills the struct it is given for a NUL-terminated path.
+    if unsafe { libc::statfs(c.as_ptr(), st.as_mut_ptr()) } != 0 {
+        return false;
+    }
+    // SAFETY: statfs succeeded, so the struct is initialised.
+    let kind = unsafe { st.assume_init() }.f_type;
+    matches!(kind, TMPFS_MAGIC | RAMFS_MAGIC)
 }
 
 /// The cgroup the kernel baseline runs in.
@@ -726,21 +745,46 @@ pub fn run(plan: &BenchPlan, log: &mut dyn FnMut(String)) -> Result<BenchResults
         .map_err(io("reading the data file"))?;
     let memory_store: Arc<dyn Store> = Arc::new(MemoryStore::from_bytes(&data));
     drop(data);
-    let file_store: Arc<dyn Store> = Arc::new(
+    if on_tmpfs(&plan.dir) {
+        log(format!(
+            "WARNING: {} is tmpfs: the data file lives in memory, its pages cannot be dropped, and the kernel baseline maps them without reading; use --dir on a disk file system for a meaningful comparison",
+            plan.dir.display()
+        ));
+    }
+    let open = |direct| {
         FileStore::open(
             &path,
             plan.size,
             &FileStoreOptions {
-                direct: true,
+                direct,
                 read_only: true,
                 ..Default::default()
             },
         )
-        .map_err(|e| BenchError::Io {
-            what: e.to_string(),
-            source: std::io::Error::other("open failed"),
-        })?,
-    );
+    };
+    let (file_store, strata_file_io): (Arc<dyn Store>, String) = match open(true) {
+        Ok(f) => (
+            Arc::new(f),
+            "O_DIRECT: the pager keeps no page cache beyond its buffer".into(),
+        ),
+        Err(direct_error) => {
+            // tmpfs and some other file systems refuse O_DIRECT; say so rather than stop.
+            let f = open(false).map_err(|e| BenchError::Io {
+                what: e.to_string(),
+                source: std::io::Error::other("open failed"),
+            })?;
+            log(format!(
+                "WARNING: {} refuses O_DIRECT ({direct_error}); strata-file reads through the page cache, which the limit does not cover (use --dir on a disk file system)",
+                plan.dir.display()
+            ));
+            (
+                Arc::new(f),
+                format!(
+                    "buffered (O_DIRECT refused: {direct_error}): the page cache is outside the limit"
+                ),
+            )
+        }
+    };
     let (cgroup, kernel_limit) = match Cgroup::create(plan.limit_method, plan.limit) {
         Ok(Some(cg)) => {
             let d = cg.describe(plan.limit);
@@ -831,6 +875,7 @@ pub fn run(plan: &BenchPlan, log: &mut dyn FnMut(String)) -> Result<BenchResults
         cpus: strata_core::config::available_cpus(),
         kernel_release: uname,
         data_dir: plan.dir.display().to_string(),
+        strata_file_io,
         rows,
         ratios,
     })
@@ -877,14 +922,15 @@ fn describe_row(r: &BenchRow) -> String {
 /// The results as a text table.
 pub fn table(res: &BenchResults) -> String {
     let mut s = format!(
-        "pager vs kernel mmap: {} file, memory limit {}, {} passes, {} threads, {} CPUs, Linux {}\nkernel limit: {}\n\n",
+        "pager vs kernel mmap: {} file, memory limit {}, {} passes, {} threads, {} CPUs, Linux {}\nkernel limit: {}\nstrata-file I/O: {}\n\n",
         format_size(res.size),
         format_size(res.limit),
         res.passes,
         res.rows.first().map_or(0, |r| r.threads),
         res.cpus,
         res.kernel_release,
-        res.kernel_limit
+        res.kernel_limit,
+        res.strata_file_io
     );
     s += &format!(
         "{:<13} {:<6} {:>9} {:>7} {:<6} {:>10} {:>12} {:>12} {:>10}\n",
