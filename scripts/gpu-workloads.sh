@@ -12,7 +12,8 @@
 #                (Graph500 BFS rules, CC/PageRank vs the CPU, embeddings bit-exact)
 #   bench-graph  `strata bench graph` once per ';'-separated argument list in $GRAPH_RUNS
 #                (default: one run at the defaults, scale 24; "--scale 25" is the issue's
-#                target size)
+#                target size). A list may start with STRATA_*=value words, which become that
+#                run's environment (e.g. "STRATA_GPU_READ_THROUGH=true --algorithms bfs")
 #   bench-embed  `strata bench embed` once per ';'-separated argument list in $EMBED_RUNS
 #                (default: 128-float rows, the example, then 1024-float rows, one
 #                row per 4 KiB page, over a table of the same 8 GiB)
@@ -86,8 +87,12 @@ bench_runs() { # bench_runs <graph|embed> <';'-separated argument lists>
     [ ${#runs[@]} -eq 0 ] && runs=("")
     for args in "${runs[@]}"; do
         i=$((i + 1))
-        # shellcheck disable=SC2086
-        log "bench-$what-$i" "$CARRY/strata" bench "$what" --json "$WORK/$what-$i.json" --svg "$WORK/$what-$i.svg" $args || rc=1
+        local -a envs=() rest=()
+        local word
+        for word in $args; do
+            if [ ${#rest[@]} -eq 0 ] && [[ $word =~ ^STRATA_[A-Z_]+= ]]; then envs+=("$word"); else rest+=("$word"); fi
+        done
+        log "bench-$what-$i" env "${envs[@]}" "$CARRY/strata" bench "$what" --json "$WORK/$what-$i.json" --svg "$WORK/$what-$i.svg" "${rest[@]}" || rc=1
     done
     return $rc
 }

@@ -30,6 +30,10 @@ pub struct StrataStats {
     pub mean_fault_ns: u64,
     /// Frames in the protected segment at the end (scan-resistant policy).
     pub protected_frames: u32,
+    /// Page reads served from the host copy by read-through (`STRATA_GPU_READ_THROUGH`).
+    pub read_through: u64,
+    /// Optimistic (pin-free) reads that found their page moved and fell back to a pin.
+    pub optimistic_retries: u64,
 }
 
 impl From<&GpuStats> for StrataStats {
@@ -50,6 +54,8 @@ impl From<&GpuStats> for StrataStats {
             hit_rate,
             mean_fault_ns: s.mean_fault_ns(),
             protected_frames: s.protected_frames,
+            read_through: s.read_through,
+            optimistic_retries: s.optimistic_retries,
         }
     }
 }
