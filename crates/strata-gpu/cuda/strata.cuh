@@ -193,6 +193,16 @@ __device__ __forceinline__ bool same_residency(strata_u64 before, strata_u64 aft
 // Marks a page gone from its frame: NOT_RESIDENT, frame and dirty cleared, version bumped;
 // pins (transient ones of warps that found it busy) and the history bit kept. A CAS loop, as
 // the version must wrap inside its 8 bits rather than carry into the pins.
+__device__ __forceinline__ strata_u64 retired_low_bits(strata_u64 w) {
+    return (w & STRATA_HISTORY) | ((w + (1ull << STRATA_VERSION_SHIFT)) & STRATA_VERSION_MASK);
+}
+// The evictor's form: while a page is EVICTING only its pins change, so from the word its
+// EVICTING compare-and-swap installed the new low bits are known, and one add (exact, as
+// the pins above them are untouched) retires it.
+__device__ __forceinline__ void retire_evicting_word(strata_u64* word, strata_u64 evicting) {
+    const strata_u64 low = evicting & ~STRATA_PIN_MASK;
+    atomicAdd(word, retired_low_bits(evicting) - low);
+}
 __device__ __forceinline__ void retire_page_word(strata_u64* word) {
     strata_u64 cur = load_volatile(word);
     for (;;) {
@@ -261,9 +271,10 @@ __device__ __forceinline__ int try_pin(const StrataSpace& s, strata_u64 page, bo
 // Takes a frame for `page` by a clock sweep (leader lane only). Returns the frame, or
 // STRATA_NO_PAGE when every frame stayed pinned for the whole sweep. `victim` is the page
 // evicted from it (STRATA_NO_PAGE if the frame was free), `victim_dirty` whether it needs
+// writing back, `victim_word` the EVICTING word installed (less any pins added since).
 // writing back. The victim's page word is left EVICTING.
 __device__ strata_u32 take_frame(const StrataSpace& s, strata_u32 page, strata_u32* victim,
-                                 bool* victim_dirty) {
+                                 bool* victim_dirty, strata_u64* victim_word) {
     const strata_u32 n = s.frame_count;
     const bool scan_resistant = (s.policy & STRATA_POLICY_KIND_MASK) == STRATA_POLICY_SCAN_RESISTANT;
     const strata_u64 max_steps = (strata_u64)n * 3 + 64;
@@ -275,6 +286,10 @@ __device__ strata_u32 take_frame(const StrataSpace& s, strata_u32 page, strata_u
     const strata_u32 tick = (strata_u32)(faults_now >> STRATA_TICK_SHIFT) & 0xFFFFu;
     const strata_u32 probation = n - (s.protected_quota < n ? s.protected_quota : n - 1);
     const strata_u32 min_age_ticks = (probation / 2) >> STRATA_TICK_SHIFT;
+    // Young probationary frames are passed over at most this many times per sweep: with many
+    // warps faulting at once most of the segment is young or pinned, and a long search costs
+    // more (every step is an atomic on the hand) than an early eviction.
+    unsigned young_skips = 0;
     for (strata_u64 step = 0; step < max_steps; ++step) {
         strata_u32 f = atomicAdd(&s.counters->clock_hand, 1u) % n;
         StrataFrame* fr = &s.frames[f];
@@ -318,7 +333,10 @@ __device__ strata_u32 take_frame(const StrataSpace& s, strata_u32 page, strata_u
                 continue;
             }
             // Too young to evict, unless a whole lap found nothing older (progress first).
-            if (step < n && ((tick - stamp) & 0xFFFFu) < min_age_ticks) continue;
+            if (young_skips < 8 && ((tick - stamp) & 0xFFFFu) < min_age_ticks) {
+                ++young_skips;
+                continue;
+            }
         } else if (flags & STRATA_FRAME_REF) {
             atomicAnd(&fr->flags, ~STRATA_FRAME_REF);  // second chance
             continue;
@@ -329,10 +347,11 @@ __device__ strata_u32 take_frame(const StrataSpace& s, strata_u32 page, strata_u
             continue;
         strata_u64 evicting = (w & ~STRATA_STATE_MASK) | (STRATA_EVICTING << STRATA_STATE_SHIFT);
         if (atomicCAS(vword, w, evicting) != w) continue;
-        // Optimistic readers re-read the word after reading the frame: order the EVICTING mark
-        // before any byte of the frame is overwritten (this warp's copy follows a __syncwarp).
-        __threadfence();
+        // Optimistic readers re-read the word after reading the frame, so the EVICTING mark
+        // must be visible before any byte of the frame is overwritten: serve_fault fences
+        // after this and before the copy into the frame.
         *victim = owner;
+        *victim_word = evicting;
         *victim_dirty = (w & STRATA_DIRTY) != 0;
         return f;
     }
@@ -363,11 +382,12 @@ __device__ __forceinline__ void warp_copy(unsigned char* dst, const unsigned cha
 __device__ strata_u32 serve_fault(const StrataSpace& s, strata_u64 page, unsigned leader,
                                   unsigned lane, unsigned mask, bool write, bool prefetch) {
     strata_u32 frame = 0, victim = STRATA_NO_PAGE;
+    strata_u64 victim_word = 0;
     bool dirty = false;
     strata_u64 t0 = 0;
     if (lane == leader) {
         t0 = now_ns();
-        frame = take_frame(s, (strata_u32)page, &victim, &dirty);
+        frame = take_frame(s, (strata_u32)page, &victim, &dirty, &victim_word);
     }
     frame = __shfl_sync(mask, frame, leader);
     victim = __shfl_sync(mask, victim, leader);
@@ -400,7 +420,7 @@ __device__ strata_u32 serve_fault(const StrataSpace& s, strata_u64 page, unsigne
             __threadfence();
             // Victim back to NOT_RESIDENT, frame and dirty cleared; transient pins and the
             // history bit stay.
-            retire_page_word(&s.page_table[victim]);
+            retire_evicting_word(&s.page_table[victim], victim_word);
             atomicAdd(&s.counters->evictions, 1ull);
         }
         // Clock: a new page starts referenced. Scan-resistant: only a page seen before does,
@@ -539,14 +559,16 @@ namespace detail {
 // Element access: pins `page` for the calling lane's group, runs `op(frame_bytes)` on it and
 // unpins, group by group as pages become resident. Unlike acquire_page, no pin is held while
 // this warp waits for another page, so any cache of two or more frames makes progress however
-// many distinct pages a warp touches.
+// many distinct pages a warp touches. Lanes with `want` false ask for nothing but still help
+// copy the pages the others fault on (a page copy is as fast as the lanes doing it).
 template <typename Op>
-__device__ __forceinline__ void with_page(const StrataSpace& s, strata_u64 page, bool write, Op op) {
+__device__ __forceinline__ void with_page(const StrataSpace& s, strata_u64 page, bool write, Op op,
+                                          bool want = true) {
     const unsigned mask = __activemask();
     const unsigned lane = lane_id();
-    const unsigned peers = __match_any_sync(mask, page);
+    const unsigned peers = __match_any_sync(mask, want ? page : ~0ull);
     const unsigned leader = __ffs(peers) - 1;
-    const bool is_leader = lane == leader;
+    const bool is_leader = want && lane == leader;
     unsigned pending = __ballot_sync(mask, is_leader);
     unsigned sleep_ns = 64;
     unsigned hits_here = 0;
@@ -715,9 +737,11 @@ template <typename T> struct Array {
         const unsigned group = __match_any_sync(mask, page) & ok;
         const unsigned leaders = __ballot_sync(mask, done && lane == __ffs(group) - 1);
         if (leaders && lane == __ffs(mask) - 1) detail::add_hits(s, __popc(leaders));
-        if (!done)
-            detail::with_page(s, page, false,
-                              [&](unsigned char* f) { v = detail::load_cg((const T*)(f + off)); });
+        // The whole warp enters the pinned path if any lane needs it, so faults are copied by
+        // every lane rather than by the few that missed.
+        if (ok != mask)
+            detail::with_page(
+                s, page, false, [&](unsigned char* f) { v = detail::load_cg((const T*)(f + off)); }, !done);
         return v;
     }
 
