@@ -36,7 +36,11 @@ template <typename T> __device__ __forceinline__ T warp_sum(T v) {
 // Work is cut into chunks of consecutive vertices whose rows start in the same page-sized
 // stretch of the neighbour array (bounds[c] .. bounds[c + 1], computed on the host), and each
 // warp takes whole chunks: a page is then read by one warp, once per pass, instead of by the
-// several warps whose rows share it, which would fault it back in after it was evicted.
+// several warps whose rows share it, which would fault it back in after it was evicted. Each
+// warp takes a contiguous run of chunks, so the last row of one chunk, which usually runs on
+// into the next chunk's page, is read by the warp that reads that page next (its cursor still
+// holds the pin); with chunks dealt round-robin that page had a second reader per pass, often
+// after it had already been evicted.
 
 // Neighbour array behind a plain pointer.
 struct PtrEdges {
@@ -116,7 +120,10 @@ template <class Edges, class Body>
 __device__ __forceinline__ void for_each_vertex(const Edges& edges, const u32* bounds, u64 chunks,
                                                 Body body) {
     typename Edges::Cursor cursor = edges.begin();
-    for (u64 c = warp_index(); c < chunks; c += warp_total()) {
+    const u64 per_warp = (chunks + warp_total() - 1) / warp_total();
+    const u64 first = warp_index() * per_warp;
+    const u64 last = first + per_warp < chunks ? first + per_warp : chunks;
+    for (u64 c = first; c < last; ++c) {
         const u64 stop = bounds[c + 1];
         for (u64 v = bounds[c]; v < stop; ++v) body(v, cursor);
     }
