@@ -112,6 +112,29 @@ pub struct BenchPlan {
     pub dir: PathBuf,
     /// The `strata` binary (re-run as the kernel-mmap child).
     pub self_exe: PathBuf,
+    /// A further store to measure beside the memory and file stores (`--store`).
+    pub extra_store: Option<ExtraStore>,
+}
+
+/// Opens a store for the benchmark: `(page bytes, size)`; codec pages follow the pager's page.
+pub type OpenStore = dyn Fn(u64, u64) -> Result<Arc<dyn Store>, String> + Send + Sync;
+
+/// A store named on the command line (`--store`, `--codec`), opened afresh for each page size
+/// and filled with the test pattern before it is measured.
+#[derive(Clone)]
+pub struct ExtraStore {
+    /// Short name in the tables (`strata-<label>`).
+    pub label: String,
+    /// Opens the store for a page size and a size in bytes.
+    pub open: Arc<OpenStore>,
+}
+
+impl std::fmt::Debug for ExtraStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExtraStore")
+            .field("label", &self.label)
+            .finish()
+    }
 }
 
 /// One measured configuration.
@@ -153,8 +176,12 @@ pub struct BenchRatio {
     pub access: Access,
     /// Page size.
     pub page_bytes: u64,
-    /// Best Strata file-store bandwidth over the kernel's, same page size and order.
+    /// Best Strata file-store bandwidth over the kernel's, same page size and order (ratio of
+    /// the medians).
     pub strata_file_over_kernel: f64,
+    /// The same ratio taken per repetition (repetitions are interleaved, so run `i` of both
+    /// saw the same moment of the machine): median, lowest and highest.
+    pub paired_ratio: [f64; 3],
     /// Best Strata memory-store fault rate over Umap's reference (random 4 KiB rows only).
     pub strata_memory_over_umap_reference: Option<f64>,
 }
@@ -347,6 +374,23 @@ fn write_data_file(path: &std::path::Path, size: u64) -> Result<(), BenchError> 
         off += n;
     }
     file.sync_all().map_err(io("syncing the data file"))?;
+    Ok(())
+}
+
+/// Writes the test pattern into `store` (1 MiB at a time).
+fn fill_pattern(store: &dyn Store, size: u64) -> Result<(), BenchError> {
+    let chunk = 1u64 << 20;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut off = 0;
+    while off < size {
+        let n = usize::try_from(chunk.min(size - off)).unwrap_or(0);
+        for (i, w) in buf[..n].chunks_exact_mut(8).enumerate() {
+            w.copy_from_slice(&pattern(off / 8 + i as u64).to_le_bytes());
+        }
+        store.write_at(off, &buf[..n])?;
+        off += n as u64;
+    }
+    store.flush()?;
     Ok(())
 }
 
@@ -637,12 +681,21 @@ fn run_kernel_child(
     Ok(result)
 }
 
+/// One measured repetition.
+#[derive(Debug, Clone, Copy)]
+struct Run {
+    seconds: f64,
+    faults: u64,
+    service_p50_ns: u64,
+    page_ins: u64,
+}
+
 fn strata_run(
     store: Arc<dyn Store>,
     plan: &BenchPlan,
     (access, page, fillers, policy): (Access, u64, usize, EvictionPolicy),
     seed: u64,
-) -> Result<(f64, u64, u64, u64), BenchError> {
+) -> Result<Run, BenchError> {
     let read_ahead = match access {
         Access::Seq => (4u64 << 20) / page,
         Access::Random | Access::Skewed => 0,
@@ -669,27 +722,27 @@ fn strata_run(
         expected: pattern(offset / 8),
     })?;
     let stats = region.stats();
-    Ok((
+    Ok(Run {
         seconds,
-        stats.faults,
-        stats.service_time.p50_ns,
-        stats.faults + stats.prefetched_pages,
-    ))
+        faults: stats.faults,
+        service_p50_ns: stats.service_time.p50_ns,
+        page_ins: stats.faults + stats.prefetched_pages,
+    })
 }
 
 fn row(
     contestant: &str,
     (access, page_bytes, fillers, policy): (Access, u64, usize, &str),
     plan: &BenchPlan,
-    runs: &[(f64, u64, u64, u64)],
+    runs: &[Run],
 ) -> BenchRow {
-    let mut secs: Vec<f64> = runs.iter().map(|r| r.0).collect();
+    let mut secs: Vec<f64> = runs.iter().map(|r| r.seconds).collect();
     let all_seconds = secs.clone();
     secs.sort_by(f64::total_cmp);
     let seconds = median(&secs);
-    let faults = runs.iter().map(|r| r.1).max().unwrap_or(0);
-    let page_ins = runs.iter().map(|r| r.3).max().unwrap_or(0);
-    let p50 = runs.iter().map(|r| r.2).max().unwrap_or(0);
+    let faults = runs.iter().map(|r| r.faults).max().unwrap_or(0);
+    let page_ins = runs.iter().map(|r| r.page_ins).max().unwrap_or(0);
+    let p50 = runs.iter().map(|r| r.service_p50_ns).max().unwrap_or(0);
     let bytes = plan.size as f64 * f64::from(PASSES);
     BenchRow {
         contestant: contestant.into(),
@@ -807,28 +860,40 @@ pub fn run(plan: &BenchPlan, log: &mut dyn FnMut(String)) -> Result<BenchResults
     let mut seed = 0x2545_F491_4F6C_DD1D_u64;
     for &access in &plan.access {
         for &page in &plan.page_sizes {
+            // The contestants of this (access, page) cell; their repetitions are interleaved
+            // (one run of each in turn) so that a burst of load from other processes on this
+            // shared machine falls on all of them rather than on one.
+            let mut stores: Vec<(String, Arc<dyn Store>)> = vec![
+                ("strata-memory".into(), memory_store.clone()),
+                ("strata-file".into(), file_store.clone()),
+            ];
+            if let Some(extra) = &plan.extra_store {
+                let store = (extra.open)(page, plan.size).map_err(BenchError::Plan)?;
+                log(format!(
+                    "filling {} with the test pattern ({} pages)",
+                    store.describe(),
+                    format_size(page)
+                ));
+                fill_pattern(store.as_ref(), plan.size)?;
+                stores.push((format!("strata-{}", extra.label), store));
+            }
+            let mut cells = Vec::new();
             for &fillers in &plan.fillers {
                 for &policy in &plan.policies {
-                    for (name, store) in [
-                        ("strata-memory", &memory_store),
-                        ("strata-file", &file_store),
-                    ] {
-                        let mut runs = Vec::new();
-                        for _ in 0..plan.repeat {
-                            seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
-                            drop_cache(&path)?;
-                            let what = (access, page, fillers, policy);
-                            runs.push(strata_run(store.clone(), plan, what, seed)?);
-                        }
-                        let policy = format!("{policy:?}").to_lowercase();
-                        let r = row(name, (access, page, fillers, &policy), plan, &runs);
-                        log(describe_row(&r));
-                        rows.push(r);
+                    for (name, store) in &stores {
+                        cells.push((name.clone(), store.clone(), fillers, policy));
                     }
                 }
             }
-            let mut runs = Vec::new();
+            let mut strata_runs = vec![Vec::new(); cells.len()];
+            let mut kernel_runs = Vec::new();
             for _ in 0..plan.repeat {
+                for (i, (_, store, fillers, policy)) in cells.iter().enumerate() {
+                    seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+                    drop_cache(&path)?;
+                    let what = (access, page, *fillers, *policy);
+                    strata_runs[i].push(strata_run(store.clone(), plan, what, seed)?);
+                }
                 seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
                 drop_cache(&path)?;
                 let spec = ChildSpec {
@@ -841,14 +906,22 @@ pub fn run(plan: &BenchPlan, log: &mut dyn FnMut(String)) -> Result<BenchResults
                     passes: PASSES,
                 };
                 let r = run_kernel_child(plan, cgroup.as_ref(), &spec)?;
-                runs.push((
-                    r.seconds,
-                    r.major_faults + r.minor_faults,
-                    0,
-                    r.major_faults,
-                ));
+                kernel_runs.push(Run {
+                    seconds: r.seconds,
+                    faults: r.major_faults + r.minor_faults,
+                    service_p50_ns: 0,
+                    page_ins: r.major_faults,
+                });
             }
-            let r = row("kernel-mmap", (access, page, 0, "kernel"), plan, &runs);
+            for ((name, _, fillers, policy), runs) in cells.iter().zip(&strata_runs) {
+                let policy = format!("{policy:?}").to_lowercase();
+                let what = (access, page, *fillers, policy.as_str());
+                let r = row(name, what, plan, runs);
+                log(describe_row(&r));
+                rows.push(r);
+            }
+            let what = (access, page, 0, "kernel");
+            let r = row("kernel-mmap", what, plan, &kernel_runs);
             log(describe_row(&r));
             rows.push(r);
         }
@@ -896,6 +969,7 @@ fn ratios(rows: &[BenchRow]) -> Vec<BenchRatio> {
             access: k.access,
             page_bytes: k.page_bytes,
             strata_file_over_kernel: file.map_or(0.0, |f| f.bytes_per_sec / k.bytes_per_sec),
+            paired_ratio: file.map_or([0.0; 3], |f| paired(&f.all_seconds, &k.all_seconds)),
             // Umap's figure is a fault rate for faults that each move one 4 KiB page, which
             // is what random 4 KiB access measures (sequential runs fault far less often).
             strata_memory_over_umap_reference: (k.page_bytes == BASE && k.access == Access::Random)
@@ -903,6 +977,28 @@ fn ratios(rows: &[BenchRow]) -> Vec<BenchRatio> {
         });
     }
     out
+}
+
+/// Per-repetition bandwidth ratios `kernel_s[i] / strata_s[i]`: median, lowest, highest.
+fn paired(strata_s: &[f64], kernel_s: &[f64]) -> [f64; 3] {
+    let mut q: Vec<f64> = strata_s
+        .iter()
+        .zip(kernel_s)
+        .map(|(s, k)| k / s.max(1e-9))
+        .collect();
+    if q.is_empty() {
+        return [0.0; 3];
+    }
+    q.sort_by(f64::total_cmp);
+    [median(&q), q[0], q[q.len() - 1]]
+}
+
+/// Lowest and highest bandwidth over a row's repetitions.
+fn spread(r: &BenchRow) -> (f64, f64) {
+    let bytes = r.bytes_per_sec * r.seconds;
+    let fastest = r.all_seconds.iter().copied().fold(f64::INFINITY, f64::min);
+    let slowest = r.all_seconds.iter().copied().fold(0.0, f64::max);
+    (bytes / slowest.max(1e-9), bytes / fastest.max(1e-9))
 }
 
 fn describe_row(r: &BenchRow) -> String {
@@ -933,26 +1029,29 @@ pub fn table(res: &BenchResults) -> String {
         res.strata_file_io
     );
     s += &format!(
-        "{:<13} {:<6} {:>9} {:>7} {:<6} {:>10} {:>12} {:>12} {:>10}\n",
+        "{:<13} {:<6} {:>9} {:>7} {:<6} {:>10} {:>13} {:>12} {:>12} {:>10}\n",
         "contestant",
         "access",
         "page",
         "fillers",
         "policy",
         "MB/s",
+        "min-max MB/s",
         "faults/s",
         "page-ins/s",
         "p50 fault"
     );
     for r in &res.rows {
+        let (lo, hi) = spread(r);
         s += &format!(
-            "{:<13} {:<6} {:>9} {:>7} {:<6} {:>10.1} {:>12.0} {:>12.0} {:>10}\n",
+            "{:<13} {:<6} {:>9} {:>7} {:<6} {:>10.1} {:>13} {:>12.0} {:>12.0} {:>10}\n",
             r.contestant,
             format!("{:?}", r.access).to_lowercase(),
             format_size(r.page_bytes),
             r.fillers,
             r.policy,
             r.bytes_per_sec / 1e6,
+            format!("{:.0}-{:.0}", lo / 1e6, hi / 1e6),
             r.faults_per_sec,
             r.page_ins_per_sec,
             if r.service_p50_ns > 0 {
@@ -965,10 +1064,13 @@ pub fn table(res: &BenchResults) -> String {
     s += "\nratios (best filler count):\n";
     for q in &res.ratios {
         s += &format!(
-            "  {:<6} page {:>8}: strata-file / kernel-mmap bandwidth {:.2}x",
+            "  {:<6} page {:>8}: strata-file / kernel-mmap bandwidth {:.2}x (per repetition: median {:.2}x, {:.2}-{:.2}x)",
             format!("{:?}", q.access).to_lowercase(),
             format_size(q.page_bytes),
-            q.strata_file_over_kernel
+            q.strata_file_over_kernel,
+            q.paired_ratio[0],
+            q.paired_ratio[1],
+            q.paired_ratio[2]
         );
         if let Some(u) = q.strata_memory_over_umap_reference {
             s += &format!("; strata-memory faults/s over Umap's 86K/s reference {u:.2}x");
@@ -980,8 +1082,13 @@ pub fn table(res: &BenchResults) -> String {
 
 /// A grouped bar chart of bandwidth per (access, page size), one bar per contestant.
 pub fn svg(res: &BenchResults) -> String {
-    let contestants = ["strata-memory", "strata-file", "kernel-mmap"];
-    let colors = ["#2b7bb9", "#5cb85c", "#d9534f"];
+    let mut contestants: Vec<&str> = Vec::new();
+    for r in &res.rows {
+        if !contestants.contains(&r.contestant.as_str()) {
+            contestants.push(&r.contestant);
+        }
+    }
+    let colors = ["#2b7bb9", "#5cb85c", "#f0ad4e", "#d9534f", "#777777"];
     let mut groups: Vec<(Access, u64)> = Vec::new();
     for r in &res.rows {
         if !groups.contains(&(r.access, r.page_bytes)) {
@@ -989,7 +1096,14 @@ pub fn svg(res: &BenchResults) -> String {
         }
     }
     let max = res.rows.iter().map(|r| r.bytes_per_sec).fold(1.0, f64::max);
-    let (w, h, left, bottom, top) = (120.0 * groups.len() as f64 + 120.0, 420.0, 70.0, 60.0, 50.0);
+    let group_w = 32.0 * contestants.len() as f64 + 24.0;
+    let (w, h, left, bottom, top) = (
+        group_w * groups.len() as f64 + 120.0,
+        420.0,
+        70.0,
+        60.0,
+        50.0,
+    );
     let plot_h = h - bottom - top;
     let mut s = format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"11\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\"{left}\" y=\"20\" font-size=\"14\">Strata pager vs kernel mmap: {} file, {} memory limit (best filler count)</text>\n",
@@ -1007,7 +1121,7 @@ pub fn svg(res: &BenchResults) -> String {
         );
     }
     for (gi, (access, page)) in groups.iter().enumerate() {
-        let gx = left + 10.0 + 120.0 * gi as f64;
+        let gx = left + 10.0 + group_w * gi as f64;
         for (ci, c) in contestants.iter().enumerate() {
             if let Some(r) = best(&res.rows, c, *access, *page) {
                 let bh = plot_h * r.bytes_per_sec / max;
@@ -1015,7 +1129,7 @@ pub fn svg(res: &BenchResults) -> String {
                     "<rect x=\"{:.1}\" y=\"{:.1}\" width=\"30\" height=\"{bh:.1}\" fill=\"{}\"><title>{c}: {:.1} MB/s</title></rect>\n",
                     gx + 32.0 * ci as f64,
                     top + plot_h - bh,
-                    colors[ci],
+                    colors[ci % colors.len()],
                     r.bytes_per_sec / 1e6
                 );
             }
@@ -1033,7 +1147,7 @@ pub fn svg(res: &BenchResults) -> String {
             "<rect x=\"{:.1}\" y=\"{:.1}\" width=\"12\" height=\"12\" fill=\"{}\"/><text x=\"{:.1}\" y=\"{:.1}\">{c}</text>\n",
             left + 130.0 * ci as f64,
             h - 22.0,
-            colors[ci],
+            colors[ci % colors.len()],
             left + 130.0 * ci as f64 + 16.0,
             h - 12.0
         );
@@ -1060,6 +1174,34 @@ mod tests {
         }
         let random = schedule(1000, 1, Access::Random, 7);
         assert_ne!(random[0], (0..1000).collect::<Vec<_>>(), "shuffled");
+    }
+
+    #[test]
+    fn paired_ratios_compare_runs_taken_together() {
+        // Strata took 1, 2, 4 s where the kernel took 2, 2, 2 s: ratios 2, 1, 0.5.
+        let [mid, lo, hi] = paired(&[1.0, 2.0, 4.0], &[2.0, 2.0, 2.0]);
+        assert!((mid - 1.0).abs() < 1e-12, "{mid}");
+        assert!((lo - 0.5).abs() < 1e-12, "{lo}");
+        assert!((hi - 2.0).abs() < 1e-12, "{hi}");
+        assert_eq!(paired(&[], &[]), [0.0; 3]);
+    }
+
+    #[test]
+    fn pattern_fill_matches_the_data_file_pattern() {
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| u64::from(d.subsec_nanos()) ^ d.as_secs());
+        println!("seed {seed}");
+        let size = (3 << 20) + 8 * (seed % 1000 + 1);
+        let store = MemoryStore::new(size);
+        fill_pattern(&store, size).unwrap();
+        let word = (seed % (size / 8)) * 8;
+        let mut got = [0u8; 8];
+        store.read_at(word, &mut got).unwrap();
+        assert_eq!(u64::from_le_bytes(got), pattern(word / 8));
+        let mut last = [0u8; 8];
+        store.read_at(size - 8, &mut last).unwrap();
+        assert_eq!(u64::from_le_bytes(last), pattern(size / 8 - 1));
     }
 
     #[test]

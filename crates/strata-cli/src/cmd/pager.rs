@@ -6,8 +6,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Context;
-use strata_core::{FileStore, MemoryStore, PagerConfig, Store, format_size, parse_size};
-use strata_pager::bench::{self as pbench, Access, BenchPlan, LimitMethod};
+use strata_core::config::{CodecKind, StoreConfig, StoreKind};
+use strata_core::{PagerConfig, Store, format_size, parse_size};
+use strata_pager::bench::{self as pbench, Access, BenchPlan, ExtraStore, LimitMethod};
 use strata_pager::stream::{StreamConfig, StreamReport, run_stream, run_stream_raw};
 use strata_pager::{EvictionPolicy, Region};
 
@@ -43,10 +44,20 @@ pub struct StreamArgs {
     /// STREAM worker threads (default: one per CPU).
     #[arg(long)]
     threads: Option<usize>,
-    /// Backing store: `file` (a temporary file unless --file is given) or `memory`.
+    /// Backing store: `file` (a temporary file, removed afterwards, unless --file is given),
+    /// `file:PATH` (kept), `memory`, or `remote:HOST:PORT[,HOST:PORT...]` (memory nodes
+    /// started with `strata serve`; needs --token or STRATA_REMOTE_TOKEN).
     #[arg(long, default_value = "file")]
     store: String,
-    /// Back the region with this file (created or grown to --size; kept afterwards).
+    /// Page codec between the pager and the store: none, lz4, or zfp:TOLERANCE (lossy, for
+    /// floating-point pages; STREAM's arrays are f64).
+    #[arg(long, default_value = "none")]
+    codec: CodecKind,
+    /// Token of the memory nodes for a remote store (default STRATA_REMOTE_TOKEN).
+    #[arg(long)]
+    token: Option<String>,
+    /// Back the region with this file (created or grown to --size; kept afterwards); the
+    /// same as `--store file:PATH`.
     #[arg(long)]
     file: Option<PathBuf>,
     /// Eviction policy: clock or fifo.
@@ -98,38 +109,67 @@ fn pager_config(
     Ok(b.build()?)
 }
 
-/// A file store: the given path, or a temporary file removed on drop.
-struct BackingFile {
-    store: Arc<FileStore>,
-    temp: Option<PathBuf>,
-}
+/// A temporary backing file, removed on drop.
+struct TempFile(PathBuf);
 
-impl Drop for BackingFile {
+impl Drop for TempFile {
     fn drop(&mut self) {
-        if let Some(p) = &self.temp {
-            let _ = std::fs::remove_file(p);
-        }
+        let _ = std::fs::remove_file(&self.0);
     }
 }
 
-fn backing_file(path: Option<&PathBuf>, size: u64) -> anyhow::Result<BackingFile> {
-    let (path, temp) = match path {
-        Some(p) => (p.clone(), None),
-        None => {
-            let p = std::env::temp_dir().join(format!("strata-bench-{}.bin", std::process::id()));
-            (p.clone(), Some(p))
-        }
+/// Turns `--store`, `--codec` and `--token` into a store configuration. `file` alone means a
+/// temporary file, returned so the caller removes it when done.
+fn store_config(
+    store: &str,
+    codec: CodecKind,
+    token: Option<&String>,
+) -> anyhow::Result<(StoreConfig, Option<TempFile>)> {
+    let (kind, temp) = if store == "file" {
+        let p = std::env::temp_dir().join(format!("strata-bench-{}.bin", std::process::id()));
+        (StoreKind::File { path: p.clone() }, Some(TempFile(p)))
+    } else {
+        let kind: StoreKind = store.parse().with_context(|| {
+            format!(
+                "--store {store:?} not understood; write memory, file, file:PATH or remote:HOST:PORT[,HOST:PORT...]"
+            )
+        })?;
+        (kind, None)
     };
-    let options = strata_core::FileStoreOptions {
-        create: true,
-        grow: true,
-        ..Default::default()
+    let mut b = StoreConfig::builder().with_env()?;
+    b = b.kind(kind.clone()).codec(codec).grow(true);
+    if let Some(t) = token {
+        b = b.token(t.clone());
+    }
+    let built = b.build();
+    if matches!(kind, StoreKind::Remote { .. })
+        && matches!(built, Err(strata_core::ConfigError::Missing(_)))
+    {
+        anyhow::bail!(
+            "--store {store} is a remote store, which needs the memory nodes' token: pass --token TOKEN or set STRATA_REMOTE_TOKEN (`strata serve` prints the token when it starts)"
+        );
+    }
+    Ok((built?, temp))
+}
+
+/// Opens the store of `config` with codec pages of `page_bytes`.
+fn open_store(config: &StoreConfig, size: u64, page_bytes: u64) -> anyhow::Result<Arc<dyn Store>> {
+    strata_net::open_store_with_page(config, size, page_bytes)
+        .with_context(|| format!("cannot open the {} store", store_label(config)))
+}
+
+/// A short name of a store configuration for tables: `file`, `remote+lz4`, ...
+fn store_label(config: &StoreConfig) -> String {
+    let kind = match &config.kind {
+        StoreKind::Memory => "memory",
+        StoreKind::File { .. } => "file",
+        StoreKind::Remote { .. } => "remote",
     };
-    let store = FileStore::open(&path, size, &options)?;
-    Ok(BackingFile {
-        store: Arc::new(store),
-        temp,
-    })
+    match config.codec {
+        CodecKind::None => kind.into(),
+        CodecKind::Lz4 => format!("{kind}+lz4"),
+        CodecKind::Zfp { tolerance } => format!("{kind}+zfp:{tolerance}"),
+    }
 }
 
 fn progress_bar(len: u64, what: &str) -> indicatif::ProgressBar {
@@ -181,17 +221,15 @@ pub fn stream(args: &StreamArgs) -> anyhow::Result<()> {
         "--size {} is too small for STREAM; use at least 24 bytes (realistically 64MiB or more)",
         args.size
     );
-    let mut _file = None;
-    let store: Arc<dyn Store> = match args.store.as_str() {
-        "file" => {
-            let f = backing_file(args.file.as_ref(), args.size)?;
-            let s = f.store.clone();
-            _file = Some(f);
-            s
+    let store_spec = match (&args.file, args.store.as_str()) {
+        (Some(path), "file") => format!("file:{}", path.display()),
+        (Some(_), other) => {
+            anyhow::bail!("--file goes with a file store, not --store {other}; drop one of them")
         }
-        "memory" => Arc::new(MemoryStore::new(args.size)),
-        other => anyhow::bail!("--store {other:?} not understood; write file or memory"),
+        (None, spec) => spec.to_string(),
     };
+    let (store_config, _temp) = store_config(&store_spec, args.codec, args.token.as_ref())?;
+    let store = open_store(&store_config, args.size, config.page_bytes)?;
     println!(
         "STREAM over a pager region: {} region ({} per array), buffer {} ({:.0}% of the region), page {}, {} fillers, {} evictors, read-ahead {}, {:?} eviction, {} threads",
         format_size(cfg.bytes()),
@@ -328,6 +366,18 @@ pub struct PagerBenchArgs {
     /// Write the plot here (default strata-bench-pager.svg).
     #[arg(long, default_value = "strata-bench-pager.svg")]
     svg: PathBuf,
+    /// A further store to measure beside the memory and file stores: memory, file:PATH or
+    /// remote:HOST:PORT[,HOST:PORT...] (needs --token or STRATA_REMOTE_TOKEN). Opened afresh
+    /// for each page size (codec pages follow the pager's page) and filled with the test data.
+    #[arg(long)]
+    store: Option<String>,
+    /// Codec of the --store store: none, lz4 or zfp:TOLERANCE (alone, it applies to a memory
+    /// store).
+    #[arg(long)]
+    codec: Option<CodecKind>,
+    /// Token of the memory nodes for a remote --store (default STRATA_REMOTE_TOKEN).
+    #[arg(long)]
+    token: Option<String>,
     /// Internal: run as the kernel-mmap child (used by the benchmark itself).
     #[arg(long, hide = true)]
     mmap_child: Option<String>,
@@ -358,7 +408,24 @@ pub fn bench(args: &PagerBenchArgs) -> anyhow::Result<()> {
         limit_method: args.limit_method,
         dir: args.dir.clone().unwrap_or_else(std::env::temp_dir),
         self_exe: std::env::current_exe().context("locating the strata binary")?,
+        extra_store: None,
     };
+    if args.store.is_some() || args.codec.is_some() {
+        let spec = args.store.as_deref().unwrap_or("memory");
+        anyhow::ensure!(
+            spec != "file",
+            "--store file needs a path here: write --store file:PATH (the plain file store is measured anyway)"
+        );
+        let codec = args.codec.unwrap_or(CodecKind::None);
+        let (config, _) = store_config(spec, codec, args.token.as_ref())?;
+        let label = store_label(&config);
+        plan.extra_store = Some(ExtraStore {
+            label,
+            open: Arc::new(move |page, size| {
+                strata_net::open_store_with_page(&config, size, page).map_err(|e| e.to_string())
+            }),
+        });
+    }
     if args.quick {
         plan.size = plan.size.min(32 << 20);
         plan.limit = plan.limit.min(8 << 20);
