@@ -192,11 +192,6 @@ fn bump(c: &AtomicU64, n: u64) {
 
 /// Longest run read and installed in one go (prefetch and read-ahead), in bytes.
 const MAX_RUN_BYTES: usize = 4 << 20;
-/// Read-ahead windows kept in flight beyond the one a sequential fault reads itself. Measured
-/// with `strata bench pager --access seq` (4 MiB windows, `O_DIRECT` file, 2 CPUs): 2, 3 and 4
-/// were no faster than 1 (the disk's `O_DIRECT` bandwidth, not the queue depth, is the limit
-/// there); a faster device may want more.
-const READ_AHEAD_DEPTH: usize = 1;
 /// Pages an evictor claims and drops together.
 const EVICT_BATCH: usize = 64;
 /// Fault messages read per `read(2)`: a few, so that a burst spreads over the fillers.
@@ -311,8 +306,6 @@ struct Shared {
     /// Evictors stop once free frames reach this (resident at the low mark).
     stop_at_free: usize,
     read_ahead: usize,
-    /// Read-ahead windows kept in flight ahead of a sequential stream.
-    read_ahead_depth: usize,
 }
 
 impl std::fmt::Debug for Shared {
@@ -483,7 +476,6 @@ impl Region {
             wake_below_free,
             stop_at_free,
             read_ahead,
-            read_ahead_depth: READ_AHEAD_DEPTH,
             config,
         });
         let mut region = Region {
@@ -503,8 +495,7 @@ impl Region {
             region.spawn(format!("strata-fill-{i}"), move || sh.filler_main(&poller))?;
         }
         if region.shared.read_ahead > 0 {
-            let ra_threads = region.shared.config.fillers * region.shared.read_ahead_depth;
-            for i in 0..ra_threads {
+            for i in 0..region.shared.config.fillers {
                 let sh = Arc::clone(&region.shared);
                 region.spawn(format!("strata-ahead-{i}"), move || sh.read_ahead_main())?;
             }
@@ -962,26 +953,30 @@ impl Shared {
                 }
                 _ => {
                     if self.wait_for_owner(page) {
-                        // Usually a read-ahead window still arriving: the stream has caught
-                        // up with its reads, so keep the windows after it in flight.
-                        if self.follows_resident(page) {
-                            self.read_ahead_beyond(page);
-                        }
                         return;
                     }
                 }
             }
         }
         // A fault right after a resident page continues a sequential run: read this window
-        // with the faulting page, and hand the windows after it to read-ahead threads first,
-        // so that several reads are in flight together and the next faults find their pages
+        // with the faulting page, and hand the window after it to a read-ahead thread first,
+        // so that both reads are in flight together and the next fault finds its pages
         // arriving.
-        let sequential = self.follows_resident(page);
+        let sequential = self.read_ahead > 0
+            && page > 0
+            && !matches!(
+                word::state(self.pages.load(page - 1)),
+                State::Absent | State::Poisoned
+            );
         let mut extra = 0;
         if sequential {
             extra = self.claim_run(page + 1, self.read_ahead);
             if extra == self.read_ahead {
-                self.read_ahead_beyond(page + extra);
+                let next = page + 1 + extra;
+                let n = self.claim_run(next, self.read_ahead);
+                if n > 0 {
+                    self.queue_read_ahead(next, n);
+                }
             }
         }
         let together = if write { 1 } else { 1 + extra };
@@ -1029,41 +1024,6 @@ impl Shared {
             count += 1;
         }
         count
-    }
-
-    /// Whether a fault on `page` continues a sequential run (read-ahead is on and the page
-    /// before it is resident or arriving).
-    fn follows_resident(&self, page: usize) -> bool {
-        self.read_ahead > 0
-            && page > 0
-            && !matches!(
-                word::state(self.pages.load(page - 1)),
-                State::Absent | State::Poisoned
-            )
-    }
-
-    /// Keeps `read_ahead_depth` windows of `read_ahead` pages in flight after `page`: claims
-    /// the absent runs among the next pages and queues them for the read-ahead threads.
-    /// Pages already resident or arriving are skipped, so a stream that faults again on a
-    /// window still being read only tops up the pipeline beyond it. One synchronous read per
-    /// window left the disk idle between a window's arrival and the next fault (measured:
-    /// about one read in flight per stream); the kernel's own read-ahead keeps several.
-    fn read_ahead_beyond(&self, page: usize) {
-        let end = (page + 1 + self.read_ahead * self.read_ahead_depth).min(self.pages.len());
-        let mut next = page + 1;
-        while next < end {
-            if word::state(self.pages.load(next)) != State::Absent {
-                next += 1;
-                continue;
-            }
-            let n = self.claim_run(next, self.read_ahead.min(end - next));
-            if n == 0 {
-                next += 1;
-                continue;
-            }
-            self.queue_read_ahead(next, n);
-            next += n;
-        }
     }
 
     /// Fills claimed read-ahead pages, with free frames only. Read-ahead is a guess: its
@@ -1198,13 +1158,6 @@ impl Shared {
                 hint: "this is a pager bug or a program that remapped the region; report it",
             });
         }
-        self.publish(first, &frames, write);
-        Ok(got)
-    }
-
-    /// Records pages `first..` (just installed into `frames`) as resident: clean or dirty,
-    /// referenced, and hot if they came back soon after their eviction.
-    fn publish(&self, first: usize, frames: &[u32], write: bool) {
         let now = self.evictions.load(Ordering::Relaxed) / self.stamp_unit;
         let span = self.frames.len() as u64 / self.stamp_unit;
         for (i, f) in frames.iter().enumerate() {
@@ -1223,6 +1176,7 @@ impl Shared {
             let state = if write { State::Dirty } else { State::Clean };
             self.finish(page, word::with_frame(word::with_state(new, state), *f));
         }
+        Ok(got)
     }
 
     fn release_run(&self, first: usize, count: usize) {
