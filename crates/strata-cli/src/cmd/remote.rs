@@ -522,6 +522,34 @@ fn raw_measurements(
     Ok(())
 }
 
+/// Writes every whole page of `store` with `data`'s pattern, `depth` pages per batch.
+fn write_pattern(
+    store: &dyn Store,
+    page: usize,
+    depth: usize,
+    data: PageData,
+    seed: u64,
+) -> anyhow::Result<()> {
+    let pages = store.size() / page as u64;
+    let mut image = vec![0u8; page];
+    for chunk in (0..pages).collect::<Vec<_>>().chunks(depth) {
+        let images: Vec<Vec<u8>> = chunk
+            .iter()
+            .map(|i| {
+                data.fill(&mut image, *i, seed);
+                image.clone()
+            })
+            .collect();
+        let requests: Vec<(u64, &[u8])> = chunk
+            .iter()
+            .zip(&images)
+            .map(|(i, b)| (i * page as u64, b.as_slice()))
+            .collect();
+        store.write_batch(&requests)?;
+    }
+    Ok(())
+}
+
 /// Read throughput without bit-for-bit verification (for lossy codecs).
 fn lossy_throughput(
     store: &dyn Store,
@@ -532,27 +560,12 @@ fn lossy_throughput(
     seed: u64,
 ) -> anyhow::Result<Throughput> {
     let pages = store.size() / page as u64;
-    let mut image = vec![0u8; page];
     let mut writes = Vec::new();
     let mut reads = Vec::new();
     let mut per_page = Vec::new();
     for _ in 0..repeats.max(1) {
         let started = Instant::now();
-        for chunk in (0..pages).collect::<Vec<_>>().chunks(depth) {
-            let images: Vec<Vec<u8>> = chunk
-                .iter()
-                .map(|i| {
-                    data.fill(&mut image, *i, seed);
-                    image.clone()
-                })
-                .collect();
-            let requests: Vec<(u64, &[u8])> = chunk
-                .iter()
-                .zip(&images)
-                .map(|(i, b)| (i * page as u64, b.as_slice()))
-                .collect();
-            store.write_batch(&requests)?;
-        }
+        write_pattern(store, page, depth, data, seed)?;
         writes.push((pages * page as u64) as f64 / started.elapsed().as_secs_f64());
         let mut bufs: Vec<Vec<u8>> = (0..depth).map(|_| vec![0u8; page]).collect();
         let started = Instant::now();
@@ -777,23 +790,7 @@ fn scan_row(
     let page = usize::try_from(args.page_size)?;
     let (remote, store) = open(node, args, codec, size, AccessPath::Messages, None)?;
     // Fill the store directly (not through the pager) so the scan only reads.
-    let mut image = vec![0u8; page];
-    let pages = size / args.page_size;
-    for chunk in (0..pages).collect::<Vec<_>>().chunks(32) {
-        let images: Vec<Vec<u8>> = chunk
-            .iter()
-            .map(|i| {
-                data.fill(&mut image, *i, seed);
-                image.clone()
-            })
-            .collect();
-        let requests: Vec<(u64, &[u8])> = chunk
-            .iter()
-            .zip(&images)
-            .map(|(i, b)| (i * args.page_size, b.as_slice()))
-            .collect();
-        store.write_batch(&requests)?;
-    }
+    write_pattern(store.as_ref(), page, 32, data, seed)?;
     let before = remote.counters().bytes_received.load(Ordering::Relaxed);
     let region = Region::new(store, size, pager_config(args, fillers, 1)?)?;
     let mut times = Vec::new();

@@ -173,12 +173,18 @@ fn print_graph(report: &GraphBenchReport) {
         report.bfs_steps.len(),
         report.bfs_steps
     );
+    print_outcome(&report.outcome);
+}
+
+/// Prints what graph and embedding runs share: how the timed runs start, the results table
+/// and the modes that were skipped.
+fn print_outcome(outcome: &strata_workloads::bench::Outcome) {
     println!(
         "timed runs start {}",
-        if report.outcome.cold { "cold" } else { "warm" }
+        if outcome.cold { "cold" } else { "warm" }
     );
-    print!("{}", report::table(&report.outcome.rows));
-    for s in &report.outcome.skipped {
+    print!("{}", report::table(&outcome.rows));
+    for s in &outcome.skipped {
         println!("skipped: {s}");
     }
 }
@@ -288,14 +294,7 @@ fn print_embed(report: &EmbedBenchReport) {
         strata_core::format_size(report.outcome.page_size),
         report.outcome.policy
     );
-    println!(
-        "timed runs start {}",
-        if report.outcome.cold { "cold" } else { "warm" }
-    );
-    print!("{}", report::table(&report.outcome.rows));
-    for s in &report.outcome.skipped {
-        println!("skipped: {s}");
-    }
+    print_outcome(&report.outcome);
 }
 
 /// Runs `strata bench embed`.
