@@ -30,7 +30,7 @@
 
 mod zfp;
 
-pub use zfp::{Zfp, ZfpElement};
+pub use zfp::{Zfp, ZfpDecodeError, ZfpElement};
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -258,9 +258,8 @@ impl CompressedStore {
             return None;
         }
         let mut check = vec![0u8; page.len()];
-        if !zfp.decompress(self.element, &compressed, tolerance, &mut check) {
-            return None;
-        }
+        zfp.decompress(self.element, &compressed, tolerance, &mut check)
+            .ok()?;
         within_bound(self.element, page, &check, tolerance).then_some(compressed)
     }
 
@@ -273,7 +272,18 @@ impl CompressedStore {
         };
         let header = &slot[..HEADER_BYTES];
         if header.iter().all(|b| *b == 0) {
-            page.fill(0); // never written
+            // A slot never written is zero throughout. A zero header over anything else, or on
+            // a page this store wrote, is damage (a lost or torn write), not an empty page.
+            let written = self.known_lengths[usize::try_from(index).expect("page index fits")]
+                .load(Ordering::Relaxed)
+                != 0;
+            let whole = slot.len() == HEADER_BYTES + page.len();
+            if written || !whole || slot.iter().any(|b| *b != 0) {
+                return Err(corrupt(
+                    "slot header is all zero but the page was written; its header was lost".into(),
+                ));
+            }
+            page.fill(0);
             return Ok(());
         }
         let (format, length, checksum, tolerance) = decode_header(header).map_err(corrupt)?;
@@ -319,11 +329,22 @@ impl CompressedStore {
                         reason: format!("the page is ZFP-compressed but libzfp cannot be loaded ({e}); install libzfp1"),
                     })?,
                 };
-                if !page.len().is_multiple_of(element.bytes())
-                    || !zfp.decompress(element, stored, tolerance, page)
+                if let CodecKind::Zfp { tolerance: bound } = self.codec
+                    && tolerance > bound
                 {
-                    return Err(corrupt("ZFP data does not decode".into()));
+                    return Err(corrupt(format!(
+                        "ZFP page stored with tolerance {tolerance:e}, looser than this store's {bound:e}; open it with zfp:{tolerance:e} to read it"
+                    )));
                 }
+                if !page.len().is_multiple_of(element.bytes()) {
+                    return Err(corrupt(format!(
+                        "ZFP page of {} bytes is not a whole number of {}-byte values",
+                        page.len(),
+                        element.bytes()
+                    )));
+                }
+                zfp.decompress(element, stored, tolerance, page)
+                    .map_err(|e| corrupt(format!("ZFP data does not decode: {e}")))?;
             }
         }
         Ok(())
