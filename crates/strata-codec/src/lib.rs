@@ -585,4 +585,6 @@ fn within_bound(element: ZfpElement, original: &[u8], decoded: &[u8], tolerance:
 }
 
 #[cfg(test)]
+mod fuzz;
+#[cfg(test)]
 mod tests;
