@@ -207,8 +207,26 @@ fn bad_configuration_is_refused() {
     assert!(matches!(e, CodecError::InnerTooSmall { .. }), "{e}");
     let e = CompressedStore::new(inner.clone(), CodecKind::Lz4, 12, PAGE).unwrap_err();
     assert!(matches!(e, CodecError::PageSize(12)));
-    let e = CompressedStore::new(inner, CodecKind::Zfp { tolerance: -1.0 }, 8, 8).unwrap_err();
+    let e =
+        CompressedStore::new(inner.clone(), CodecKind::Zfp { tolerance: -1.0 }, 8, 8).unwrap_err();
     assert!(matches!(e, CodecError::Tolerance(_)), "{e}");
+    // Sizes whose slots overflow 64 bits, and pages whose length a header cannot record.
+    for (size, page) in [(u64::MAX, 8), (u64::MAX - 7, 1 << 20), (1 << 62, 8)] {
+        let e = CompressedStore::inner_size(size, page).unwrap_err();
+        assert!(
+            matches!(e, CodecError::TooLarge(s) if s == size),
+            "{size} {page}: {e}"
+        );
+        let e = CompressedStore::new(inner.clone(), CodecKind::Lz4, page, size).unwrap_err();
+        assert!(matches!(e, CodecError::TooLarge(_)), "{e}");
+    }
+    for page in [(1 << 30) + 8, 1 << 32, u64::MAX - 7] {
+        let e = CompressedStore::inner_size(page, page).unwrap_err();
+        assert!(
+            matches!(e, CodecError::PageSize(p) if p == page),
+            "{page}: {e}"
+        );
+    }
 }
 
 fn f64_page(values: &[f64]) -> Vec<u8> {
