@@ -276,7 +276,8 @@ fn apply(damage: &Damage, pristine: &[u8]) -> Vec<u8> {
         Damage::Claim(n, m) => {
             bytes[16..24].copy_from_slice(&n.to_le_bytes());
             bytes[24..32].copy_from_slice(&m.to_le_bytes());
-            bytes.resize(HEADER_BYTES + 8 * (n as usize + 1) + 4 * m as usize, 0);
+            let (n, m) = (usize::try_from(n).unwrap(), usize::try_from(m).unwrap());
+            bytes.resize(HEADER_BYTES + 8 * (n + 1) + 4 * m, 0);
         }
     }
     bytes
