@@ -280,7 +280,12 @@ fn env_number<T: std::str::FromStr>(env: &EnvVars, name: &str) -> Result<Option<
             v.trim().parse::<T>().map_err(|_| ConfigError::BadEnv {
                 name: name.into(),
                 value: v.into(),
-                reason: "not a whole number; write digits only, such as 4".into(),
+                // A whole number the setting's type cannot hold is not a typo: say so.
+                reason: if v.trim().parse::<u128>().is_ok() {
+                    "too large for this setting; use a smaller value (see `strata info --env`)".into()
+                } else {
+                    "not a whole number; write digits only, such as 4".into()
+                },
             })
         })
         .transpose()
@@ -911,6 +916,10 @@ mod tests {
             matches!(&e, ConfigError::BadEnv { name, .. } if name == "STRATA_FILLERS"),
             "{e}"
         );
+        let e = PagerConfig::builder()
+            .with_env_vars(&env(&[("STRATA_EVICT_LOW_WATER", "300")]))
+            .unwrap_err();
+        assert!(e.to_string().contains("too large for this setting"), "{e}");
         let e = PagerConfig::builder()
             .with_env_vars(&env(&[("STRATA_BUFFER_SIZE", "8 furlongs")]))
             .unwrap_err();
