@@ -92,6 +92,9 @@ fn the_unaligned_end_of_a_direct_store_reads_and_writes() {
     store.write_at(size - 1, b"z").unwrap();
     store.read_at(size - 1, &mut out[..1]).unwrap();
     assert_eq!(out[0], b'z');
+    // The whole-block write of the tail did not leave the file longer than the store.
+    let len = std::fs::metadata(dir.path().join("f")).unwrap().len();
+    assert_eq!(len, size, "the file grew past the store");
 }
 
 #[test]

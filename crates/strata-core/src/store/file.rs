@@ -291,9 +291,28 @@ impl Store for FileStore {
             .map_err(|e| self.io_error("write", offset, buf.len(), e))?;
         let skip = usize::try_from(offset - start).expect("skip is below DIRECT_ALIGN");
         bounce.as_mut_slice()[skip..skip + buf.len()].copy_from_slice(buf);
+        // A window reaching past the store's end may lengthen the file with the zeros read
+        // there; cut it back so that only the store's bytes are ever touched.
+        let end = start + span as u64;
+        let length_before = if end > self.size {
+            let meta = self.file.metadata();
+            Some(
+                meta.map_err(|e| self.io_error("write", offset, buf.len(), e))?
+                    .len(),
+            )
+        } else {
+            None
+        };
         self.file
             .write_all_at(bounce.as_slice(), start)
-            .map_err(|e| self.io_error("write", offset, buf.len(), e))
+            .map_err(|e| self.io_error("write", offset, buf.len(), e))?;
+        match length_before {
+            Some(before) if end > before => self
+                .file
+                .set_len(before.max(self.size))
+                .map_err(|e| self.io_error("write", offset, buf.len(), e)),
+            _ => Ok(()),
+        }
     }
 
     fn flush(&self) -> Result<(), StoreError> {
