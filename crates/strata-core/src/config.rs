@@ -282,7 +282,8 @@ fn env_number<T: std::str::FromStr>(env: &EnvVars, name: &str) -> Result<Option<
                 value: v.into(),
                 // A whole number the setting's type cannot hold is not a typo: say so.
                 reason: if v.trim().parse::<u128>().is_ok() {
-                    "too large for this setting; use a smaller value (see `strata info --env`)".into()
+                    "too large for this setting; use a smaller value (see `strata info --env`)"
+                        .into()
                 } else {
                     "not a whole number; write digits only, such as 4".into()
                 },
