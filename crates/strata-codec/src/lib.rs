@@ -30,7 +30,7 @@
 
 mod zfp;
 
-pub use zfp::{Zfp, ZfpElement};
+pub use zfp::{Zfp, ZfpDecodeError, ZfpElement};
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -40,6 +40,9 @@ use strata_core::store::{ReadRequest, Store, StoreError, check_range};
 
 /// Bytes of the header at the start of each slot.
 pub const HEADER_BYTES: usize = 24;
+/// Largest codec page: a slot's stored length is recorded in 32 bits. Far above any page
+/// Strata uses (2 MiB at most).
+pub const MAX_PAGE_BYTES: u64 = 1 << 30;
 const MAGIC: u16 = 0x5354; // "ST"
 
 /// How a slot's bytes are stored.
@@ -69,7 +72,7 @@ impl Format {
 pub enum CodecError {
     /// The page size is unusable.
     #[error(
-        "codec page size {0} is not a positive multiple of 8 bytes; use the region's page size (such as 64KiB)"
+        "codec page size {0} is not a positive multiple of 8 bytes up to 1 GiB; use the region's page size (such as 64KiB)"
     )]
     PageSize(u64),
     /// The inner store is smaller than the slots need.
@@ -136,11 +139,17 @@ impl CompressedStore {
     }
 
     /// Inner-store size needed for a logical store of `size` bytes in pages of `page_bytes`.
+    ///
+    /// # Errors
+    /// A page size that is not a multiple of 8 up to [`MAX_PAGE_BYTES`], or slots that do not
+    /// fit in 64 bits.
     pub fn inner_size(size: u64, page_bytes: u64) -> Result<u64, CodecError> {
-        if page_bytes == 0 || !page_bytes.is_multiple_of(8) {
+        if page_bytes == 0 || !page_bytes.is_multiple_of(8) || page_bytes > MAX_PAGE_BYTES {
             return Err(CodecError::PageSize(page_bytes));
         }
-        Ok(size.div_ceil(page_bytes) * Self::slot_bytes(page_bytes))
+        size.div_ceil(page_bytes)
+            .checked_mul(Self::slot_bytes(page_bytes))
+            .ok_or(CodecError::TooLarge(size))
     }
 
     /// Wraps `inner` (at least [`CompressedStore::inner_size`] bytes) as a store of `size`
@@ -172,6 +181,12 @@ impl CompressedStore {
         };
         let page = usize::try_from(page_bytes).map_err(|_| CodecError::TooLarge(page_bytes))?;
         let count = usize::try_from(pages).map_err(|_| CodecError::TooLarge(size))?;
+        // 4 bytes per page: refuse a table this machine cannot hold rather than abort.
+        let mut known_lengths = Vec::new();
+        known_lengths
+            .try_reserve_exact(count)
+            .map_err(|_| CodecError::TooLarge(size))?;
+        known_lengths.extend((0..count).map(|_| AtomicU32::new(0)));
         Ok(Self {
             inner,
             codec,
@@ -179,7 +194,7 @@ impl CompressedStore {
             element: ZfpElement::F64,
             page,
             size,
-            known_lengths: (0..count).map(|_| AtomicU32::new(0)).collect(),
+            known_lengths: known_lengths.into_boxed_slice(),
             counters: CodecCounters::default(),
         })
     }
@@ -258,9 +273,8 @@ impl CompressedStore {
             return None;
         }
         let mut check = vec![0u8; page.len()];
-        if !zfp.decompress(self.element, &compressed, tolerance, &mut check) {
-            return None;
-        }
+        zfp.decompress(self.element, &compressed, tolerance, &mut check)
+            .ok()?;
         within_bound(self.element, page, &check, tolerance).then_some(compressed)
     }
 
@@ -273,7 +287,18 @@ impl CompressedStore {
         };
         let header = &slot[..HEADER_BYTES];
         if header.iter().all(|b| *b == 0) {
-            page.fill(0); // never written
+            // A slot never written is zero throughout. A zero header over anything else, or on
+            // a page this store wrote, is damage (a lost or torn write), not an empty page.
+            let written = self.known_lengths[usize::try_from(index).expect("page index fits")]
+                .load(Ordering::Relaxed)
+                != 0;
+            let whole = slot.len() == HEADER_BYTES + page.len();
+            if written || !whole || slot.iter().any(|b| *b != 0) {
+                return Err(corrupt(
+                    "slot header is all zero but the page was written; its header was lost".into(),
+                ));
+            }
+            page.fill(0);
             return Ok(());
         }
         let (format, length, checksum, tolerance) = decode_header(header).map_err(corrupt)?;
@@ -319,11 +344,22 @@ impl CompressedStore {
                         reason: format!("the page is ZFP-compressed but libzfp cannot be loaded ({e}); install libzfp1"),
                     })?,
                 };
-                if !page.len().is_multiple_of(element.bytes())
-                    || !zfp.decompress(element, stored, tolerance, page)
+                if let CodecKind::Zfp { tolerance: bound } = self.codec
+                    && tolerance > bound
                 {
-                    return Err(corrupt("ZFP data does not decode".into()));
+                    return Err(corrupt(format!(
+                        "ZFP page stored with tolerance {tolerance:e}, looser than this store's {bound:e}; open it with zfp:{tolerance:e} to read it"
+                    )));
                 }
+                if !page.len().is_multiple_of(element.bytes()) {
+                    return Err(corrupt(format!(
+                        "ZFP page of {} bytes is not a whole number of {}-byte values",
+                        page.len(),
+                        element.bytes()
+                    )));
+                }
+                zfp.decompress(element, stored, tolerance, page)
+                    .map_err(|e| corrupt(format!("ZFP data does not decode: {e}")))?;
             }
         }
         Ok(())
@@ -563,5 +599,7 @@ fn within_bound(element: ZfpElement, original: &[u8], decoded: &[u8], tolerance:
         .all(|(a, b)| (a - b).abs() <= tolerance)
 }
 
+#[cfg(test)]
+mod fuzz;
 #[cfg(test)]
 mod tests;

@@ -207,8 +207,26 @@ fn bad_configuration_is_refused() {
     assert!(matches!(e, CodecError::InnerTooSmall { .. }), "{e}");
     let e = CompressedStore::new(inner.clone(), CodecKind::Lz4, 12, PAGE).unwrap_err();
     assert!(matches!(e, CodecError::PageSize(12)));
-    let e = CompressedStore::new(inner, CodecKind::Zfp { tolerance: -1.0 }, 8, 8).unwrap_err();
+    let e =
+        CompressedStore::new(inner.clone(), CodecKind::Zfp { tolerance: -1.0 }, 8, 8).unwrap_err();
     assert!(matches!(e, CodecError::Tolerance(_)), "{e}");
+    // Sizes whose slots overflow 64 bits, and pages whose length a header cannot record.
+    for (size, page) in [(u64::MAX, 8), (u64::MAX - 7, 1 << 20), (1 << 62, 8)] {
+        let e = CompressedStore::inner_size(size, page).unwrap_err();
+        assert!(
+            matches!(e, CodecError::TooLarge(s) if s == size),
+            "{size} {page}: {e}"
+        );
+        let e = CompressedStore::new(inner.clone(), CodecKind::Lz4, page, size).unwrap_err();
+        assert!(matches!(e, CodecError::TooLarge(_)), "{e}");
+    }
+    for page in [(1 << 30) + 8, 1 << 32, u64::MAX - 7] {
+        let e = CompressedStore::inner_size(page, page).unwrap_err();
+        assert!(
+            matches!(e, CodecError::PageSize(p) if p == page),
+            "{page}: {e}"
+        );
+    }
 }
 
 fn f64_page(values: &[f64]) -> Vec<u8> {
@@ -302,4 +320,147 @@ fn zfp_f32_pages_honour_the_bound() {
         assert!((f64::from(got) - f64::from(*v)).abs() <= tolerance);
     }
     assert_eq!(s.counters().pages_compressed.load(Ordering::Relaxed), 1);
+}
+
+/// A smooth page of `f64` that ZFP compresses well.
+fn smooth_f64_page(rng: &mut StdRng) -> Vec<u8> {
+    let n = (PAGE / 8) as usize;
+    let phase = rng.random::<f64>();
+    let values: Vec<f64> = (0..n)
+        .map(|i| 100.0 * ((i as f64) * 0.002 + phase).sin())
+        .collect();
+    f64_page(&values)
+}
+
+/// Writes a slot image (header made by this crate, so every CRC is valid) into page `index`.
+fn plant_slot(inner: &MemoryStore, index: u64, format: Format, stored: &[u8], tolerance: f64) {
+    let mut image = encode_header(format, stored, tolerance).to_vec();
+    image.extend_from_slice(stored);
+    inner
+        .write_at(index * CompressedStore::slot_bytes(PAGE), &image)
+        .unwrap();
+}
+
+/// The stored bytes of page `index` as the store wrote them: (format byte, bytes, tolerance).
+fn stored_bytes(inner: &MemoryStore, index: u64) -> (u8, Vec<u8>, f64) {
+    let mut image = vec![0u8; CompressedStore::slot_bytes(PAGE) as usize];
+    inner
+        .read_at(index * CompressedStore::slot_bytes(PAGE), &mut image)
+        .unwrap();
+    let (_, length, _, tolerance) = decode_header(&image[..HEADER_BYTES]).unwrap();
+    (
+        image[2],
+        image[HEADER_BYTES..HEADER_BYTES + length].to_vec(),
+        tolerance,
+    )
+}
+
+#[test]
+fn a_truncated_zfp_stream_with_valid_checksums_is_corrupt() {
+    let mut rng = rng("zfp_truncated");
+    let tolerance = 1e-6;
+    let (inner, s) = store(CodecKind::Zfp { tolerance }, 2 * PAGE);
+    s.write_at(0, &smooth_f64_page(&mut rng)).unwrap();
+    let (format, stream, _) = stored_bytes(&inner, 0);
+    assert_eq!(
+        format,
+        Format::ZfpF64 as u8,
+        "the smooth page must compress"
+    );
+    assert!(stream.len() > 64, "stream of {} bytes", stream.len());
+    // Cut at word boundaries and at odd places, down to nothing; and one with a word appended.
+    let mut lengths = vec![
+        0,
+        1,
+        8,
+        stream.len() / 2,
+        stream.len() - 8,
+        stream.len() - 1,
+    ];
+    lengths.push(rng.random_range(1..stream.len()));
+    for length in lengths {
+        plant_slot(&inner, 0, Format::ZfpF64, &stream[..length], tolerance);
+        // A fresh store too, which knows nothing of the page's length.
+        let fresh =
+            CompressedStore::new(inner.clone(), CodecKind::Zfp { tolerance }, PAGE, 2 * PAGE)
+                .unwrap();
+        for reader in [&s, &fresh] {
+            let mut out = vec![0u8; PAGE as usize];
+            let e = reader.read_at(0, &mut out).unwrap_err();
+            assert!(
+                matches!(e, StoreError::Corrupt { offset: 0, .. }),
+                "{length} of {} bytes: {e}",
+                stream.len()
+            );
+        }
+    }
+    let mut longer = stream.clone();
+    longer.extend_from_slice(&[0u8; 8]);
+    plant_slot(&inner, 0, Format::ZfpF64, &longer, tolerance);
+    let mut out = vec![0u8; PAGE as usize];
+    let e = s.read_at(0, &mut out).unwrap_err();
+    assert!(e.to_string().contains("ZFP"), "{e}");
+}
+
+#[test]
+fn a_zfp_header_tolerance_out_of_bounds_is_corrupt() {
+    let mut rng = rng("zfp_tolerance");
+    let tolerance = 1e-6;
+    let (inner, s) = store(CodecKind::Zfp { tolerance }, PAGE);
+    s.write_at(0, &smooth_f64_page(&mut rng)).unwrap();
+    let (_, stream, stored_tolerance) = stored_bytes(&inner, 0);
+    assert_eq!(stored_tolerance, tolerance);
+    let lz4: Arc<dyn Store> = inner.clone();
+    let lz4 = CompressedStore::new(lz4, CodecKind::Lz4, PAGE, PAGE).unwrap();
+    for bad in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY, -1e-6, 0.0, -0.0] {
+        plant_slot(&inner, 0, Format::ZfpF64, &stream, bad);
+        let mut out = vec![0u8; PAGE as usize];
+        for reader in [&s, &lz4] {
+            let e = reader.read_at(0, &mut out).unwrap_err();
+            assert!(
+                matches!(e, StoreError::Corrupt { .. }),
+                "tolerance {bad:e}: {e}"
+            );
+            assert!(e.to_string().contains("tolerance"), "{e}");
+        }
+    }
+    // A page stored with a looser bound than this store promises is refused, not served.
+    plant_slot(&inner, 0, Format::ZfpF64, &stream, 1e-3);
+    let mut out = vec![0u8; PAGE as usize];
+    let e = s.read_at(0, &mut out).unwrap_err();
+    assert!(e.to_string().contains("looser"), "{e}");
+    // The original header reads back within the bound.
+    plant_slot(&inner, 0, Format::ZfpF64, &stream, tolerance);
+    s.read_at(0, &mut out).unwrap();
+}
+
+#[test]
+fn a_zeroed_header_over_written_bytes_is_corrupt_not_a_zero_page() {
+    let mut rng = rng("zeroed_header");
+    for codec in [CodecKind::Lz4, CodecKind::None] {
+        let (inner, s) = store(codec, 3 * PAGE);
+        let slot = CompressedStore::slot_bytes(PAGE);
+        for index in 0..2u64 {
+            let page = page_of_kind(if index == 0 { 4 } else { 0 }, &mut rng);
+            s.write_at(index * PAGE, &page).unwrap();
+            inner.write_at(index * slot, &[0u8; HEADER_BYTES]).unwrap();
+        }
+        let fresh: Arc<dyn Store> = inner.clone();
+        let fresh = CompressedStore::new(fresh, codec, PAGE, 3 * PAGE).unwrap();
+        for reader in [&s, &fresh] {
+            for index in 0..2u64 {
+                let mut out = vec![0u8; PAGE as usize];
+                let e = reader.read_at(index * PAGE, &mut out).unwrap_err();
+                assert!(
+                    matches!(e, StoreError::Corrupt { .. }),
+                    "{codec:?} page {index}: {e}"
+                );
+                assert!(e.to_string().contains("zero"), "{e}");
+            }
+            // A slot never written still reads as a zero page.
+            let mut out = vec![7u8; PAGE as usize];
+            reader.read_at(2 * PAGE, &mut out).unwrap();
+            assert!(out.iter().all(|b| *b == 0));
+        }
+    }
 }

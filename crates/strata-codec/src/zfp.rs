@@ -93,78 +93,219 @@ impl Zfp {
         // ZFP reads the input as an aligned array; copy into an aligned buffer.
         let mut input = vec![0u64; page.len().div_ceil(8)];
         as_bytes_mut(&mut input)[..page.len()].copy_from_slice(page);
-        let api = &self.api;
-        // SAFETY: the field describes `count` elements in `input`, alive for this call; the
-        // streams are created, used and closed here; the output buffer holds the maximum
-        // size ZFP reports for this field.
-        unsafe {
-            let field = (api.zfp_field_1d)(
-                input.as_mut_ptr().cast::<c_void>(),
-                element.zfp_type(),
-                count,
-            );
-            let zfp = (api.zfp_stream_open)(std::ptr::null_mut());
-            if field.is_null() || zfp.is_null() {
-                return None;
-            }
-            (api.zfp_stream_set_accuracy)(zfp, tolerance);
-            let capacity = (api.zfp_stream_maximum_size)(zfp, field);
-            let mut output = vec![0u64; capacity.div_ceil(8)];
-            let bits = (api.stream_open)(output.as_mut_ptr().cast::<c_void>(), output.len() * 8);
-            (api.zfp_stream_set_bit_stream)(zfp, bits);
-            (api.zfp_stream_rewind)(zfp);
-            let written = (api.zfp_compress)(zfp, field);
-            (api.zfp_field_free)(field);
-            (api.zfp_stream_close)(zfp);
-            (api.stream_close)(bits);
-            if written == 0 {
-                return None;
-            }
-            let mut bytes = as_bytes_mut(&mut output).to_vec();
-            bytes.truncate(written);
-            Some(bytes)
+        let mut session = Session::open(&self.api, &mut input, element, count, tolerance)?;
+        let mut output = vec![0u64; session.maximum_size().div_ceil(8)];
+        let written = session.compress_into(&mut output);
+        if written == 0 {
+            return None;
         }
+        let mut bytes = as_bytes_mut(&mut output).to_vec();
+        bytes.truncate(written);
+        Some(bytes)
     }
 
-    /// Decompresses `compressed` into `page` (a whole page of `element`s). Returns false if
-    /// ZFP consumed nothing.
+    /// Decompresses `compressed` into `page` (a whole page of `element`s), encoded with
+    /// absolute error bound `tolerance`.
+    ///
+    /// The stream must decode to exactly its own length: libzfp does not know where its input
+    /// ends, so a truncated stream would make it read on past the end (and a padded one would
+    /// leave bytes unread). The input is therefore copied into a buffer as large as the largest
+    /// stream ZFP could read for this page ([`Zfp::maximum_size`], a bound on the bits the
+    /// decoder consumes whatever the bits say) and the bytes ZFP consumed are then compared
+    /// with the stream's length.
+    ///
+    /// # Errors
+    /// A tolerance that is not a positive finite number, a stream longer than any this page
+    /// can have, or one that decodes to more or fewer bytes than it holds.
     pub fn decompress(
         &self,
         element: ZfpElement,
         compressed: &[u8],
         tolerance: f64,
         page: &mut [u8],
-    ) -> bool {
+    ) -> Result<(), ZfpDecodeError> {
+        if !(tolerance.is_finite() && tolerance > 0.0) {
+            return Err(ZfpDecodeError::Tolerance(tolerance));
+        }
         let count = page.len() / element.bytes();
-        let mut input = vec![0u64; compressed.len().div_ceil(8) + 1];
-        as_bytes_mut(&mut input)[..compressed.len()].copy_from_slice(compressed);
         let mut output = vec![0u64; page.len().div_ceil(8)];
-        let api = &self.api;
-        // SAFETY: as in compress; the bit stream covers `input` (padded with a zero word so
-        // ZFP's word-wise reads stay inside it) and the field covers `output`.
-        let consumed = unsafe {
+        let mut session = Session::open(&self.api, &mut output, element, count, tolerance)
+            .ok_or(ZfpDecodeError::OutOfMemory)?;
+        let maximum = session.maximum_size();
+        if compressed.len() > maximum {
+            return Err(ZfpDecodeError::TooLong {
+                length: compressed.len(),
+                maximum,
+            });
+        }
+        // One spare zero word beyond the maximum, so even a read ZFP makes at the very end of
+        // the largest stream stays inside the buffer.
+        let mut input = vec![0u64; maximum.div_ceil(8) + 1];
+        as_bytes_mut(&mut input)[..compressed.len()].copy_from_slice(compressed);
+        let consumed = session.decompress_from(&mut input);
+        drop(session);
+        if consumed != compressed.len() {
+            return Err(ZfpDecodeError::Length {
+                length: compressed.len(),
+                consumed,
+            });
+        }
+        page.copy_from_slice(&as_bytes_mut(&mut output)[..page.len()]);
+        Ok(())
+    }
+
+    /// The largest stream, in bytes, that ZFP writes for `count` elements at `tolerance`, and
+    /// so the most it reads back when decoding them, whatever the stream holds: its decoder
+    /// spends at most 1 (zero block) + exponent bits + 3 group-test bits + 4 bits per bit
+    /// plane on each block of four values, the count `zfp_stream_maximum_size` reports. The
+    /// fuzz tests check this bound against what the decoder consumes on random streams.
+    pub fn maximum_size(&self, element: ZfpElement, count: usize, tolerance: f64) -> usize {
+        // The field only describes a shape here; nothing is read through its pointer.
+        let mut scratch = vec![0u64; (count * element.bytes()).div_ceil(8)];
+        Session::open(&self.api, &mut scratch, element, count, tolerance)
+            .map_or(0, |s| s.maximum_size())
+    }
+}
+
+/// A libzfp stream in fixed-accuracy mode and the field of values it encodes or decodes,
+/// freed on drop. The field points into `values`, borrowed for the session's life.
+struct Session<'a> {
+    api: &'a ZfpApi,
+    field: *mut ZfpField,
+    zfp: *mut ZfpStream,
+    _values: std::marker::PhantomData<&'a mut [u64]>,
+}
+
+impl<'a> Session<'a> {
+    /// `None` if libzfp cannot allocate. Panics if `values` is shorter than `count` elements.
+    fn open(
+        api: &'a ZfpApi,
+        values: &'a mut [u64],
+        element: ZfpElement,
+        count: usize,
+        tolerance: f64,
+    ) -> Option<Self> {
+        assert!(
+            count * element.bytes() <= values.len() * 8,
+            "field larger than its buffer"
+        );
+        // SAFETY: the field describes `count` elements inside `values`, which stays borrowed
+        // (alive, and touched by no one else) as long as the session; both objects are freed
+        // by `drop`, or here if the other could not be made.
+        unsafe {
             let field = (api.zfp_field_1d)(
-                output.as_mut_ptr().cast::<c_void>(),
+                values.as_mut_ptr().cast::<c_void>(),
                 element.zfp_type(),
                 count,
             );
             let zfp = (api.zfp_stream_open)(std::ptr::null_mut());
+            let session = Self {
+                api,
+                field,
+                zfp,
+                _values: std::marker::PhantomData,
+            };
             if field.is_null() || zfp.is_null() {
-                return false;
+                return None;
             }
             (api.zfp_stream_set_accuracy)(zfp, tolerance);
-            let bits = (api.stream_open)(input.as_mut_ptr().cast::<c_void>(), input.len() * 8);
-            (api.zfp_stream_set_bit_stream)(zfp, bits);
-            (api.zfp_stream_rewind)(zfp);
-            let consumed = (api.zfp_decompress)(zfp, field);
-            (api.zfp_field_free)(field);
-            (api.zfp_stream_close)(zfp);
-            (api.stream_close)(bits);
-            consumed
-        };
-        page.copy_from_slice(&as_bytes_mut(&mut output)[..page.len()]);
-        consumed != 0
+            Some(session)
+        }
     }
+
+    /// Bytes of the largest stream for this field and accuracy.
+    fn maximum_size(&self) -> usize {
+        // SAFETY: both pointers are live objects owned by this session.
+        unsafe { (self.api.zfp_stream_maximum_size)(self.zfp, self.field) }
+    }
+
+    /// Encodes the field into `output` (at least [`Session::maximum_size`] bytes); returns the
+    /// bytes written, 0 on failure.
+    fn compress_into(&mut self, output: &mut [u64]) -> usize {
+        self.with_bit_stream(output, Direction::Encode)
+    }
+
+    /// Decodes `input` (at least [`Session::maximum_size`] bytes, the stream zero-padded) into
+    /// the field; returns the bytes consumed, 0 on failure.
+    fn decompress_from(&mut self, input: &mut [u64]) -> usize {
+        self.with_bit_stream(input, Direction::Decode)
+    }
+
+    /// Attaches a bit stream over `buffer`, rewinds, runs the codec one way, and detaches.
+    /// `buffer` must hold the maximum stream size, so that neither direction leaves it.
+    fn with_bit_stream(&mut self, buffer: &mut [u64], direction: Direction) -> usize {
+        assert!(
+            buffer.len() * 8 >= self.maximum_size(),
+            "bit-stream buffer below the maximum stream size"
+        );
+        let api = self.api;
+        // SAFETY: the bit stream covers exactly `buffer`, borrowed for this call, and at least
+        // the maximum stream ZFP writes or reads for this field (asserted above); it is
+        // detached and closed before returning. The field and stream are live (see `open`).
+        unsafe {
+            let bits = (api.stream_open)(buffer.as_mut_ptr().cast::<c_void>(), buffer.len() * 8);
+            if bits.is_null() {
+                return 0;
+            }
+            (api.zfp_stream_set_bit_stream)(self.zfp, bits);
+            (api.zfp_stream_rewind)(self.zfp);
+            let n = match direction {
+                Direction::Encode => (api.zfp_compress)(self.zfp, self.field),
+                Direction::Decode => (api.zfp_decompress)(self.zfp, self.field),
+            };
+            (api.zfp_stream_set_bit_stream)(self.zfp, std::ptr::null_mut());
+            (api.stream_close)(bits);
+            n
+        }
+    }
+}
+
+/// Which way a [`Session`] runs the codec.
+#[derive(Clone, Copy)]
+enum Direction {
+    Encode,
+    Decode,
+}
+
+impl Drop for Session<'_> {
+    fn drop(&mut self) {
+        // SAFETY: each pointer is null or an object this session made and nothing else frees.
+        unsafe {
+            if !self.field.is_null() {
+                (self.api.zfp_field_free)(self.field);
+            }
+            if !self.zfp.is_null() {
+                (self.api.zfp_stream_close)(self.zfp);
+            }
+        }
+    }
+}
+
+/// Why a ZFP stream did not decode.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ZfpDecodeError {
+    /// The recorded error bound is not usable.
+    #[error("ZFP tolerance {0:e} is not a positive finite number")]
+    Tolerance(f64),
+    /// Longer than any stream this page can have.
+    #[error("ZFP stream of {length} bytes is longer than the {maximum} any such page needs")]
+    TooLong {
+        /// Stream length.
+        length: usize,
+        /// Largest possible stream.
+        maximum: usize,
+    },
+    /// The decoder needed more bytes than the stream has (truncated) or fewer (padded).
+    #[error("ZFP stream of {length} bytes decodes from {consumed} bytes (truncated or padded)")]
+    Length {
+        /// Stream length.
+        length: usize,
+        /// Bytes the decoder consumed.
+        consumed: usize,
+    },
+    /// libzfp could not allocate its stream or field.
+    #[error("libzfp could not allocate a stream")]
+    OutOfMemory,
 }
 
 /// Opens the first of `names` that loads and resolves every symbol.

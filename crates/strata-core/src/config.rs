@@ -126,6 +126,16 @@ pub enum ConfigError {
         /// What is wrong and what to write instead.
         reason: String,
     },
+    /// A `STRATA_*` variable whose name or value is not UTF-8.
+    #[error(
+        "environment variable {name} has a {part} that is not UTF-8; Strata settings are text: set it again in UTF-8, or unset it"
+    )]
+    NonUtf8Env {
+        /// The variable (lossily decoded for display).
+        name: String,
+        /// `name` or `value`.
+        part: &'static str,
+    },
     /// A `STRATA_*` variable nobody reads: almost always a typo.
     #[error("unknown environment variable {name}; {hint}")]
     UnknownEnv {
@@ -154,10 +164,48 @@ pub enum ConfigError {
 pub type EnvVars = Vec<(String, String)>;
 
 /// The process's `STRATA_*` variables.
-pub fn process_env() -> EnvVars {
-    std::env::vars()
-        .filter(|(k, _)| k.starts_with("STRATA_"))
-        .collect()
+///
+/// Variables whose name or value is not UTF-8 are common in the wild (file names in another
+/// encoding) and none of Strata's business unless they are `STRATA_*` ones; those are an error,
+/// since a setting read lossily would be applied wrongly.
+///
+/// # Errors
+/// [`ConfigError::NonUtf8Env`] for a `STRATA_*` variable that is not UTF-8.
+pub fn process_env() -> Result<EnvVars, ConfigError> {
+    strata_vars(std::env::vars_os())
+}
+
+/// The `STRATA_*` variables of `vars` (see [`process_env`]).
+///
+/// # Errors
+/// [`ConfigError::NonUtf8Env`] for a `STRATA_*` variable that is not UTF-8.
+pub fn strata_vars(
+    vars: impl IntoIterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
+) -> Result<EnvVars, ConfigError> {
+    use std::os::unix::ffi::OsStrExt;
+    let mut out = Vec::new();
+    for (name, value) in vars {
+        if !name.as_bytes().starts_with(b"STRATA_") {
+            continue;
+        }
+        let lossy = name.to_string_lossy().into_owned();
+        match (name.into_string(), value.into_string()) {
+            (Ok(name), Ok(value)) => out.push((name, value)),
+            (Ok(name), Err(_)) => {
+                return Err(ConfigError::NonUtf8Env {
+                    name,
+                    part: "value",
+                });
+            }
+            (Err(_), _) => {
+                return Err(ConfigError::NonUtf8Env {
+                    name: lossy,
+                    part: "name",
+                });
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// Checks that every `STRATA_*` name in `env` is known.
@@ -232,7 +280,13 @@ fn env_number<T: std::str::FromStr>(env: &EnvVars, name: &str) -> Result<Option<
             v.trim().parse::<T>().map_err(|_| ConfigError::BadEnv {
                 name: name.into(),
                 value: v.into(),
-                reason: "not a whole number; write digits only, such as 4".into(),
+                // A whole number the setting's type cannot hold is not a typo: say so.
+                reason: if v.trim().parse::<u128>().is_ok() {
+                    "too large for this setting; use a smaller value (see `strata info --env`)"
+                        .into()
+                } else {
+                    "not a whole number; write digits only, such as 4".into()
+                },
             })
         })
         .transpose()
@@ -309,7 +363,7 @@ impl SpaceConfigBuilder {
     }
     /// Applies `STRATA_PAGE_SIZE` and `STRATA_CACHE_SIZE` from the process environment.
     pub fn with_env(self) -> Result<Self, ConfigError> {
-        self.with_env_vars(&process_env())
+        self.with_env_vars(&process_env()?)
     }
     /// Applies overrides from `env`.
     pub fn with_env_vars(mut self, env: &EnvVars) -> Result<Self, ConfigError> {
@@ -436,7 +490,7 @@ impl PagerConfigBuilder {
     }
     /// Applies `STRATA_*` overrides from the process environment.
     pub fn with_env(self) -> Result<Self, ConfigError> {
-        self.with_env_vars(&process_env())
+        self.with_env_vars(&process_env()?)
     }
     /// Applies overrides from `env`.
     pub fn with_env_vars(mut self, env: &EnvVars) -> Result<Self, ConfigError> {
@@ -655,7 +709,7 @@ impl StoreConfigBuilder {
     /// Applies `STRATA_STORE`, `STRATA_CODEC`, `STRATA_FILE_*` and `STRATA_REMOTE_*` from the
     /// process environment.
     pub fn with_env(self) -> Result<Self, ConfigError> {
-        self.with_env_vars(&process_env())
+        self.with_env_vars(&process_env()?)
     }
     /// Applies overrides from `env`.
     pub fn with_env_vars(mut self, env: &EnvVars) -> Result<Self, ConfigError> {
@@ -863,6 +917,10 @@ mod tests {
             matches!(&e, ConfigError::BadEnv { name, .. } if name == "STRATA_FILLERS"),
             "{e}"
         );
+        let e = PagerConfig::builder()
+            .with_env_vars(&env(&[("STRATA_EVICT_LOW_WATER", "300")]))
+            .unwrap_err();
+        assert!(e.to_string().contains("too large for this setting"), "{e}");
         let e = PagerConfig::builder()
             .with_env_vars(&env(&[("STRATA_BUFFER_SIZE", "8 furlongs")]))
             .unwrap_err();

@@ -746,13 +746,12 @@ impl SpaceOptions {
 /// through from the host copy ([`SpaceOptions::read_through`]).
 ///
 /// # Errors
-/// The variable is set to something other than a boolean.
+/// The variable is set to something other than a boolean, or a `STRATA_*` variable is not
+/// UTF-8.
 pub fn read_through_from_env() -> Result<Option<bool>, SpaceError> {
-    strata_core::config::env_bool(
-        &strata_core::config::process_env(),
-        "STRATA_GPU_READ_THROUGH",
-    )
-    .map_err(|e| SpaceError::Invalid(e.to_string()))
+    strata_core::config::process_env()
+        .and_then(|env| strata_core::config::env_bool(&env, "STRATA_GPU_READ_THROUGH"))
+        .map_err(|e| SpaceError::Invalid(e.to_string()))
 }
 
 #[cfg(test)]

@@ -26,7 +26,7 @@ use crate::par;
 use crate::rng::mix64;
 use indicatif::ProgressBar;
 use std::fs::File;
-use std::io::{BufReader, BufWriter, Read, Write};
+use std::io::{BufReader, BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::Path;
 
 /// File magic.
@@ -97,29 +97,85 @@ pub enum FormatError {
     },
 }
 
+/// Bytes per independently hashed block of [`checksum`].
+const CHECKSUM_BLOCK: usize = 1 << 20;
+
 /// A 64-bit checksum of a byte string: a word-wise multiply-mix per 1 MiB block, blocks
 /// combined in order (so it can be computed in parallel and is independent of thread count).
 #[must_use]
 pub fn checksum(bytes: &[u8]) -> u64 {
-    const BLOCK_BYTES: usize = 1 << 20;
-    let blocks = bytes.len().div_ceil(BLOCK_BYTES);
-    let parts = par::map_indices(blocks, |b| {
-        let block = &bytes[b * BLOCK_BYTES..bytes.len().min((b + 1) * BLOCK_BYTES)];
-        let mut h = 0x243f_6a88_85a3_08d3u64 ^ block.len() as u64;
-        let mut words = block.chunks_exact(8);
-        for w in &mut words {
-            let word = u64::from_le_bytes(w.try_into().expect("8 bytes"));
-            h = (h ^ mix64(word))
-                .wrapping_mul(0x9e37_79b9_7f4a_7c15)
-                .rotate_left(29);
+    let mut sum = StreamingChecksum::new(bytes.len() as u64);
+    sum.update(bytes);
+    sum.finish()
+}
+
+fn block_hash(block: &[u8]) -> u64 {
+    let mut h = 0x243f_6a88_85a3_08d3u64 ^ block.len() as u64;
+    let mut words = block.chunks_exact(8);
+    for w in &mut words {
+        let word = u64::from_le_bytes(w.try_into().expect("8 bytes"));
+        h = (h ^ mix64(word))
+            .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+            .rotate_left(29);
+    }
+    let mut tail = [0u8; 8];
+    tail[..words.remainder().len()].copy_from_slice(words.remainder());
+    mix64(h ^ u64::from_le_bytes(tail))
+}
+
+/// [`checksum`] of a byte string that arrives in pieces (of any sizes), so a file's arrays
+/// are checked as they stream past instead of from a second copy in memory.
+struct StreamingChecksum {
+    acc: u64,
+    /// Bytes of a block not yet complete.
+    carry: Vec<u8>,
+}
+
+impl StreamingChecksum {
+    /// `total` is the length of the whole string, which the checksum covers.
+    fn new(total: u64) -> Self {
+        Self {
+            acc: total,
+            carry: Vec::new(),
         }
-        let mut tail = [0u8; 8];
-        tail[..words.remainder().len()].copy_from_slice(words.remainder());
-        mix64(h ^ u64::from_le_bytes(tail))
-    });
-    parts.iter().fold(bytes.len() as u64, |acc, p| {
-        mix64(acc ^ p).wrapping_add(0x632b_e59b_d9b4_e019)
-    })
+    }
+
+    fn combine(&mut self, part: u64) {
+        self.acc = mix64(self.acc ^ part).wrapping_add(0x632b_e59b_d9b4_e019);
+    }
+
+    fn update(&mut self, mut bytes: &[u8]) {
+        if !self.carry.is_empty() {
+            let take = (CHECKSUM_BLOCK - self.carry.len()).min(bytes.len());
+            self.carry.extend_from_slice(&bytes[..take]);
+            bytes = &bytes[take..];
+            if self.carry.len() == CHECKSUM_BLOCK {
+                let part = block_hash(&self.carry);
+                self.combine(part);
+                self.carry.clear();
+            }
+        }
+        let whole = bytes.len() / CHECKSUM_BLOCK;
+        let block = |b: usize| block_hash(&bytes[b * CHECKSUM_BLOCK..(b + 1) * CHECKSUM_BLOCK]);
+        let parts = if whole > 1 {
+            par::map_indices(whole, block)
+        } else {
+            (0..whole).map(block).collect()
+        };
+        for part in parts {
+            self.combine(part);
+        }
+        self.carry
+            .extend_from_slice(&bytes[whole * CHECKSUM_BLOCK..]);
+    }
+
+    fn finish(mut self) -> u64 {
+        if !self.carry.is_empty() {
+            let part = block_hash(&self.carry);
+            self.combine(part);
+        }
+        self.acc
+    }
 }
 
 fn u64_bytes(values: &[u64]) -> Vec<u8> {
@@ -149,8 +205,16 @@ pub fn write(
     progress: &ProgressBar,
 ) -> Result<(), FormatError> {
     let err = io_err(path);
-    let offsets_sum = checksum(&u64_bytes(&graph.offsets));
-    let neighbours_sum = checksum(&u32_bytes(&graph.neighbours));
+    // Checksums block by block, so writing never holds a second copy of the graph.
+    let mut offsets_sum = StreamingChecksum::new(graph.offsets.len() as u64 * 8);
+    for block in graph.offsets.chunks(IO_BLOCK) {
+        offsets_sum.update(&u64_bytes(block));
+    }
+    let mut neighbours_sum = StreamingChecksum::new(graph.arcs() * 4);
+    for block in graph.neighbours.chunks(IO_BLOCK) {
+        neighbours_sum.update(&u32_bytes(block));
+    }
+    let (offsets_sum, neighbours_sum) = (offsets_sum.finish(), neighbours_sum.finish());
     let mut header = Vec::with_capacity(HEADER_BYTES);
     header.extend_from_slice(&MAGIC);
     header.extend_from_slice(&VERSION.to_le_bytes());
@@ -241,10 +305,22 @@ fn parse_header(
     Ok((origin, u64_at(16), u64_at(24), u64_at(56), u64_at(64)))
 }
 
+/// Most vertices a graph file may hold: vertex ids are 32-bit and the workloads keep one
+/// bit free (see [`crate::csr`]).
+pub const MAX_VERTICES: u64 = 1 << 31;
+
 /// Reads a graph written by [`fn@write`], verifying sizes, checksums and CSR invariants.
 ///
+/// Nothing is allocated for the header's counts until the file's contents confirm them: the
+/// counts are checked against the format's limits, the file's length and this machine's
+/// memory; then the offsets are streamed once without being kept (checksum, first and last
+/// value, order) and only then read into memory, which fixes the neighbour count. A header
+/// claiming billions of vertices over a small sparse file is refused after one pass over its
+/// holes, with a few MiB of buffers.
+///
 /// # Errors
-/// I/O failures, a foreign file, another version, truncation or checksum mismatch.
+/// I/O failures, a foreign file, another version, counts beyond the format or this machine,
+/// truncation or checksum mismatch.
 pub fn read(path: &Path, progress: &ProgressBar) -> Result<(Csr, GraphOrigin), FormatError> {
     let name = path.display().to_string();
     let corrupt = |what: String| FormatError::Corrupt {
@@ -253,45 +329,104 @@ pub fn read(path: &Path, progress: &ProgressBar) -> Result<(Csr, GraphOrigin), F
     };
     let file = File::open(path).map_err(io_err(path))?;
     let file_len = file.metadata().map_err(io_err(path))?.len();
-    let mut input = BufReader::with_capacity(8 << 20, file);
+    let mut input = BufReader::with_capacity(IO_BLOCK * 8, file);
     let (origin, vertices, arcs, offsets_sum, neighbours_sum) = parse_header(path, &mut input)?;
-    let expected = (vertices.checked_add(1).and_then(|v| v.checked_mul(8)))
-        .and_then(|o| arcs.checked_mul(4).and_then(|a| a.checked_add(o)))
-        .and_then(|body| body.checked_add(HEADER_BYTES as u64));
-    if expected != Some(file_len) {
+    if vertices > MAX_VERTICES {
+        return Err(corrupt(format!(
+            "the header claims {vertices} vertices; the format holds at most 2^31"
+        )));
+    }
+    // A simple graph has at most n(n-1) arcs; the bound also keeps the sizes below in range.
+    if arcs > vertices * vertices.saturating_sub(1) {
+        return Err(corrupt(format!(
+            "the header claims {arcs} arcs, more arcs than {vertices} vertices can have"
+        )));
+    }
+    // Both counts are bounded above, so only the sum can overflow.
+    let offsets_bytes = (vertices + 1) * 8;
+    let body = offsets_bytes.checked_add(arcs * 4);
+    let expected = body.and_then(|b| b.checked_add(HEADER_BYTES as u64));
+    let Some(body) = body.filter(|_| expected == Some(file_len)) else {
         return Err(corrupt(format!(
             "size {file_len} bytes, but the header's {vertices} vertices and {arcs} arcs need {}",
             expected.map_or_else(|| "more than 2^64".to_string(), |e| e.to_string())
         )));
+    };
+    if let Some(memory) = machine_memory()
+        && body > memory
+    {
+        return Err(corrupt(format!(
+            "the header's {vertices} vertices and {arcs} arcs need {body} bytes of memory, more than this machine's {memory} (RAM and swap)"
+        )));
     }
     let n = usize::try_from(vertices).map_err(|_| corrupt("vertex count too large".into()))?;
     let m = usize::try_from(arcs).map_err(|_| corrupt("arc count too large".into()))?;
-    progress.set_length(vertices + 1 + arcs);
+    progress.set_length(2 * (vertices + 1) + arcs);
     let mut buffer = vec![0u8; IO_BLOCK * 8];
-    let mut offsets = Vec::with_capacity(n + 1);
-    let mut offsets_bytes_sum = Vec::new();
     let read_err = io_err(path);
+
+    // Pass 1: offsets streamed, checked, not kept.
+    let mut sum = StreamingChecksum::new(offsets_bytes);
+    let mut previous = 0u64;
+    let mut done = 0;
+    while done < n + 1 {
+        let take = (n + 1 - done).min(IO_BLOCK);
+        let bytes = &mut buffer[..take * 8];
+        input.read_exact(bytes).map_err(&read_err)?;
+        sum.update(bytes);
+        for (i, c) in bytes.chunks_exact(8).enumerate() {
+            let offset = u64::from_le_bytes(c.try_into().expect("8 bytes"));
+            if (done + i == 0 && offset != 0) || offset < previous || offset > arcs {
+                return Err(corrupt(format!(
+                    "offset {offset} of vertex {} is out of order or beyond the {arcs} arcs",
+                    done + i
+                )));
+            }
+            previous = offset;
+        }
+        done += take;
+        progress.inc(take as u64);
+    }
+    if sum.finish() != offsets_sum {
+        return Err(corrupt("offsets checksum mismatch".into()));
+    }
+    if previous != arcs {
+        return Err(corrupt(format!(
+            "last offset {previous} differs from the header's {arcs} arcs"
+        )));
+    }
+
+    // Pass 2: the confirmed offsets into memory (checked again: the file may have changed).
+    input
+        .seek(SeekFrom::Start(HEADER_BYTES as u64))
+        .map_err(&read_err)?;
+    let mut sum = StreamingChecksum::new(offsets_bytes);
+    let mut offsets = Vec::with_capacity(n + 1);
     while offsets.len() < n + 1 {
         let take = (n + 1 - offsets.len()).min(IO_BLOCK);
         let bytes = &mut buffer[..take * 8];
         input.read_exact(bytes).map_err(&read_err)?;
+        sum.update(bytes);
         offsets.extend(
             bytes
                 .chunks_exact(8)
                 .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes"))),
         );
-        offsets_bytes_sum.extend_from_slice(bytes);
         progress.inc(take as u64);
     }
-    if checksum(&offsets_bytes_sum) != offsets_sum {
-        return Err(corrupt("offsets checksum mismatch".into()));
+    if sum.finish() != offsets_sum {
+        return Err(corrupt(
+            "offsets checksum mismatch on the second read (the file changed while read)".into(),
+        ));
     }
-    drop(offsets_bytes_sum);
+
+    let mut sum = StreamingChecksum::new(arcs * 4);
     let mut neighbours = Vec::with_capacity(m);
     while neighbours.len() < m {
         let take = (m - neighbours.len()).min(IO_BLOCK);
         let bytes = &mut buffer[..take * 4];
         input.read_exact(bytes).map_err(&read_err)?;
+        sum.update(bytes);
         neighbours.extend(
             bytes
                 .chunks_exact(4)
@@ -299,7 +434,7 @@ pub fn read(path: &Path, progress: &ProgressBar) -> Result<(Csr, GraphOrigin), F
         );
         progress.inc(take as u64);
     }
-    if checksum(&u32_bytes(&neighbours)) != neighbours_sum {
+    if sum.finish() != neighbours_sum {
         return Err(corrupt("neighbours checksum mismatch".into()));
     }
     let graph = Csr {
@@ -310,6 +445,27 @@ pub fn read(path: &Path, progress: &ProgressBar) -> Result<(Csr, GraphOrigin), F
     // buggy producer with valid checksums (cheap next to reading the file).
     graph.check().map_err(|e| corrupt(e.to_string()))?;
     Ok((graph, origin))
+}
+
+/// RAM plus swap in bytes, from `/proc/meminfo`; `None` where that cannot be read. A graph
+/// that needs more cannot be loaded whatever else runs, so its file is refused up front.
+fn machine_memory() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib = |key: &str| -> Option<u64> {
+        meminfo
+            .lines()
+            .find_map(|line| line.strip_prefix(key)?.strip_prefix(':'))?
+            .trim()
+            .strip_suffix("kB")?
+            .trim()
+            .parse()
+            .ok()
+    };
+    Some(
+        kib("MemTotal")?
+            .saturating_add(kib("SwapTotal").unwrap_or(0))
+            .saturating_mul(1024),
+    )
 }
 
 #[cfg(test)]
@@ -389,6 +545,33 @@ mod tests {
             read(&path, &ProgressBar::hidden()),
             Err(FormatError::Io { .. })
         ));
+    }
+
+    #[test]
+    fn checksum_matches_files_written_before_it_streamed() {
+        // Values of the whole-buffer checksum that files were written with before the
+        // checksum could stream; a change here would make every existing file "corrupt".
+        let data: Vec<u8> = (0..3_000_000u32)
+            .map(|i| u8::try_from((i * 7 + 3) % 251).unwrap())
+            .collect();
+        assert_eq!(checksum(&data), 0x1d3b_de29_c26c_1af3);
+        assert_eq!(checksum(&data[..13]), 0x2c30_e9f1_ad17_efb6);
+        assert_eq!(checksum(&[]), 0);
+        assert_eq!(checksum(&data[..2 << 20]), 0x6b77_cbfd_102e_8f17);
+        // Any split of the stream gives the same value.
+        let mut rng = crate::rng::Rng::new(crate::test_seed());
+        for _ in 0..20 {
+            let mut sum = StreamingChecksum::new(data.len() as u64);
+            let mut at = 0;
+            while at < data.len() {
+                let piece = usize::try_from(rng.below(3 << 20))
+                    .unwrap()
+                    .min(data.len() - at);
+                sum.update(&data[at..at + piece]);
+                at += piece;
+            }
+            assert_eq!(sum.finish(), checksum(&data));
+        }
     }
 
     #[test]

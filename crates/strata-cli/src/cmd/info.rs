@@ -62,7 +62,7 @@ pub fn run(args: &InfoArgs) -> anyhow::Result<()> {
                 .unwrap_or_default();
             println!("  {name:<26} {meaning}{value}");
         }
-        strata_core::config::check_env_names(&strata_core::config::process_env())?;
+        strata_core::config::check_env_names(&strata_core::config::process_env()?)?;
     }
     Ok(())
 }

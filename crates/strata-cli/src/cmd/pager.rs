@@ -81,7 +81,7 @@ fn pager_config(
     default_page: u64,
 ) -> anyhow::Result<PagerConfig> {
     let cpus = strata_core::config::available_cpus();
-    let env = strata_core::config::process_env();
+    let env = strata_core::config::process_env()?;
     let has = |name: &str| env.iter().any(|(k, _)| k == name);
     let mut b = PagerConfig::builder();
     // Benchmark defaults, then the environment, then flags.

@@ -198,21 +198,49 @@ impl FileStore {
         )
     }
 
-    /// Reads `[start, start+span)` into an aligned bounce buffer. Bytes past the file's end
-    /// read as zero: the aligned tail of the last block can reach past it.
+    /// Reads `[start, start+span)` into an aligned bounce buffer. Bytes past the store's end
+    /// may lie past the file's end too (the aligned tail of the last block) and read as zero;
+    /// an end of file before the store's end means the file was shortened, an error.
     fn read_aligned(&self, start: u64, span: usize) -> io::Result<AlignedBuf> {
         let mut bounce = AlignedBuf::zeroed(span);
         let buf = bounce.as_mut_slice();
+        // Bytes of the window inside the store: these must come from the file.
+        let needed = usize::try_from(self.size.min(start + span as u64).saturating_sub(start))
+            .expect("at most the window");
         let mut done = 0;
         while done < buf.len() {
             match self.file.read_at(&mut buf[done..], start + done as u64) {
-                Ok(0) => break, // end of file: the rest stays zero
+                Ok(0) if done < needed => return Err(self.shortened()),
+                Ok(0) => break, // past the store's end: the rest stays zero
                 Ok(n) => done += n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(e),
             }
         }
         Ok(bounce)
+    }
+
+    /// The error for a file that ends before the store does (another program truncated it).
+    fn shortened(&self) -> io::Error {
+        io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            format!(
+                "the file is shorter than the store ({} bytes): another program truncated it",
+                self.size
+            ),
+        )
+    }
+
+    /// `read_exact_at` with an early end of file reported as [`FileStore::shortened`].
+    fn read_exact(&self, buf: &mut [u8], offset: u64) -> Result<(), StoreError> {
+        self.file.read_exact_at(buf, offset).map_err(|e| {
+            let e = if e.kind() == io::ErrorKind::UnexpectedEof {
+                self.shortened()
+            } else {
+                e
+            };
+            self.io_error("read", offset, buf.len(), e)
+        })
     }
 }
 
@@ -223,17 +251,8 @@ impl Store for FileStore {
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
         check_range(self, offset, buf.len())?;
-        if !self.direct {
-            return self
-                .file
-                .read_exact_at(buf, offset)
-                .map_err(|e| self.io_error("read", offset, buf.len(), e));
-        }
-        if Self::is_aligned(offset, buf.len(), buf.as_ptr()) {
-            return self
-                .file
-                .read_exact_at(buf, offset)
-                .map_err(|e| self.io_error("read", offset, buf.len(), e));
+        if !self.direct || Self::is_aligned(offset, buf.len(), buf.as_ptr()) {
+            return self.read_exact(buf, offset);
         }
         let (start, span) = Self::aligned_window(offset, buf.len());
         let bounce = self
@@ -272,9 +291,28 @@ impl Store for FileStore {
             .map_err(|e| self.io_error("write", offset, buf.len(), e))?;
         let skip = usize::try_from(offset - start).expect("skip is below DIRECT_ALIGN");
         bounce.as_mut_slice()[skip..skip + buf.len()].copy_from_slice(buf);
+        // A window reaching past the store's end may lengthen the file with the zeros read
+        // there; cut it back so that only the store's bytes are ever touched.
+        let end = start + span as u64;
+        let length_before = if end > self.size {
+            let meta = self.file.metadata();
+            Some(
+                meta.map_err(|e| self.io_error("write", offset, buf.len(), e))?
+                    .len(),
+            )
+        } else {
+            None
+        };
         self.file
             .write_all_at(bounce.as_slice(), start)
-            .map_err(|e| self.io_error("write", offset, buf.len(), e))
+            .map_err(|e| self.io_error("write", offset, buf.len(), e))?;
+        match length_before {
+            Some(before) if end > before => self
+                .file
+                .set_len(before.max(self.size))
+                .map_err(|e| self.io_error("write", offset, buf.len(), e)),
+            _ => Ok(()),
+        }
     }
 
     fn flush(&self) -> Result<(), StoreError> {

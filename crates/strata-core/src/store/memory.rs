@@ -23,11 +23,37 @@ pub struct MemoryStore {
 
 impl MemoryStore {
     /// Creates a zero-filled store of `size` bytes. Memory is taken only as chunks are written.
+    ///
+    /// # Panics
+    /// If this machine cannot even hold the chunk table (24 bytes per 256 KiB); use
+    /// [`MemoryStore::try_new`] for sizes that come from users.
     pub fn new(size: u64) -> Self {
-        let chunk_count = usize::try_from(size.div_ceil(CHUNK_BYTES as u64))
-            .expect("a store larger than the address space cannot be held in memory");
-        let chunks = (0..chunk_count).map(|_| RwLock::new(None)).collect();
-        Self { size, chunks }
+        Self::try_new(size).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Creates a zero-filled store of `size` bytes, or says that this machine cannot hold
+    /// one so large (its chunk table alone does not fit).
+    ///
+    /// # Errors
+    /// [`StoreError::Unavailable`] when the chunk table cannot be allocated.
+    pub fn try_new(size: u64) -> Result<Self, StoreError> {
+        let too_large = || {
+            StoreError::Unavailable {
+            store: format!("memory({})", format_size(size)),
+            reason: "a memory store this size is too large for this machine (its table of 256 KiB chunks cannot be allocated); use a smaller size or a file store".into(),
+        }
+        };
+        let chunk_count =
+            usize::try_from(size.div_ceil(CHUNK_BYTES as u64)).map_err(|_| too_large())?;
+        let mut chunks = Vec::new();
+        chunks
+            .try_reserve_exact(chunk_count)
+            .map_err(|_| too_large())?;
+        chunks.extend((0..chunk_count).map(|_| RwLock::new(None)));
+        Ok(Self {
+            size,
+            chunks: chunks.into_boxed_slice(),
+        })
     }
 
     /// Creates a store holding a copy of `bytes`.
