@@ -141,6 +141,17 @@ pub enum RegionError {
         /// The last write-back error.
         last: String,
     },
+    /// No frame came free for a fault within [`FRAME_WAIT`]: every frame was held by a fill
+    /// or write-back the store did not finish. The store is not answering.
+    #[error(
+        "no frame of the buffer of {frames} pages came free within {waited_s} s: every one was held by a store read or write that did not finish; the store is not answering (check it, or give it a timeout)"
+    )]
+    BufferBusy {
+        /// Frames in the buffer.
+        frames: usize,
+        /// Seconds waited.
+        waited_s: u64,
+    },
     /// A range outside the region.
     #[error(
         "range of {len} bytes at offset {offset} reaches past the region's end ({size} bytes); keep ranges inside the region"
@@ -196,6 +207,12 @@ const MAX_RUN_BYTES: usize = 4 << 20;
 const EVICT_BATCH: usize = 64;
 /// Fault messages read per `read(2)`: a few, so that a burst spreads over the fillers.
 const MESSAGES_PER_READ: usize = 4;
+/// Longest a fault waits for a frame to come free. Frames are only ever held across one store
+/// read or write (no thread holds a frame while it waits for another), so this passes only
+/// when the store stops answering; the fault then fails with [`RegionError::BufferBusy`].
+pub const FRAME_WAIT: Duration = Duration::from_secs(30);
+/// Read-ahead windows waiting for a read-ahead thread, per filler; older ones are dropped.
+const QUEUED_WINDOWS_PER_FILLER: usize = 2;
 
 /// Builds a [`Region`] with options beyond [`Region::new`].
 #[derive(Debug)]
@@ -288,7 +305,8 @@ struct Shared {
     in_service: AtomicUsize,
     /// Answer failed fills with `UFFDIO_POISON` (else `SIGBUS` to the faulting thread).
     use_poison: bool,
-    /// Read-ahead windows claimed by fillers for the read-ahead threads.
+    /// Read-ahead windows for the read-ahead threads (not claimed: a demand fault on one of
+    /// their pages never waits behind the queue).
     ra_queue: Mutex<std::collections::VecDeque<(usize, usize)>>,
     /// Signals `ra_queue`.
     ra_ready: std::sync::Condvar,
@@ -305,7 +323,10 @@ struct Shared {
     wake_below_free: usize,
     /// Evictors stop once free frames reach this (resident at the low mark).
     stop_at_free: usize,
+    /// Pages read ahead per window.
     read_ahead: usize,
+    /// Free frames read-ahead leaves for demand faults.
+    ahead_reserve: usize,
 }
 
 impl std::fmt::Debug for Shared {
@@ -445,9 +466,13 @@ impl Region {
                 Tier::Host
             }
         });
+        // A window is at most a quarter of the buffer, and read-ahead never takes the last
+        // free frames (the reserve): demand faults must always find a frame quickly.
         let read_ahead = usize::try_from(config.read_ahead)
             .unwrap_or(0)
-            .min(MAX_RUN_BYTES / page_bytes);
+            .min(MAX_RUN_BYTES / page_bytes)
+            .min(frames / 4);
+        let ahead_reserve = config.fillers.max(frames / 16).min(frames / 2);
         let shared = Arc::new(Shared {
             map,
             uffd,
@@ -476,6 +501,7 @@ impl Region {
             wake_below_free,
             stop_at_free,
             read_ahead,
+            ahead_reserve,
             config,
         });
         let mut region = Region {
@@ -761,11 +787,17 @@ impl Scratch {
     }
 }
 
-enum Reclaim {
-    /// Take frames only from the free list.
-    FreeOnly,
-    /// Evict if needed.
-    Allowed,
+/// Where a run's frames come from. Only the first frame of a run may wait (for an eviction):
+/// a thread never holds frames while it waits for more, so runs cannot deadlock on the buffer.
+enum FrameSource {
+    /// A demand fault: its own page may wait for an eviction; the pages read with it are
+    /// read-ahead and take only free frames above the reserve.
+    Demand,
+    /// `Region::prefetch`: the first page may wait; later pages take a free frame or evict one
+    /// page each without waiting.
+    Prefetch,
+    /// Read-ahead: free frames above the reserve only, never an eviction, never a wait.
+    ReadAhead,
 }
 
 enum OnFillError {
@@ -972,11 +1004,7 @@ impl Shared {
         if sequential {
             extra = self.claim_run(page + 1, self.read_ahead);
             if extra == self.read_ahead {
-                let next = page + 1 + extra;
-                let n = self.claim_run(next, self.read_ahead);
-                if n > 0 {
-                    self.queue_read_ahead(next, n);
-                }
+                self.queue_read_ahead(page + 1 + extra, self.read_ahead);
             }
         }
         let together = if write { 1 } else { 1 + extra };
@@ -984,7 +1012,7 @@ impl Shared {
             page,
             together,
             write,
-            &Reclaim::Allowed,
+            &FrameSource::Demand,
             &OnFillError::Poison { tid },
             scratch,
         ) {
@@ -1026,14 +1054,15 @@ impl Shared {
         count
     }
 
-    /// Fills claimed read-ahead pages, with free frames only. Read-ahead is a guess: its
-    /// failure is not the program's (the page's own fault reports a lasting store error).
+    /// Fills claimed read-ahead pages, with free frames above the reserve only. Read-ahead is
+    /// a guess: its failure is not the program's (the page's own fault reports a lasting
+    /// store error).
     fn fill_ahead(&self, first: usize, count: usize, scratch: &mut Scratch) {
         if let Ok(n) = self.fill_run(
             first,
             count,
             false,
-            &Reclaim::FreeOnly,
+            &FrameSource::ReadAhead,
             &OnFillError::Release,
             scratch,
         ) {
@@ -1044,6 +1073,10 @@ impl Shared {
 
     fn queue_read_ahead(&self, first: usize, count: usize) {
         let mut q = self.ra_queue.lock().unwrap_or_else(|e| e.into_inner());
+        if q.len() >= QUEUED_WINDOWS_PER_FILLER * self.config.fillers.max(1) {
+            // The read-ahead threads are behind: the oldest guess is the least useful.
+            q.pop_front();
+        }
         q.push_back((first, count));
         drop(q);
         self.ra_ready.notify_one();
@@ -1056,10 +1089,6 @@ impl Shared {
                 let mut q = self.ra_queue.lock().unwrap_or_else(|e| e.into_inner());
                 loop {
                     if self.stop.load(Ordering::Acquire) {
-                        // Release what was claimed but will not be read.
-                        for (first, count) in q.drain(..) {
-                            self.release_run(first, count);
-                        }
                         return;
                     }
                     if let Some(job) = q.pop_front() {
@@ -1071,31 +1100,38 @@ impl Shared {
                         .map_or_else(|e| e.into_inner().0, |r| r.0);
                 }
             };
-            self.fill_ahead(job.0, job.1, &mut scratch);
+            // Claimed only now, so a demand fault that came first has the page to itself.
+            let n = self.claim_run(job.0, job.1);
+            if n > 0 {
+                self.fill_ahead(job.0, n, &mut scratch);
+            }
         }
     }
 
     /// Fills pages `first..first+count`, which the caller has moved to `Filling`. Returns how
-    /// many were installed (fewer than `count` only with `Reclaim::FreeOnly`; the rest are
-    /// released). On a store error every page of the run is released (or the first poisoned).
+    /// many were installed (fewer than `count` when frames ran short; the rest are released).
+    /// On a store error every page of the run is released (or the first poisoned).
     fn fill_run(
         &self,
         first: usize,
         count: usize,
         write: bool,
-        reclaim: &Reclaim,
+        source: &FrameSource,
         on_error: &OnFillError,
         scratch: &mut Scratch,
     ) -> Result<usize, RegionError> {
         let mut frames = Vec::with_capacity(count);
-        for _ in 0..count {
-            match self.acquire_frame(reclaim) {
+        for i in 0..count {
+            let frame = match (source, i) {
+                (FrameSource::Demand | FrameSource::Prefetch, 0) => self.wait_for_frame(),
+                (FrameSource::Prefetch, _) => Ok(self.frame_now()),
+                (FrameSource::Demand | FrameSource::ReadAhead, _) => Ok(self.frame_for_ahead()),
+            };
+            match frame {
                 Ok(Some(f)) => frames.push(f),
                 Ok(None) => break,
                 Err(e) => {
-                    for f in frames {
-                        self.frames.push(f);
-                    }
+                    // Only a first frame waits, so nothing is held here.
                     self.release_run(first, count);
                     if let OnFillError::Poison { tid } = on_error {
                         // Released pages are claimable again; poisoning the faulting page
@@ -1247,12 +1283,13 @@ impl Shared {
                 page,
                 count,
                 false,
-                &Reclaim::Allowed,
+                &FrameSource::Prefetch,
                 &OnFillError::Release,
                 scratch,
             )?;
             total += got as u64;
-            page += count;
+            // Pages that found no frame were released: the next run starts with them.
+            page += got.max(1);
         }
         Ok(total)
     }
@@ -1272,41 +1309,90 @@ impl Shared {
         }
     }
 
-    fn acquire_frame(&self, reclaim: &Reclaim) -> Result<Option<u32>, RegionError> {
-        if let Some(f) = self.frames.pop() {
-            if self.frames.free_count() < self.wake_below_free {
-                self.wake_evictors();
-            }
-            return Ok(Some(f));
+    /// Takes a free frame, waking the evictors when free frames run low.
+    fn pop_frame(&self) -> Option<u32> {
+        let f = self.frames.pop();
+        if f.is_none() || self.frames.free_count() < self.wake_below_free {
+            self.wake_evictors();
         }
-        self.wake_evictors();
-        if matches!(reclaim, Reclaim::FreeOnly) {
-            return Ok(None);
+        f
+    }
+
+    /// A frame for read-ahead: a free one above the demand reserve, or none.
+    fn frame_for_ahead(&self) -> Option<u32> {
+        let f = self.frames.pop_above(self.ahead_reserve);
+        if f.is_none() || self.frames.free_count() < self.wake_below_free {
+            self.wake_evictors();
+        }
+        f
+    }
+
+    /// A frame without waiting: a free one, else one page evicted now (if one can be).
+    fn frame_now(&self) -> Option<u32> {
+        if let Some(f) = self.pop_frame() {
+            return Some(f);
+        }
+        match self.evict_one() {
+            Evicted::Frame(f) => Some(f),
+            Evicted::Nothing => None,
+            Evicted::WriteFailed(e) => {
+                self.record(e);
+                None
+            }
+        }
+    }
+
+    /// A frame for a page that must have one: a free frame, else one this thread evicts
+    /// (direct reclaim). The caller holds no frame, and every frame is held only across one
+    /// store operation, so frames come free unless the store stops answering: after
+    /// [`FRAME_WAIT`] the fault fails with `BufferBusy`, or with `BufferExhausted` when every
+    /// write-back of a dirty page failed.
+    fn wait_for_frame(&self) -> Result<Option<u32>, RegionError> {
+        if let Some(f) = self.pop_frame() {
+            return Ok(Some(f));
         }
         bump(&self.counters.direct_reclaims, 1);
         let mut failures = 0usize;
-        let mut last_error = String::new();
-        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut last_error = None;
+        let started = Instant::now();
+        let mut idle = 0u32;
         loop {
             if let Some(f) = self.frames.pop() {
                 return Ok(Some(f));
             }
             match self.evict_one() {
                 Evicted::Frame(f) => return Ok(Some(f)),
-                Evicted::Nothing => std::thread::yield_now(),
+                Evicted::Nothing => {
+                    // Every frame is being filled or written back: those end with their store
+                    // operation. Back off so that spinning does not slow them down.
+                    idle += 1;
+                    if idle < 16 {
+                        std::thread::yield_now();
+                    } else {
+                        std::thread::sleep(Duration::from_micros(100));
+                    }
+                }
                 Evicted::WriteFailed(e) => {
                     failures += 1;
-                    last_error = e.to_string();
+                    last_error = Some(e.to_string());
                     self.record(e);
                 }
             }
-            if failures > 2 * self.frames.len() || Instant::now() > deadline {
+            if failures > 2 * self.frames.len() {
                 return Err(RegionError::BufferExhausted {
                     frames: self.frames.len(),
-                    last: if last_error.is_empty() {
-                        "every page stayed busy for 30 s".into()
-                    } else {
-                        last_error
+                    last: last_error.unwrap_or_default(),
+                });
+            }
+            if started.elapsed() > FRAME_WAIT {
+                return Err(match last_error {
+                    Some(last) => RegionError::BufferExhausted {
+                        frames: self.frames.len(),
+                        last,
+                    },
+                    None => RegionError::BufferBusy {
+                        frames: self.frames.len(),
+                        waited_s: FRAME_WAIT.as_secs(),
                     },
                 });
             }

@@ -58,7 +58,7 @@ impl Case {
 /// What a child runs: scans, random reads from two threads, a write pass, flush, check.
 fn exercise(case: Case) {
     let mut rng = Rng::from_time(&case.encode());
-    let size = (4 * case.buffer) as usize;
+    let size = (3 * case.buffer) as usize;
     let page = case.page as usize;
     let (store, data) = random_store(size, &mut rng);
     let config = PagerConfig::builder()
@@ -78,10 +78,10 @@ fn exercise(case: Case) {
         let s = region.as_slice();
         std::thread::scope(|scope| {
             for quarter in 0..4 {
-                let half = quarter * size / 4..(quarter + 1) * size / 4;
+                let part = (quarter * size / 4) & !4095..((quarter + 1) * size / 4) & !4095;
                 let data = &data;
                 scope.spawn(move || {
-                    for i in half.step_by(4096) {
+                    for i in part.step_by(4096) {
                         assert!(
                             s[i..i + 8] == data[i..i + 8],
                             "bytes at {i} differ from the store"
@@ -141,6 +141,9 @@ fn run_cases(test: &str, var: &str, cases: &[Case]) -> Vec<String> {
             (Some(_), None) if !out.success() => Some("failed".to_string()),
             _ => None,
         };
+        if out.elapsed > Duration::from_secs(3) {
+            eprintln!("{case:?}: slow, {:?}", out.elapsed);
+        }
         if let Some(v) = verdict {
             let tail: String = out
                 .output
@@ -206,7 +209,7 @@ fn read_ahead_grid_never_sigbuses_or_stalls() {
     for page in [4u64 << 10, 64 << 10, 2 << 20] {
         let mut buffers: Vec<u64> = [256u64 << 10, 2 << 20, 8 << 20]
             .iter()
-            .map(|&b| b.max(2 * page))
+            .map(|&b| b.max(4 * page))
             .collect();
         buffers.dedup();
         for buffer in buffers {
