@@ -55,8 +55,12 @@ pub struct FaultPlan {
     pub slow: f64,
     /// How long a slow operation waits.
     pub slow_for: Duration,
-    /// Operations (read, write or flush) that hang, then fail.
-    pub hang: f64,
+    /// Reads that hang, then fail.
+    pub read_hang: f64,
+    /// Writes that hang, then fail.
+    pub write_hang: f64,
+    /// Store flushes that hang, then fail.
+    pub flush_hang: f64,
     /// The longest a hang lasts before the operation fails.
     pub hang_for: Duration,
     /// Batch calls during which the store dies (after serving part of the batch).
@@ -73,7 +77,9 @@ impl Default for FaultPlan {
             short_write: 0.0,
             slow: 0.0,
             slow_for: Duration::from_millis(1),
-            hang: 0.0,
+            read_hang: 0.0,
+            write_hang: 0.0,
+            flush_hang: 0.0,
             hang_for: Duration::from_millis(100),
             die_mid_batch: 0.0,
         }
@@ -99,7 +105,9 @@ impl FaultPlan {
             ("short_read", self.short_read),
             ("short_write", self.short_write),
             ("slow", self.slow),
-            ("hang", self.hang),
+            ("read_hang", self.read_hang),
+            ("write_hang", self.write_hang),
+            ("flush_hang", self.flush_hang),
             ("die_mid_batch", self.die_mid_batch),
         ] {
             if !(0.0..=1.0).contains(&value) {
@@ -277,17 +285,17 @@ impl FaultyStore {
             self.counts.slow.fetch_add(1, Ordering::Relaxed);
             std::thread::sleep(plan.slow_for);
         }
-        if self.roll(plan.hang) {
+        let (hang, error) = match op {
+            Op::Read => (plan.read_hang, plan.read_error),
+            Op::Write => (plan.write_hang, plan.write_error),
+            Op::Flush => (plan.flush_hang, plan.flush_error),
+        };
+        if self.roll(hang) {
             self.counts.hangs.fetch_add(1, Ordering::Relaxed);
             self.hang(plan.hang_for);
             return Err(self.fail(op, "it hung and timed out"));
         }
-        let p = match op {
-            Op::Read => plan.read_error,
-            Op::Write => plan.write_error,
-            Op::Flush => plan.flush_error,
-        };
-        if self.roll(p) {
+        if self.roll(error) {
             return Err(self.fail(op, "error"));
         }
         Ok(())
@@ -455,7 +463,7 @@ mod tests {
     fn hangs_end_at_their_bound_or_when_released() {
         let s = Arc::new(faulty(4096));
         s.set_plan(FaultPlan {
-            hang: 1.0,
+            flush_hang: 1.0,
             hang_for: Duration::from_millis(150),
             ..FaultPlan::default()
         })
@@ -468,7 +476,7 @@ mod tests {
             "{took:?}"
         );
         s.set_plan(FaultPlan {
-            hang: 1.0,
+            write_hang: 1.0,
             hang_for: Duration::from_secs(60),
             ..FaultPlan::default()
         })
@@ -531,11 +539,11 @@ mod tests {
         let s = faulty(4096);
         let e = s
             .set_plan(FaultPlan {
-                hang: 1.5,
+                write_hang: 1.5,
                 ..FaultPlan::default()
             })
             .unwrap_err();
-        assert_eq!(e.name, "hang");
+        assert_eq!(e.name, "write_hang");
         assert!(e.to_string().contains("between 0 and 1"), "{e}");
         let e = s
             .set_plan(FaultPlan {
