@@ -101,7 +101,7 @@ fn exercise(case: Case) {
             let data = &data;
             let mut rng = Rng(rng.0 ^ t);
             scope.spawn(move || {
-                for _ in 0..2000 {
+                for _ in 0..500 {
                     let i = rng.below(size as u64) as usize;
                     assert_eq!(s[i], data[i], "byte {i}");
                 }
@@ -207,7 +207,7 @@ fn read_ahead_grid_never_sigbuses_or_stalls() {
     }
     let mut cases = Vec::new();
     for page in [4u64 << 10, 64 << 10, 2 << 20] {
-        let mut buffers: Vec<u64> = [256u64 << 10, 2 << 20, 8 << 20]
+        let mut buffers: Vec<u64> = [256u64 << 10, 1 << 20, 4 << 20]
             .iter()
             .map(|&b| b.max(4 * page))
             .collect();
