@@ -81,7 +81,7 @@ pub enum RegionError {
         /// The last write-back error.
         last: String,
     },
-    /// No frame came free for a fault within [`FRAME_WAIT`]: every frame was held by a fill
+    /// No frame came free for a fault within [`FRAME_WAIT`](super::FRAME_WAIT): every frame was held by a fill
     /// or write-back the store did not finish. The store is not answering.
     #[error(
         "no frame of the buffer of {frames} pages came free within {waited_s} s: every one was held by a store read or write that did not finish; the store is not answering (check it, or give it a timeout)"
