@@ -19,5 +19,8 @@ pub mod units;
 pub use config::{ConfigError, PagerConfig, SpaceConfig, StoreConfig};
 pub use geometry::{GeometryError, PageSize, SpaceGeometry};
 pub use stats::{Stats, StatsSnapshot, Tier};
-pub use store::{FileStore, FileStoreOpenError, FileStoreOptions, MemoryStore, Store, StoreError};
+pub use store::{
+    FaultPlan, FaultyStore, FileStore, FileStoreOpenError, FileStoreOptions, MemoryStore, Store,
+    StoreError,
+};
 pub use units::{format_size, parse_size};

@@ -33,15 +33,22 @@
 //!   shootdown per batch; `madvise` per range on kernels before 6.13).
 //! - Read-ahead: a fault right after a resident page reads the next window with the faulting
 //!   page, and queues the window after it for read-ahead threads, so two reads are in flight.
+//!   Read-ahead never starves a demand fault: it takes only free frames above a reserve kept
+//!   for faults, never evicts, never waits, and claims a queued window only when it reads it;
+//!   a window is at most a quarter of the buffer. Only a fault's own page may wait for a
+//!   frame, and no thread waits for a frame while holding one, so fills cannot deadlock.
 //! - Per-region page size (any multiple of 4 KiB up to 2 MiB), buffer, thread counts,
 //!   read-ahead and water marks; any number of regions; memory is given back on eviction.
 //! - A store error on a fault answers the faulting thread with `SIGBUS` (poisoned page) and
 //!   is returned by the next `flush`; a write-back error keeps the page dirty and resident.
+//!   `SIGBUS` means the store failed, and nothing else: a read error, or a store that left
+//!   every frame busy for [`region::FRAME_WAIT`] (30 s).
 //!   See [`region`] for the details.
 //!
 //! Layout (rustix-style): [`sys`] holds every raw kernel call (userfaultfd ioctls with
 //! `#[repr(C)]` structs checked by layout tests, `mmap`, `epoll`); [`pages`] the lock-free page
-//! and frame tables; [`region`] the safe [`Region`] API and its filler and evictor threads;
+//! and frame tables; [`region`] the safe [`Region`] API and its filler, read-ahead and evictor threads (one file
+//! per job: see its docs);
 //! [`stream`] the STREAM kernels that `strata bench stream` (and other benchmarks) run over a
 //! region; [`probe`] the userfaultfd capability probe used by `strata info`.
 #![warn(missing_docs)]

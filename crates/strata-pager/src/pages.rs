@@ -239,6 +239,19 @@ impl FramePool {
         Some(f)
     }
 
+    /// Takes a free frame only if more than `reserve` are free, so that what is left stays
+    /// for faults that must have a frame (read-ahead uses this: it is a guess, and may never
+    /// take the last frames a demand fault needs).
+    pub fn pop_above(&self, reserve: usize) -> Option<u32> {
+        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        if free.len() <= reserve {
+            return None;
+        }
+        let f = free.pop()?;
+        self.free_count.fetch_sub(1, Ordering::AcqRel);
+        Some(f)
+    }
+
     /// Returns a frame to the free list.
     pub fn push(&self, frame: u32) {
         self.owners[frame as usize].store(NO_PAGE, Ordering::Release);
@@ -323,6 +336,12 @@ mod tests {
         assert_eq!(pool.owner(2), 99);
         pool.push(2);
         assert_eq!((pool.free_count(), pool.owner(2)), (1, NO_PAGE));
+        assert_eq!(pool.pop(), Some(2));
+        pool.push(2);
+        pool.push(3);
+        assert_eq!(pool.pop_above(2), None, "two free frames are the reserve");
+        assert_eq!(pool.pop_above(1), Some(3));
+        assert_eq!(pool.pop_above(1), None);
         assert_eq!(pool.pop(), Some(2));
     }
 }

@@ -49,12 +49,7 @@ impl FdStore {
         let owned = borrowed
             .try_clone_to_owned()
             .map_err(|e| format!("cannot duplicate file descriptor {fd}: {e}"))?;
-        Ok(Self {
-            file: File::from(owned),
-            name: format!("fd {fd}"),
-            offset,
-            len,
-        })
+        Self::checked(File::from(owned), format!("fd {fd}"), offset, len)
     }
 
     /// Opens `path` (created if missing and `writable`).
@@ -66,9 +61,34 @@ impl FdStore {
             .truncate(false)
             .open(path)
             .map_err(|e| format!("cannot open {path}: {e}"))?;
+        Self::checked(file, path.to_string(), offset, len)
+    }
+
+    /// Refuses what cannot back a region: anything but a regular file or a block device (a
+    /// pipe, socket, terminal or directory would fail every fault with `SIGBUS`), and a range
+    /// reaching past the largest file offset.
+    fn checked(file: File, name: String, offset: u64, len: u64) -> Result<Self, String> {
+        use std::os::unix::fs::FileTypeExt;
+        let kind = file
+            .metadata()
+            .map_err(|e| format!("cannot inspect {name}: {e}"))?
+            .file_type();
+        if !(kind.is_file() || kind.is_block_device()) {
+            return Err(format!(
+                "{name} is not a regular file or block device ({kind:?}); map a file"
+            ));
+        }
+        if offset
+            .checked_add(len)
+            .is_none_or(|end| end > i64::MAX as u64)
+        {
+            return Err(format!(
+                "offset {offset} + length {len} reaches past the largest file offset; map a smaller range"
+            ));
+        }
         Ok(Self {
             file,
-            name: path.to_string(),
+            name,
             offset,
             len,
         })
@@ -132,5 +152,35 @@ impl Store for FdStore {
             self.offset,
             format_size(self.len)
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsRawFd;
+
+    #[test]
+    fn refuses_what_cannot_back_a_region() {
+        let dir = std::env::temp_dir().join(format!("strata-fd-store-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let e = FdStore::open(dir.to_str().unwrap(), 0, 4096, false).unwrap_err();
+        assert!(e.contains("not a regular file"), "{e}");
+        let path = dir.join("f.bin");
+        std::fs::write(&path, [1u8; 8192]).unwrap();
+        let p = path.to_str().unwrap();
+        let e = FdStore::open(p, i64::MAX as u64, 2, false).unwrap_err();
+        assert!(e.contains("largest file offset"), "{e}");
+        let e = FdStore::open(p, u64::MAX, 2, false).unwrap_err();
+        assert!(e.contains("largest file offset"), "{e}");
+        let store = FdStore::open(p, 4096, 4096, false).unwrap();
+        let mut b = [0u8; 8];
+        store.read_at(0, &mut b).unwrap();
+        assert_eq!(b, [1; 8]);
+        let (r, w) = std::io::pipe().unwrap();
+        let e = FdStore::from_fd(r.as_raw_fd(), 0, 4096, false).unwrap_err();
+        assert!(e.contains("not a regular file"), "{e}");
+        drop(w);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

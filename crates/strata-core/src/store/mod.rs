@@ -7,9 +7,11 @@
 //! pools do exactly that). Concurrent writes to *overlapping* ranges are allowed but the result
 //! is some interleaving chosen by the store; callers that care serialise them.
 
+mod faulty;
 mod file;
 mod memory;
 
+pub use faulty::{FaultCounts, FaultPlan, FaultPlanError, FaultyStore};
 pub use file::{FileStore, FileStoreOpenError, FileStoreOptions};
 pub use memory::MemoryStore;
 

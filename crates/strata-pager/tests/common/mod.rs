@@ -141,3 +141,77 @@ impl Store for FlakyStore {
         Ok(())
     }
 }
+
+/// How a child test process ended.
+#[derive(Debug)]
+pub struct ChildOutcome {
+    /// Exit status, or None if it ran past its deadline (it was killed).
+    pub status: Option<std::process::ExitStatus>,
+    /// Its standard output and error, together.
+    pub output: String,
+    /// Wall time until it ended or was killed.
+    pub elapsed: std::time::Duration,
+}
+
+impl ChildOutcome {
+    /// The signal that ended the child, if one did.
+    pub fn signal(&self) -> Option<i32> {
+        use std::os::unix::process::ExitStatusExt;
+        self.status.and_then(|s| s.signal())
+    }
+    /// Whether it exited with status 0 in time.
+    pub fn success(&self) -> bool {
+        self.status.is_some_and(|s| s.success())
+    }
+}
+
+/// Runs test `test` of this test binary again in a child process with `var=value` set (the
+/// test checks `var` to know it is the child), killing it after `deadline`.
+pub fn run_child(
+    test: &str,
+    var: &str,
+    value: &str,
+    deadline: std::time::Duration,
+) -> ChildOutcome {
+    use std::io::Read;
+    let started = std::time::Instant::now();
+    let mut child = std::process::Command::new(std::env::current_exe().expect("test binary"))
+        .args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env(var, value)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn the child test");
+    // Drain both pipes on threads so a chatty child never blocks on a full pipe.
+    let drain = |mut r: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = r.read_to_string(&mut s);
+            s
+        })
+    };
+    let out = drain(Box::new(child.stdout.take().expect("piped")));
+    let err = drain(Box::new(child.stderr.take().expect("piped")));
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for the child") {
+            break Some(status);
+        }
+        if started.elapsed() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    };
+    let elapsed = started.elapsed();
+    let output = format!(
+        "{}{}",
+        out.join().unwrap_or_default(),
+        err.join().unwrap_or_default()
+    );
+    ChildOutcome {
+        status,
+        output,
+        elapsed,
+    }
+}

@@ -1,0 +1,371 @@
+//! The fault path: filler threads read userfaultfd messages and serve them (missing pages
+//! are read from the store and installed; first writes to clean pages mark them dirty), and
+//! what a failed fill answers (a poisoned page or `SIGBUS`).
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use super::RegionError;
+use super::shared::{Scratch, Shared, bump};
+use crate::pages::{REF, STAMP_BITS, State, word};
+use crate::sys::{self, FaultPoller, UffdMsg};
+
+/// Where a run's frames come from. Only the first frame of a run may wait (for an eviction):
+/// a thread never holds frames while it waits for more, so runs cannot deadlock on the buffer.
+pub(super) enum FrameSource {
+    /// A demand fault: its own page may wait for an eviction; the pages read with it are
+    /// read-ahead and take only free frames above the reserve.
+    Demand,
+    /// `Region::prefetch`: the first page may wait; later pages take a free frame or evict one
+    /// page each without waiting.
+    Prefetch,
+    /// Read-ahead: free frames above the reserve only, never an eviction, never a wait.
+    ReadAhead,
+}
+
+pub(super) enum OnFillError {
+    /// Poison the first page of the run (and SIGBUS the faulting thread).
+    Poison { tid: u32 },
+    /// Leave the pages absent.
+    Release,
+}
+
+/// Fault messages read per `read(2)`: a few, so that a burst spreads over the fillers.
+const MESSAGES_PER_READ: usize = 4;
+
+impl Shared {
+    pub(super) fn filler_main(&self, poller: &FaultPoller) {
+        let mut scratch = Scratch(Vec::new());
+        let mut msgs = [UffdMsg::default(); MESSAGES_PER_READ];
+        let per_read = if self.config.fillers > 1 {
+            MESSAGES_PER_READ
+        } else {
+            1
+        };
+        loop {
+            match self.uffd.read_messages(&mut msgs[..per_read]) {
+                Ok(n) if n > 0 => {
+                    for m in &msgs[..n] {
+                        self.handle(m, &mut scratch);
+                    }
+                    continue;
+                }
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    eprintln!("strata-pager: reading fault messages failed: {e}");
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            }
+            if self.stop.load(Ordering::Acquire) {
+                return;
+            }
+            if let Err(e) = poller.wait() {
+                eprintln!("strata-pager: epoll_wait failed: {e}");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            if self.stop.load(Ordering::Acquire) {
+                return;
+            }
+        }
+    }
+
+    pub(super) fn handle(&self, msg: &UffdMsg, scratch: &mut Scratch) {
+        if msg.event != sys::EVENT_PAGEFAULT {
+            return;
+        }
+        self.in_service.fetch_add(1, Ordering::AcqRel);
+        self.serve(msg, scratch);
+        self.in_service.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    pub(super) fn serve(&self, msg: &UffdMsg, scratch: &mut Scratch) {
+        let base = self.map.ptr() as usize;
+        let addr = usize::try_from(msg.address).unwrap_or(usize::MAX);
+        let Some(page) = addr.checked_sub(base).map(|d| d / self.page_bytes) else {
+            return;
+        };
+        if page >= self.pages.len() {
+            return;
+        }
+        if msg.flags & sys::PAGEFAULT_FLAG_WP != 0 {
+            self.on_write_protect_fault(page);
+        } else {
+            let write = msg.flags & sys::PAGEFAULT_FLAG_WRITE != 0;
+            self.on_missing_fault(page, write, msg.ptid, scratch);
+        }
+    }
+
+    pub(super) fn on_write_protect_fault(&self, page: usize) {
+        loop {
+            let w = self.pages.load(page);
+            match word::state(w) {
+                s @ (State::Clean | State::Dirty) => {
+                    if !self
+                        .pages
+                        .cas(page, w, word::with_state(w, State::Unprotecting))
+                    {
+                        continue;
+                    }
+                    if s == State::Clean {
+                        bump(&self.counters.write_faults, 1);
+                    }
+                    // Unprotecting wakes the writer; the page is already marked in transition,
+                    // so no evictor or flush can re-protect it underneath us.
+                    if let Err(e) =
+                        self.uffd
+                            .write_protect(self.page_addr(page), self.page_bytes, false)
+                    {
+                        eprintln!("strata-pager: removing write protection failed: {e}");
+                    }
+                    self.finish(page, word::with_state(w | REF, State::Dirty));
+                    return;
+                }
+                State::Absent | State::Poisoned => {
+                    // Evicted meanwhile: the retry faults as missing.
+                    return self.wake_duplicate(page);
+                }
+                _ => {
+                    if self.wait_for_owner(page) {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// A fault that needs no work of ours: wake its thread so it retries.
+    pub(super) fn wake_duplicate(&self, page: usize) {
+        bump(&self.counters.duplicate_faults, 1);
+        self.wake(page);
+    }
+
+    /// A fault on a page another thread is working on: leave a note so that thread wakes
+    /// the faulter when done. False if the page left its transition meanwhile.
+    pub(super) fn wait_for_owner(&self, page: usize) -> bool {
+        let noted = self.pages.add_waiter(page);
+        if noted {
+            bump(&self.counters.duplicate_faults, 1);
+        }
+        noted
+    }
+
+    pub(super) fn on_missing_fault(
+        &self,
+        page: usize,
+        write: bool,
+        tid: u32,
+        scratch: &mut Scratch,
+    ) {
+        let started = Instant::now();
+        loop {
+            let w = self.pages.load(page);
+            match word::state(w) {
+                State::Absent | State::Poisoned => {
+                    if self.pages.cas(page, w, word::with_state(w, State::Filling)) {
+                        break;
+                    }
+                }
+                State::Clean | State::Dirty => {
+                    // Another filler installed it; make sure this faulter is awake.
+                    return self.wake_duplicate(page);
+                }
+                _ => {
+                    if self.wait_for_owner(page) {
+                        return;
+                    }
+                }
+            }
+        }
+        // A fault right after a resident page continues a sequential run: read this window
+        // with the faulting page, and hand the window after it to a read-ahead thread first,
+        // so that both reads are in flight together and the next fault finds its pages
+        // arriving.
+        let sequential = self.read_ahead > 0
+            && page > 0
+            && !matches!(
+                word::state(self.pages.load(page - 1)),
+                State::Absent | State::Poisoned
+            );
+        let mut extra = 0;
+        if sequential {
+            extra = self.claim_run(page + 1, self.read_ahead);
+            if extra == self.read_ahead {
+                self.queue_read_ahead(page + 1 + extra, self.read_ahead);
+            }
+        }
+        let together = if write { 1 } else { 1 + extra };
+        match self.fill_run(
+            page,
+            together,
+            write,
+            &FrameSource::Demand,
+            &OnFillError::Poison { tid },
+            scratch,
+        ) {
+            Ok(n) => {
+                self.stats.record_fault(started.elapsed());
+                let ahead = n.saturating_sub(1) as u64;
+                bump(&self.counters.read_ahead_pages, ahead);
+                self.stats.add_prefetched(ahead);
+            }
+            Err(e) => {
+                if together > 1 {
+                    // fill_run released the window with the failed page.
+                } else if extra > 0 {
+                    self.release_run(page + 1, extra);
+                }
+                self.record(e);
+                return;
+            }
+        }
+        if write && extra > 0 {
+            self.fill_ahead(page + 1, extra, scratch);
+        }
+    }
+
+    /// Fills pages `first..first+count`, which the caller has moved to `Filling`. Returns how
+    /// many were installed (fewer than `count` when frames ran short; the rest are released).
+    /// On a store error every page of the run is released (or the first poisoned).
+    pub(super) fn fill_run(
+        &self,
+        first: usize,
+        count: usize,
+        write: bool,
+        source: &FrameSource,
+        on_error: &OnFillError,
+        scratch: &mut Scratch,
+    ) -> Result<usize, RegionError> {
+        let mut frames = Vec::with_capacity(count);
+        for i in 0..count {
+            let frame = match (source, i) {
+                (FrameSource::Demand | FrameSource::Prefetch, 0) => self.wait_for_frame(),
+                (FrameSource::Prefetch, _) => Ok(self.frame_now()),
+                (FrameSource::Demand | FrameSource::ReadAhead, _) => Ok(self.frame_for_ahead()),
+            };
+            match frame {
+                Ok(Some(f)) => frames.push(f),
+                Ok(None) => break,
+                Err(e) => {
+                    // Only a first frame waits, so nothing is held here.
+                    self.release_run(first, count);
+                    if let OnFillError::Poison { tid } = on_error {
+                        // Released pages are claimable again; poisoning the faulting page
+                        // (unless another filler took it meanwhile) answers the faulter.
+                        self.fail_absent_page(first, *tid);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        let got = frames.len();
+        if got < count {
+            self.release_run(first + got, count - got);
+        }
+        if got == 0 {
+            return Ok(0);
+        }
+        let bytes = got * self.page_bytes;
+        let buf = scratch.get(bytes);
+        let inside = (0..got).map(|i| self.io_len(first + i)).sum::<usize>();
+        if inside < bytes {
+            buf[inside..].fill(0);
+        }
+        if let Err(source) = self
+            .store
+            .read_at(self.store_offset(first), &mut buf[..inside])
+        {
+            for f in &frames {
+                self.frames.push(*f);
+            }
+            let error = RegionError::Fill {
+                page: first,
+                offset: self.store_offset(first),
+                source,
+            };
+            match on_error {
+                OnFillError::Poison { tid } => {
+                    self.release_run(first + 1, got - 1);
+                    self.poison(first, *tid);
+                }
+                OnFillError::Release => self.release_run(first, got),
+            }
+            return Err(error);
+        }
+        self.stats.add_read(self.tier, inside as u64);
+        for (i, f) in frames.iter().enumerate() {
+            self.frames.assign(*f, first + i);
+        }
+        if let Err(e) = self.uffd.copy(self.page_addr(first), buf, !write) {
+            // EEXIST would mean someone mapped pages behind the pager's back (for example
+            // MADV_DONTNEED undone by a write from the kernel); anything else is a bug.
+            eprintln!("strata-pager: UFFDIO_COPY of page {first} failed: {e}");
+            for f in &frames {
+                self.frames.push(*f);
+            }
+            self.release_run(first, got);
+            return Err(RegionError::Kernel {
+                op: "UFFDIO_COPY",
+                source: e,
+                hint: "this is a pager bug or a program that remapped the region; report it",
+            });
+        }
+        let now = self.evictions.load(Ordering::Relaxed) / self.stamp_unit;
+        let span = self.frames.len() as u64 / self.stamp_unit;
+        for (i, f) in frames.iter().enumerate() {
+            let page = first + i;
+            let old = self.pages.load(page);
+            let mut new = REF;
+            if old & crate::pages::GHOST != 0 {
+                let distance = now.wrapping_sub(word::stamp(old)) & ((1 << STAMP_BITS) - 1);
+                if distance <= span {
+                    // Back within one buffer's worth of evictions: a little more memory would
+                    // have kept it, so it earns (more) extra passes.
+                    new = word::with_heat(new, word::heat(old) + 1);
+                    bump(&self.counters.refaults, 1);
+                }
+            }
+            let state = if write { State::Dirty } else { State::Clean };
+            self.finish(page, word::with_frame(word::with_state(new, state), *f));
+        }
+        Ok(got)
+    }
+
+    pub(super) fn release_run(&self, first: usize, count: usize) {
+        for page in first..first + count {
+            self.finish(page, State::Absent as u64);
+        }
+    }
+
+    /// Answers a failed fault on `page` (in `Filling`): poison, else SIGBUS to the thread.
+    pub(super) fn poison(&self, page: usize, tid: u32) {
+        bump(&self.counters.failed_faults, 1);
+        if self.use_poison {
+            match self.uffd.poison(self.page_addr(page), self.page_bytes) {
+                Ok(()) => {
+                    self.finish(page, State::Poisoned as u64);
+                    return;
+                }
+                Err(e) => eprintln!("strata-pager: UFFDIO_POISON failed: {e}; sending SIGBUS"),
+            }
+        }
+        if let Err(e) = sys::sigbus_thread(tid) {
+            eprintln!("strata-pager: cannot deliver SIGBUS to thread {tid}: {e}");
+        }
+        self.finish(page, State::Absent as u64);
+        self.wake(page);
+    }
+
+    /// As [`Shared::poison`] for a page already released to `Absent`.
+    pub(super) fn fail_absent_page(&self, page: usize, tid: u32) {
+        let w = self.pages.load(page);
+        if word::state(w) == State::Absent
+            && self.pages.cas(page, w, word::with_state(w, State::Filling))
+        {
+            self.poison(page, tid);
+        } else {
+            self.wake(page);
+        }
+    }
+}

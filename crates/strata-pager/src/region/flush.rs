@@ -1,0 +1,88 @@
+//! Writing dirty pages back: write-protect, then store, for `flush`, eviction and unmap.
+
+use super::RegionError;
+use super::shared::Shared;
+use crate::pages::{State, word};
+
+impl Shared {
+    /// Write-protects `page` and writes it to the store. The caller owns the page in a
+    /// transition state. On success the page is protected and equal to the store's copy.
+    pub(super) fn write_back(&self, page: usize) -> Result<(), RegionError> {
+        let addr = self.page_addr(page);
+        self.uffd
+            .write_protect(addr, self.page_bytes, true)
+            .map_err(|source| RegionError::Kernel {
+                op: "UFFDIO_WRITEPROTECT",
+                source,
+                hint: "this is a pager bug; report it",
+            })?;
+        let len = self.io_len(page);
+        // SAFETY: the page is resident (we own it in a transition state, so nobody evicts it)
+        // and write-protected, so no thread modifies these bytes while we read them.
+        let bytes = unsafe { std::slice::from_raw_parts(addr as *const u8, len) };
+        let offset = self.store_offset(page);
+        self.store
+            .write_at(offset, bytes)
+            .map_err(|source| RegionError::WriteBack {
+                page,
+                offset,
+                source,
+            })?;
+        self.stats.add_writebacks(1);
+        self.stats.add_written(self.tier, len as u64);
+        Ok(())
+    }
+
+    pub(super) fn flush_dirty(&self) -> Result<(), RegionError> {
+        let mut first_error = None;
+        for f in 0..self.frames.len() {
+            let page = self.frames.owner(f);
+            if page == crate::pages::NO_PAGE {
+                continue;
+            }
+            let page = usize::try_from(page).unwrap_or(usize::MAX);
+            // A faulting thread resumes as soon as its page is installed or unprotected, a
+            // moment before the filler records the new state; wait for that moment to pass so a
+            // page the caller has just written is not skipped.
+            let w = self.settled(page);
+            if word::frame(w) as usize != f || word::state(w) != State::Dirty {
+                continue;
+            }
+            if !self
+                .pages
+                .cas(page, w, word::with_state(w, State::Flushing))
+            {
+                continue;
+            }
+            match self.write_back(page) {
+                Ok(()) => self.finish(page, word::with_state(w, State::Clean)),
+                Err(e) => {
+                    self.stats.add_error();
+                    self.finish(page, word::with_state(w, State::Dirty));
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// The page's word once no thread is in the middle of a transition on it.
+    pub(super) fn settled(&self, page: usize) -> u64 {
+        let mut spins = 0u32;
+        loop {
+            let w = self.pages.load(page);
+            if !word::in_transition(w) {
+                return w;
+            }
+            spins += 1;
+            if spins < 64 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+    }
+}

@@ -1,0 +1,120 @@
+//! Where a fill gets its frames: the free list, read-ahead's share of it (never the demand
+//! reserve), and direct reclaim for a fault that must have one. Only a run's first frame
+//! may wait, so no thread ever holds frames while waiting for more.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use super::RegionError;
+use super::evict::Evicted;
+use super::shared::{Shared, bump};
+
+/// Longest a fault waits for a frame to come free. Frames are only ever held across one store
+/// read or write (no thread holds a frame while it waits for another), so this passes only
+/// when the store stops answering; the fault then fails with [`RegionError::BufferBusy`].
+pub const FRAME_WAIT: Duration = Duration::from_secs(30);
+
+impl Shared {
+    /// Wakes the evictors unless they are already awake.
+    pub(super) fn wake_evictors(&self) {
+        if !self.evict_pending.swap(true, Ordering::AcqRel) {
+            // Under the lock, so an evictor between its check and its wait cannot miss it.
+            let _guard = self
+                .frames
+                .pressure_lock
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            self.frames.nudge();
+        }
+    }
+
+    /// Takes a free frame, waking the evictors when free frames run low.
+    pub(super) fn pop_frame(&self) -> Option<u32> {
+        let f = self.frames.pop();
+        if f.is_none() || self.frames.free_count() < self.wake_below_free {
+            self.wake_evictors();
+        }
+        f
+    }
+
+    /// A frame for read-ahead: a free one above the demand reserve, or none.
+    pub(super) fn frame_for_ahead(&self) -> Option<u32> {
+        let f = self.frames.pop_above(self.ahead_reserve);
+        if f.is_none() || self.frames.free_count() < self.wake_below_free {
+            self.wake_evictors();
+        }
+        f
+    }
+
+    /// A frame without waiting: a free one, else one page evicted now (if one can be).
+    pub(super) fn frame_now(&self) -> Option<u32> {
+        if let Some(f) = self.pop_frame() {
+            return Some(f);
+        }
+        match self.evict_one() {
+            Evicted::Frame(f) => Some(f),
+            Evicted::Nothing => None,
+            Evicted::WriteFailed(e) => {
+                self.record(e);
+                None
+            }
+        }
+    }
+
+    /// A frame for a page that must have one: a free frame, else one this thread evicts
+    /// (direct reclaim). The caller holds no frame, and every frame is held only across one
+    /// store operation, so frames come free unless the store stops answering: after
+    /// [`FRAME_WAIT`] the fault fails with `BufferBusy`, or with `BufferExhausted` when every
+    /// write-back of a dirty page failed.
+    pub(super) fn wait_for_frame(&self) -> Result<Option<u32>, RegionError> {
+        if let Some(f) = self.pop_frame() {
+            return Ok(Some(f));
+        }
+        bump(&self.counters.direct_reclaims, 1);
+        let mut failures = 0usize;
+        let mut last_error = None;
+        let started = Instant::now();
+        let mut idle = 0u32;
+        loop {
+            if let Some(f) = self.frames.pop() {
+                return Ok(Some(f));
+            }
+            match self.evict_one() {
+                Evicted::Frame(f) => return Ok(Some(f)),
+                Evicted::Nothing => {
+                    // Every frame is being filled or written back: those end with their store
+                    // operation. Back off so that spinning does not slow them down.
+                    idle += 1;
+                    if idle < 16 {
+                        std::thread::yield_now();
+                    } else {
+                        std::thread::sleep(Duration::from_micros(100));
+                    }
+                }
+                Evicted::WriteFailed(e) => {
+                    failures += 1;
+                    last_error = Some(e.to_string());
+                    self.record(e);
+                }
+            }
+            if failures > 2 * self.frames.len() {
+                return Err(RegionError::BufferExhausted {
+                    frames: self.frames.len(),
+                    last: last_error.unwrap_or_default(),
+                });
+            }
+            if started.elapsed() > FRAME_WAIT {
+                return Err(match last_error {
+                    Some(last) => RegionError::BufferExhausted {
+                        frames: self.frames.len(),
+                        last,
+                    },
+                    None => RegionError::BufferBusy {
+                        frames: self.frames.len(),
+                        waited_s: FRAME_WAIT.as_secs(),
+                    },
+                });
+            }
+        }
+    }
+}

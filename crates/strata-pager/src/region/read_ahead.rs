@@ -1,0 +1,128 @@
+//! Bringing pages in before they fault: read-ahead windows after sequential faults (served
+//! by the read-ahead threads) and explicit prefetch.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use super::RegionError;
+use super::fault::{FrameSource, OnFillError};
+use super::shared::{MAX_RUN_BYTES, Scratch, Shared, bump};
+use crate::pages::{State, word};
+
+/// Read-ahead windows waiting for a read-ahead thread, per filler; older ones are dropped.
+const QUEUED_WINDOWS_PER_FILLER: usize = 2;
+
+impl Shared {
+    /// Claims up to `max` absent pages from `first` on (moves them to `Filling`), stopping
+    /// at the first that is not absent. Returns how many.
+    pub(super) fn claim_run(&self, first: usize, max: usize) -> usize {
+        let end = (first + max).min(self.pages.len());
+        let mut count = 0;
+        for q in first..end {
+            let w = self.pages.load(q);
+            if word::state(w) != State::Absent
+                || !self.pages.cas(q, w, word::with_state(w, State::Filling))
+            {
+                break;
+            }
+            count += 1;
+        }
+        count
+    }
+
+    /// Fills claimed read-ahead pages, with free frames above the reserve only. Read-ahead is
+    /// a guess: its failure is not the program's (the page's own fault reports a lasting
+    /// store error).
+    pub(super) fn fill_ahead(&self, first: usize, count: usize, scratch: &mut Scratch) {
+        if let Ok(n) = self.fill_run(
+            first,
+            count,
+            false,
+            &FrameSource::ReadAhead,
+            &OnFillError::Release,
+            scratch,
+        ) {
+            bump(&self.counters.read_ahead_pages, n as u64);
+            self.stats.add_prefetched(n as u64);
+        }
+    }
+
+    pub(super) fn queue_read_ahead(&self, first: usize, count: usize) {
+        let mut q = self.ra_queue.lock().unwrap_or_else(|e| e.into_inner());
+        if q.len() >= QUEUED_WINDOWS_PER_FILLER * self.config.fillers.max(1) {
+            // The read-ahead threads are behind: the oldest guess is the least useful.
+            q.pop_front();
+        }
+        q.push_back((first, count));
+        drop(q);
+        self.ra_ready.notify_one();
+    }
+
+    pub(super) fn read_ahead_main(&self) {
+        let mut scratch = Scratch(Vec::new());
+        loop {
+            let job = {
+                let mut q = self.ra_queue.lock().unwrap_or_else(|e| e.into_inner());
+                loop {
+                    if self.stop.load(Ordering::Acquire) {
+                        return;
+                    }
+                    if let Some(job) = q.pop_front() {
+                        break job;
+                    }
+                    q = self
+                        .ra_ready
+                        .wait_timeout(q, Duration::from_millis(50))
+                        .map_or_else(|e| e.into_inner().0, |r| r.0);
+                }
+            };
+            // Claimed only now, so a demand fault that came first has the page to itself.
+            let n = self.claim_run(job.0, job.1);
+            if n > 0 {
+                self.fill_ahead(job.0, n, &mut scratch);
+            }
+        }
+    }
+
+    pub(super) fn prefetch_pages(
+        &self,
+        first: usize,
+        last: usize,
+        scratch: &mut Scratch,
+    ) -> Result<u64, RegionError> {
+        let max_run = (MAX_RUN_BYTES / self.page_bytes)
+            .min(self.frames.len() / 4)
+            .max(1);
+        let mut total = 0u64;
+        let mut page = first;
+        while page < last {
+            let mut count = 0;
+            while page + count < last && count < max_run {
+                let q = page + count;
+                let w = self.pages.load(q);
+                if word::state(w) != State::Absent
+                    || !self.pages.cas(q, w, word::with_state(w, State::Filling))
+                {
+                    break;
+                }
+                count += 1;
+            }
+            if count == 0 {
+                page += 1;
+                continue;
+            }
+            let got = self.fill_run(
+                page,
+                count,
+                false,
+                &FrameSource::Prefetch,
+                &OnFillError::Release,
+                scratch,
+            )?;
+            total += got as u64;
+            // Pages that found no frame were released: the next run starts with them.
+            page += got.max(1);
+        }
+        Ok(total)
+    }
+}
