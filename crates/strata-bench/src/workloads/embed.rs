@@ -1,7 +1,7 @@
 //! `strata bench embed`: batched embedding lookups with Zipf-distributed row ids and sum
 //! pooling, the table paged by Strata, against zero-copy, UVM (where it fits) and GPU memory.
 //! Every run's pooled output is compared bit for bit with the CPU reference (the table's
-//! values make every sum exact; see [`crate::embed`]).
+//! values make every sum exact; see [`strata_workloads::embed`]).
 
 use std::time::Instant;
 
@@ -10,9 +10,9 @@ use strata_gpu::Strata;
 
 use super::report::{self, PCIE_READ_CEILING_GBPS, Row, StrataStats};
 use super::{Comparison, Mode, Outcome, place_or_skip, progress};
-use crate::embed::{self, LookupSpec, TableSpec};
-use crate::gpu::device::GpuWorkloadError;
-use crate::gpu::embed::EmbedGpu;
+use strata_workloads::embed::{self, LookupSpec, TableSpec};
+use strata_workloads::gpu::device::GpuWorkloadError;
+use strata_workloads::gpu::embed::EmbedGpu;
 
 /// Everything `strata bench embed` needs.
 #[derive(Debug, Clone)]
@@ -246,7 +246,7 @@ mod tests {
             seed: 1,
             compare: Comparison {
                 oversubscription: vec![4.0],
-                modes: crate::bench::Modes::all(),
+                modes: crate::workloads::Modes::all(),
                 page_size: 4096,
                 policy: strata_gpu::EvictionPolicy::Clock,
                 reps: 1,

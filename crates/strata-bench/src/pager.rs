@@ -72,8 +72,8 @@ use std::time::Instant;
 
 use strata_core::{FileStore, FileStoreOptions, MemoryStore, PagerConfig, Store, format_size};
 
-use crate::stream::median;
-use crate::{EvictionPolicy, Region};
+use strata_pager::stream::median;
+use strata_pager::{EvictionPolicy, Region};
 
 /// The one-handler reference the pager issue names: faults per second of one userfaultfd
 /// handler thread serving 4 KiB `UFFDIO_COPY` faults on a 16-vCPU VM (research notes,
@@ -277,7 +277,7 @@ pub enum BenchError {
     },
     /// A region could not be made or used.
     #[error(transparent)]
-    Region(#[from] crate::RegionError),
+    Region(#[from] strata_pager::RegionError),
     /// A bad plan.
     #[error("{0}")]
     Plan(String),
@@ -759,7 +759,7 @@ fn strata_run(
         .evictors(1)
         .read_ahead(read_ahead.min(1024))
         .build()
-        .map_err(crate::RegionError::from)?;
+        .map_err(strata_pager::RegionError::from)?;
     let region = Region::builder(store, plan.size)
         .config(config)
         .policy(policy)

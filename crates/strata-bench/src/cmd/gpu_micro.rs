@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use strata_gpu::bench::{MicroOptions, format_row, run_micro};
+use crate::gpu_micro::{MicroOptions, format_row, run_micro};
 
 /// Arguments of `strata bench gpu-micro`.
 #[derive(Debug, clap::Args)]

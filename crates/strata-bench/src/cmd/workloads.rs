@@ -5,9 +5,9 @@ use std::path::PathBuf;
 
 use anyhow::Context as _;
 use strata_gpu::EvictionPolicy;
-use strata_workloads::bench::embed::{EmbedBenchConfig, EmbedBenchReport};
-use strata_workloads::bench::graph::{Algorithm, GraphBenchConfig, GraphBenchReport, GraphKind};
-use strata_workloads::bench::{Comparison, Modes, parse_factors, report};
+use crate::workloads::embed::{EmbedBenchConfig, EmbedBenchReport};
+use crate::workloads::graph::{Algorithm, GraphBenchConfig, GraphBenchReport, GraphKind};
+use crate::workloads::{Comparison, Modes, parse_factors, report};
 use strata_workloads::gpu::graph::BfsMode;
 
 /// Eviction policy arguments shared by both benchmarks.
@@ -178,7 +178,7 @@ fn print_graph(report: &GraphBenchReport) {
 
 /// Prints what graph and embedding runs share: how the timed runs start, the results table
 /// and the modes that were skipped.
-fn print_outcome(outcome: &strata_workloads::bench::Outcome) {
+fn print_outcome(outcome: &crate::workloads::Outcome) {
     println!(
         "timed runs start {}",
         if outcome.cold { "cold" } else { "warm" }
@@ -214,7 +214,7 @@ pub fn graph(args: &GraphArgs) -> anyhow::Result<()> {
                     bfs_mode,
                     ..config.clone()
                 };
-                let report = strata_workloads::bench::graph::run(&small)?;
+                let report = crate::workloads::graph::run(&small)?;
                 print_graph(&report);
                 println!(
                     "CHECK PASSED: graph {kind:?} scale {scale}, BFS {bfs_mode:?}: every mode validated"
@@ -223,7 +223,7 @@ pub fn graph(args: &GraphArgs) -> anyhow::Result<()> {
         }
         return Ok(());
     }
-    let report = strata_workloads::bench::graph::run(&config)?;
+    let report = crate::workloads::graph::run(&config)?;
     print_graph(&report);
     report::write_json(&args.json, &report)?;
     let title = format!(
@@ -326,13 +326,13 @@ pub fn embed(args: &EmbedArgs) -> anyhow::Result<()> {
                 },
                 ..config.clone()
             };
-            let report = strata_workloads::bench::embed::run(&small)?;
+            let report = crate::workloads::embed::run(&small)?;
             print_embed(&report);
             println!("CHECK PASSED: embedding Zipf {skew}: every mode bit-exact");
         }
         return Ok(());
     }
-    let report = strata_workloads::bench::embed::run(&config)?;
+    let report = crate::workloads::embed::run(&config)?;
     print_embed(&report);
     report::write_json(&args.json, &report)?;
     let title = format!(

@@ -7,11 +7,13 @@ use std::fmt::Write as _;
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::driver::{Args, DeviceBuffer, Event, Function, Gpu, Grid, ManagedBuffer, Stream};
-use crate::nvrtc;
-use crate::space::{
+use strata_gpu::driver::{Args, DeviceBuffer, Event, Function, Gpu, Grid, ManagedBuffer, Stream};
+use strata_gpu::space::{
     ElementType, EvictionPolicy, GpuStats, Space, SpaceError, SpaceOptions, Strata,
 };
+
+/// The kernels of `strata bench gpu-micro` (compiled at run time through NVRTC).
+pub const BENCH_KERNELS_CU: &str = include_str!("../cuda/bench_kernels.cu");
 
 /// Benchmark settings.
 #[derive(Debug, Clone)]
@@ -95,7 +97,7 @@ const HBM_GATHER_M: f64 = 37_800.0;
 const ZERO_COPY_GATHER_M: f64 = 46.7;
 
 struct Kernels {
-    _module: crate::space::KernelModule,
+    _module: strata_gpu::space::KernelModule,
     s_stream: Function,
     s_rmw: Function,
     s_touch: Function,
@@ -745,7 +747,7 @@ pub fn format_row(r: &Row) -> String {
 /// Runs the benchmark; writes `<out>.json` and `<out>.svg` when `out` is given.
 pub fn run_micro(opts: &MicroOptions, out: Option<&Path>) -> Result<Vec<Row>, SpaceError> {
     let strata = Strata::new(0)?;
-    let module = strata.compile(nvrtc::BENCH_KERNELS_CU, "bench_kernels.cu")?;
+    let module = strata.compile(BENCH_KERNELS_CU, "bench_kernels.cu")?;
     let f = |n: &str| module.function(n);
     let k = Kernels {
         s_stream: f("strata_stream_read")?,

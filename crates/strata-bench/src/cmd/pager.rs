@@ -8,7 +8,7 @@ use std::time::Instant;
 use anyhow::Context;
 use strata_core::config::{CodecKind, StoreConfig, StoreKind};
 use strata_core::{PagerConfig, Store, format_size, parse_size};
-use strata_pager::bench::{self as pbench, Access, BenchPlan, ExtraStore, LimitMethod};
+use crate::pager::{self as pbench, Access, BenchPlan, ExtraStore, LimitMethod};
 use strata_pager::stream::{StreamConfig, StreamReport, run_stream, run_stream_raw};
 use strata_pager::{EvictionPolicy, Region};
 
