@@ -12,8 +12,10 @@
 //!   `strata` binary only parses and calls [`cmd::run`].
 #![warn(missing_docs)]
 
+pub mod cleanup;
 pub mod cmd;
 pub mod gpu_micro;
 pub mod net;
 pub mod pager;
+pub mod sys;
 pub mod workloads;

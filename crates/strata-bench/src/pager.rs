@@ -303,6 +303,38 @@ pub enum BenchError {
     Store(#[from] strata_core::StoreError),
 }
 
+impl BenchPlan {
+    /// Refuses a plan that cannot run, before any file is written: every page size must be
+    /// a power of two from 4 KiB to 2 MiB (so it divides the file), and the sweeps need at
+    /// least one page size, filler, thread, access pattern and policy.
+    pub fn check(&self) -> Result<(), BenchError> {
+        if self.page_sizes.is_empty() {
+            return Err(BenchError::Plan("--page-sizes needs at least one page size".into()));
+        }
+        if let Some(bad) = self
+            .page_sizes
+            .iter()
+            .find(|&&p| !p.is_power_of_two() || !(BASE..=2 << 20).contains(&p))
+        {
+            return Err(BenchError::Plan(format!(
+                "--page-sizes: {bad} bytes is not a pager page size; use powers of two from 4KiB to 2MiB (e.g. 4KiB,64KiB,2MiB)"
+            )));
+        }
+        if self.fillers.is_empty() || self.fillers.contains(&0) {
+            return Err(BenchError::Plan("--fillers needs filler counts of at least 1".into()));
+        }
+        if self.threads == 0 {
+            return Err(BenchError::Plan("--threads must be at least 1".into()));
+        }
+        if self.access.is_empty() || self.policies.is_empty() {
+            return Err(BenchError::Plan(
+                "--access and --policy need at least one value each".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
 fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> BenchError {
     let what = what.into();
     move |source| BenchError::Io { what, source }
@@ -488,6 +520,8 @@ fn on_tmpfs(dir: &std::path::Path) -> bool {
 struct Cgroup {
     dir: PathBuf,
     version: u8,
+    /// Removes the group when dropped, or on a panic or an ending signal.
+    _guard: crate::cleanup::Temporary,
 }
 
 impl Cgroup {
@@ -495,7 +529,7 @@ impl Cgroup {
         let try_v2 = matches!(method, LimitMethod::Auto | LimitMethod::Cgroup2);
         let try_v1 = matches!(method, LimitMethod::Auto | LimitMethod::Cgroup1);
         let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
-        let name = format!("strata-bench-{}", std::process::id());
+        let name = format!("{}{}", crate::cleanup::PREFIX, std::process::id());
         let mut why = Vec::new();
         if try_v2 {
             let rel = own
@@ -513,12 +547,16 @@ impl Cgroup {
                     ));
                     continue;
                 }
+                crate::cleanup::remove_stale(&parent);
                 let dir = parent.join(&name);
                 let made = std::fs::create_dir(&dir)
                     .and_then(|()| std::fs::write(dir.join("memory.max"), limit.to_string()))
                     .and_then(|()| std::fs::write(dir.join("memory.swap.max"), "0").or(Ok(())));
                 match made {
-                    Ok(()) => return Ok(Some(Self { dir, version: 2 })),
+                    Ok(()) => {
+                        let guard = crate::cleanup::Temporary::register(dir.clone());
+                        return Ok(Some(Self { dir, version: 2, _guard: guard }));
+                    }
                     Err(e) => {
                         let _ = std::fs::remove_dir(&dir);
                         why.push(format!("cgroup v2 at {}: {e}", parent.display()));
@@ -536,12 +574,16 @@ impl Cgroup {
                 })
                 .unwrap_or("/");
             let parent = PathBuf::from("/sys/fs/cgroup/memory").join(rel.trim_start_matches('/'));
+            crate::cleanup::remove_stale(&parent);
             let dir = parent.join(&name);
             let made = std::fs::create_dir(&dir).and_then(|()| {
                 std::fs::write(dir.join("memory.limit_in_bytes"), limit.to_string())
             });
             match made {
-                Ok(()) => return Ok(Some(Self { dir, version: 1 })),
+                Ok(()) => {
+                    let guard = crate::cleanup::Temporary::register(dir.clone());
+                    return Ok(Some(Self { dir, version: 1, _guard: guard }));
+                }
                 Err(e) => {
                     let _ = std::fs::remove_dir(&dir);
                     why.push(format!("cgroup v1 at {}: {e}", parent.display()));
@@ -565,19 +607,6 @@ impl Cgroup {
             self.dir.display(),
             format_size(limit)
         )
-    }
-}
-
-impl Drop for Cgroup {
-    fn drop(&mut self) {
-        // The child has exited; its charges leave with it. Retry briefly while the kernel
-        // finishes tearing the group down.
-        for _ in 0..50 {
-            if std::fs::remove_dir(&self.dir).is_ok() {
-                return;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
     }
 }
 
@@ -815,6 +844,7 @@ fn row(
 
 /// Runs the plan; `log` receives one line per finished measurement.
 pub fn run(plan: &BenchPlan, log: &mut dyn FnMut(String)) -> Result<BenchResults, BenchError> {
+    plan.check()?;
     if plan.size < 4 * plan.limit.max(BASE) / 2 || plan.limit == 0 {
         return Err(BenchError::Plan(format!(
             "the file ({}) should be at least twice the memory limit ({}) for paging to matter; raise --size or lower --limit",
@@ -828,16 +858,13 @@ pub fn run(plan: &BenchPlan, log: &mut dyn FnMut(String)) -> Result<BenchResults
         ));
     }
     std::fs::create_dir_all(&plan.dir).map_err(io(format!("creating {}", plan.dir.display())))?;
-    let path = plan
-        .dir
-        .join(format!("strata-bench-pager-{}.bin", std::process::id()));
-    struct Remove(PathBuf);
-    impl Drop for Remove {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_file(&self.0);
-        }
+    for stale in crate::cleanup::remove_stale(&plan.dir) {
+        log(format!("removed {} left by an earlier run that was killed", stale.display()));
     }
-    let _guard = Remove(path.clone());
+    let guard = crate::cleanup::Temporary::register(crate::cleanup::temporary_name(
+        &plan.dir, "pager", "bin",
+    ));
+    let path = guard.path().to_path_buf();
     log(format!(
         "writing {} of test data to {}",
         format_size(plan.size),
@@ -1216,6 +1243,38 @@ pub fn svg(res: &BenchResults) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn plan(page_sizes: Vec<u64>) -> BenchPlan {
+        BenchPlan {
+            size: 32 << 20,
+            limit: 8 << 20,
+            page_sizes,
+            fillers: vec![1],
+            threads: 1,
+            access: vec![Access::Seq],
+            policies: vec![EvictionPolicy::Clock],
+            repeat: 1,
+            limit_method: LimitMethod::None,
+            dir: std::env::temp_dir().join("strata-bench-plan-check-never-made"),
+            self_exe: PathBuf::from("/nonexistent"),
+            extra_store: None,
+        }
+    }
+
+    #[test]
+    fn bad_page_sizes_are_clear_errors_before_anything_runs() {
+        for sizes in [vec![0], vec![], vec![4096, 0], vec![6 << 10], vec![4 << 20], vec![2048]] {
+            let mut log = |_: String| {};
+            let err = run(&plan(sizes.clone()), &mut log).expect_err("refused");
+            let text = err.to_string();
+            assert!(text.contains("--page-sizes"), "{sizes:?}: {text}");
+        }
+        assert!(!plan(vec![0]).dir.exists(), "nothing written for a refused plan");
+        let mut zero_fillers = plan(vec![4096]);
+        zero_fillers.fillers = vec![0];
+        assert!(zero_fillers.check().unwrap_err().to_string().contains("--fillers"));
+        plan(vec![4096, 64 << 10, 2 << 20]).check().expect("good sizes pass");
+    }
 
     #[test]
     fn schedules_cover_every_unit_once() {

@@ -25,6 +25,7 @@ pub enum BenchCommand {
 
 /// Runs one `strata bench` command.
 pub fn run(command: &BenchCommand) -> anyhow::Result<()> {
+    crate::cleanup::install();
     match command {
         BenchCommand::Stream(args) => pager::stream(args),
         BenchCommand::Pager(args) => pager::bench(args),

@@ -109,25 +109,21 @@ fn pager_config(
     Ok(b.build()?)
 }
 
-/// A temporary backing file, removed on drop.
-struct TempFile(PathBuf);
-
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
 /// Turns `--store`, `--codec` and `--token` into a store configuration. `file` alone means a
 /// temporary file, returned so the caller removes it when done.
 fn store_config(
     store: &str,
     codec: CodecKind,
     token: Option<&String>,
-) -> anyhow::Result<(StoreConfig, Option<TempFile>)> {
+) -> anyhow::Result<(StoreConfig, Option<crate::cleanup::Temporary>)> {
     let (kind, temp) = if store == "file" {
-        let p = std::env::temp_dir().join(format!("strata-bench-{}.bin", std::process::id()));
-        (StoreKind::File { path: p.clone() }, Some(TempFile(p)))
+        let dir = std::env::temp_dir();
+        crate::cleanup::remove_stale(&dir);
+        let p = crate::cleanup::temporary_name(&dir, "stream", "bin");
+        (
+            StoreKind::File { path: p.clone() },
+            Some(crate::cleanup::Temporary::register(p)),
+        )
     } else {
         let kind: StoreKind = store.parse().with_context(|| {
             format!(

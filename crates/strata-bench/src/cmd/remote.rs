@@ -190,8 +190,37 @@ fn mbs(bytes_per_sec: f64) -> f64 {
     bytes_per_sec / 1e6
 }
 
+impl RemoteBenchArgs {
+    /// Refuses arguments the measurements cannot use, with what to write instead.
+    fn check(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            self.page_size >= 4096 && self.page_size.is_power_of_two() && self.page_size <= 2 << 20,
+            "--page-size {} is not a pager page size; use a power of two from 4KiB to 2MiB (e.g. 64KiB)",
+            self.page_size
+        );
+        anyhow::ensure!(
+            self.depth >= 1,
+            "--depth must be at least 1 (pages per batch)"
+        );
+        anyhow::ensure!(
+            self.submitters >= 1 && self.repeats >= 1 && self.iterations >= 1,
+            "--submitters, --repeats and --iterations must be at least 1"
+        );
+        anyhow::ensure!(
+            self.fillers.iter().all(|&f| f >= 1) && self.evictors.iter().all(|&e| e >= 1),
+            "--fillers and --evictors need counts of at least 1"
+        );
+        anyhow::ensure!(
+            self.raw_size >= self.page_size && self.size >= self.page_size,
+            "--size and --raw-size must hold at least one page of --page-size"
+        );
+        Ok(())
+    }
+}
+
 /// Runs `strata bench remote`.
 pub fn bench(args: &RemoteBenchArgs) -> anyhow::Result<()> {
+    args.check()?;
     let page = usize::try_from(args.page_size)?;
     let codecs: Vec<CodecKind> = args
         .codecs
@@ -808,4 +837,36 @@ fn plot(report: &Report) -> String {
     }
     svg.push_str("</svg>\n");
     svg
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser as _;
+
+    use super::*;
+
+    #[derive(Debug, clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: RemoteBenchArgs,
+    }
+
+    fn bench_with(extra: &[&str]) -> anyhow::Result<()> {
+        let cli = Cli::try_parse_from([&["remote"], extra].concat()).expect("parses");
+        bench(&cli.args)
+    }
+
+    #[test]
+    fn zero_page_size_and_depth_are_clear_errors() {
+        for (args, says) in [
+            (&["--page-size", "0"][..], "--page-size"),
+            (&["--page-size", "3000"][..], "--page-size"),
+            (&["--depth", "0"][..], "--depth"),
+            (&["--submitters", "0"][..], "--submitters"),
+            (&["--fillers", "0"][..], "--fillers"),
+        ] {
+            let err = bench_with(args).expect_err("refused");
+            assert!(err.to_string().contains(says), "{args:?}: {err}");
+        }
+    }
 }
