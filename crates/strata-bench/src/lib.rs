@@ -12,10 +12,15 @@
 //!   `strata` binary only parses and calls [`cmd::run`].
 #![warn(missing_docs)]
 
+pub mod ceilings;
 pub mod cleanup;
 pub mod cmd;
+pub mod compare;
+pub mod gpu_ceilings;
 pub mod gpu_micro;
 pub mod net;
 pub mod pager;
+pub mod plot;
+pub mod record;
 pub mod sys;
 pub mod workloads;
