@@ -53,6 +53,13 @@ fn figure(name: String, value: f64, unit: &str, higher_is_better: bool, spread: 
     Figure { name, value, unit: unit.into(), higher_is_better, spread }
 }
 
+/// The rows of a gpu-micro result: `{"rows": [...]}` (with the GPU's name beside them) or a
+/// bare array.
+fn micro_rows(body: &Value) -> Option<&Vec<Value>> {
+    let rows = body.get("rows").and_then(Value::as_array).or_else(|| body.as_array())?;
+    rows.first().is_some_and(|r| r.get("pattern").is_some()).then_some(rows)
+}
+
 /// Which benchmark wrote this bare result body.
 pub fn detect(body: &Value) -> Option<&'static str> {
     if body.get("kernel_limit").is_some() && body.get("rows").is_some() {
@@ -61,7 +68,7 @@ pub fn detect(body: &Value) -> Option<&'static str> {
         Some("remote")
     } else if body.get("pager").and_then(|p| p.get("kernels")).is_some() {
         Some("stream")
-    } else if body.as_array().is_some_and(|a| a.first().is_some_and(|r| r.get("pattern").is_some())) {
+    } else if micro_rows(body).is_some() {
         Some("gpu-micro")
     } else if let Some(rows) = body.get("rows").and_then(Value::as_array) {
         let embed = rows.first().is_some_and(|r| text(r, "workload") == "embed");
@@ -157,7 +164,7 @@ pub fn figures(bench: &str, body: &Value) -> Vec<Figure> {
             }
         }
         "gpu-micro" => {
-            for r in body.as_array().cloned().unwrap_or_default() {
+            for r in micro_rows(body).cloned().unwrap_or_default() {
                 let name = format!(
                     "{} {} {} x{}",
                     text(&r, "pattern"),

@@ -1164,80 +1164,50 @@ pub fn table(res: &BenchResults) -> String {
     s
 }
 
-/// A grouped bar chart of bandwidth per (access, page size), one bar per contestant.
-pub fn svg(res: &BenchResults) -> String {
-    let mut contestants: Vec<&str> = Vec::new();
-    for r in &res.rows {
-        if !contestants.contains(&r.contestant.as_str()) {
-            contestants.push(&r.contestant);
-        }
-    }
-    let colors = ["#2b7bb9", "#5cb85c", "#f0ad4e", "#d9534f", "#777777"];
+/// The chart of `strata bench pager`: per access order and page size, Strata's best
+/// file-store and memory-store bandwidth over the kernel's `mmap` of the same file under the
+/// same limit, and the file store's bandwidth as a fraction of the disk's `O_DIRECT` rate
+/// measured on this machine.
+pub fn chart(res: &BenchResults, record: &crate::record::Record) -> crate::plot::Chart {
     let mut groups: Vec<(Access, u64)> = Vec::new();
     for r in &res.rows {
         if !groups.contains(&(r.access, r.page_bytes)) {
             groups.push((r.access, r.page_bytes));
         }
     }
-    let max = res.rows.iter().map(|r| r.bytes_per_sec).fold(1.0, f64::max);
-    let group_w = 32.0 * contestants.len() as f64 + 24.0;
-    let (w, h, left, bottom, top) = (
-        group_w * groups.len() as f64 + 120.0,
-        420.0,
-        70.0,
-        60.0,
-        50.0,
-    );
-    let plot_h = h - bottom - top;
-    let mut s = format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"11\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\"{left}\" y=\"20\" font-size=\"14\">Strata pager vs kernel mmap: {} file, {} memory limit (best filler count)</text>\n",
-        format_size(res.size),
-        format_size(res.limit)
-    );
-    for i in 0..=4 {
-        let v = max * f64::from(i) / 4.0;
-        let y = top + plot_h - plot_h * f64::from(i) / 4.0;
-        s += &format!(
-            "<line x1=\"{left}\" x2=\"{}\" y1=\"{y:.1}\" y2=\"{y:.1}\" stroke=\"#ddd\"/><text x=\"5\" y=\"{:.1}\">{:.0} MB/s</text>\n",
-            w - 20.0,
-            y + 4.0,
-            v / 1e6
-        );
-    }
-    for (gi, (access, page)) in groups.iter().enumerate() {
-        let gx = left + 10.0 + group_w * gi as f64;
-        for (ci, c) in contestants.iter().enumerate() {
-            if let Some(r) = best(&res.rows, c, *access, *page) {
-                let bh = plot_h * r.bytes_per_sec / max;
-                s += &format!(
-                    "<rect x=\"{:.1}\" y=\"{:.1}\" width=\"30\" height=\"{bh:.1}\" fill=\"{}\"><title>{c}: {:.1} MB/s</title></rect>\n",
-                    gx + 32.0 * ci as f64,
-                    top + plot_h - bh,
-                    colors[ci % colors.len()],
-                    r.bytes_per_sec / 1e6
-                );
+    let disk = record.ceilings.values.as_ref().and_then(|c| c.get("disk-direct-read"));
+    let groups = groups
+        .into_iter()
+        .map(|(access, page)| {
+            let kernel = best(&res.rows, "kernel-mmap", access, page).map(|r| r.bytes_per_sec);
+            let over = |name: &str| {
+                let strata = best(&res.rows, name, access, page)?.bytes_per_sec;
+                kernel.filter(|k| *k > 0.0).map(|k| strata / k)
+            };
+            let file = best(&res.rows, "strata-file", access, page).map(|r| r.bytes_per_sec);
+            crate::plot::Group {
+                label: format!("{}\n{} pages", format!("{access:?}").to_lowercase(), format_size(page)),
+                speedups: vec![over("strata-file"), over("strata-memory")],
+                ceiling: file.zip(disk).map(|(f, d)| {
+                    (f / (d * 1e9), format!("file store of {d:.2} GB/s disk O_DIRECT"))
+                }),
             }
-        }
-        s += &format!(
-            "<text x=\"{:.1}\" y=\"{:.1}\">{} {}</text>\n",
-            gx,
-            h - bottom + 16.0,
-            format!("{access:?}").to_lowercase(),
-            format_size(*page)
-        );
+        })
+        .collect();
+    crate::plot::Chart {
+        title: format!(
+            "strata bench pager: {} file, {} memory limit (best filler count)",
+            format_size(res.size),
+            format_size(res.limit)
+        ),
+        subtitle: record.subtitle(),
+        baselines: vec![
+            "kernel mmap (Strata file store)".into(),
+            "kernel mmap (Strata memory store)".into(),
+        ],
+        groups,
+        no_ceilings: disk.is_none().then(|| record.ceilings.source.clone()),
     }
-    for (ci, c) in contestants.iter().enumerate() {
-        s += &format!(
-            "<rect x=\"{:.1}\" y=\"{:.1}\" width=\"12\" height=\"12\" fill=\"{}\"/><text x=\"{:.1}\" y=\"{:.1}\">{c}</text>\n",
-            left + 130.0 * ci as f64,
-            h - 22.0,
-            colors[ci % colors.len()],
-            left + 130.0 * ci as f64 + 16.0,
-            h - 12.0
-        );
-    }
-    s += "</svg>\n";
-    s
 }
 
 #[cfg(test)]

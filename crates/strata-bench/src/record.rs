@@ -188,6 +188,19 @@ impl Record {
         }
     }
 
+    /// One line for a plot: where and from what it was measured.
+    pub fn subtitle(&self) -> String {
+        let device = self
+            .device
+            .as_ref()
+            .map_or(String::new(), |d| format!(", {} (driver {})", d.name, d.driver));
+        let commit: String = self.commit.chars().take(10).collect();
+        format!(
+            "{} ({} CPUs, Linux {}){device}, commit {commit}; ceilings: {}",
+            self.machine.hostname, self.machine.cpus, self.machine.kernel_release, self.ceilings.source
+        )
+    }
+
     /// Writes the record as pretty JSON.
     pub fn write(&self, path: &Path) -> Result<(), RecordError> {
         let text = serde_json::to_string_pretty(self).map_err(|source| RecordError::Json {

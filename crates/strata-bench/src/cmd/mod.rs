@@ -2,6 +2,7 @@
 //! and its printing, and calls the measuring modules of this crate.
 
 pub mod gpu_micro;
+pub mod measure;
 pub mod pager;
 pub mod remote;
 pub mod workloads;
@@ -21,6 +22,11 @@ pub enum BenchCommand {
     Graph(workloads::GraphArgs),
     /// Zipf-skewed embedding lookups on GPU paging against the alternatives.
     Embed(workloads::EmbedArgs),
+    /// Measure this machine's ceilings (host memory, disk O_DIRECT, PCIe, page gathers, HBM)
+    /// and cache them per host, device and driver.
+    Ceilings(measure::CeilingsArgs),
+    /// Compare two result files figure by figure (also reads older builds' result files).
+    Compare(measure::CompareArgs),
 }
 
 /// Runs one `strata bench` command.
@@ -33,5 +39,7 @@ pub fn run(command: &BenchCommand) -> anyhow::Result<()> {
         BenchCommand::GpuMicro(args) => gpu_micro::micro(args),
         BenchCommand::Graph(args) => workloads::graph(args),
         BenchCommand::Embed(args) => workloads::embed(args),
+        BenchCommand::Ceilings(args) => measure::ceilings(args),
+        BenchCommand::Compare(args) => measure::compare(args),
     }
 }

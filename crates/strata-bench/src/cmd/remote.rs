@@ -297,11 +297,15 @@ pub fn bench(args: &RemoteBenchArgs) -> anyhow::Result<()> {
     if !args.raw_only {
         pager_measurements(args, &target, &codecs, seed, &mut report)?;
     }
-    std::fs::write(&args.json, serde_json::to_string_pretty(&report)?)
+    let ceilings = crate::ceilings::for_run(false, &std::env::temp_dir(), &mut |line| {
+        eprintln!("{line}")
+    });
+    let record = crate::record::Record::new("remote", None, ceilings, serde_json::to_value(&report)?);
+    record
+        .write(&args.json)
         .with_context(|| format!("write {}", args.json.display()))?;
-    std::fs::write(&args.svg, plot(&report))
-        .with_context(|| format!("write {}", args.svg.display()))?;
-    println!("wrote {} and {}", args.json.display(), args.svg.display());
+    let (svg, png) = crate::plot::write(&chart(&report, &record), &args.svg)?;
+    println!("wrote {}, {} and {}", args.json.display(), svg.display(), png.display());
     if let Some(node) = local {
         node.shutdown();
     }
@@ -779,64 +783,78 @@ fn scan_row(
     })
 }
 
-/// A horizontal bar chart of the headline numbers, written by hand (no plotting crate).
-fn plot(report: &Report) -> String {
-    let mut bars: Vec<(String, f64)> = Vec::new();
-    bars.push((
-        "loopback TCP ceiling".into(),
-        report.loopback_tcp_bytes_per_sec,
-    ));
-    for r in &report.raw {
-        bars.push((
-            format!("raw read: {} [{:?}] depth {}", r.store, r.data, r.depth),
-            r.throughput.read_bytes_per_sec,
-        ));
-    }
-    // The DRAM STREAM baseline (an order of magnitude above the rest) is left to the JSON and
-    // the printed table so the remote bars stay readable.
-    for p in &report.pager {
-        let value = p
-            .bytes_per_sec
+/// The chart of `strata bench remote`: raw reads of each remote store over the local memory
+/// store's (and, with a codec, over no codec on the same link and data), STREAM triad through
+/// a pager over the node against the same pager over local memory; the second panel is each
+/// rate as a fraction of one loopback TCP connection measured in the same run (the network
+/// ceiling of this host), since the memory node is reached over it.
+fn chart(report: &Report, record: &crate::record::Record) -> crate::plot::Chart {
+    let tcp = report.loopback_tcp_bytes_per_sec;
+    let of_tcp = |v: f64| {
+        (tcp > 0.0).then(|| (v / tcp, format!("{:.0} MB/s loopback TCP", tcp / 1e6)))
+    };
+    let local = report
+        .raw
+        .iter()
+        .find(|r| r.access == "-")
+        .map(|r| r.throughput.read_bytes_per_sec);
+    let mut groups = Vec::new();
+    for r in report.raw.iter().filter(|r| r.access != "-") {
+        let uncompressed = report
+            .raw
             .iter()
-            .find(|(k, _)| k == "triad" || k == "scan")
-            .map_or(0.0, |(_, v)| *v);
-        let label = if p.workload == "stream" {
-            format!("STREAM triad, {} f{} e{}", p.codec, p.fillers, p.evictors)
-        } else {
-            format!("scan {} pages, {}", p.data, p.codec)
-        };
-        bars.push((label, value));
+            .find(|o| {
+                o.codec == "none"
+                    && r.codec != "none"
+                    && o.data == r.data
+                    && o.link_bytes_per_sec == r.link_bytes_per_sec
+            })
+            .map(|o| o.throughput.read_bytes_per_sec);
+        let read = r.throughput.read_bytes_per_sec;
+        let link = r
+            .link_bytes_per_sec
+            .map_or(String::new(), |l| format!(" {}/s link", format_size(l)));
+        groups.push(crate::plot::Group {
+            label: format!(
+                "read {} {:?}\n{}x{}{link}",
+                if r.codec == "none" { r.access.clone() } else { r.codec.clone() },
+                r.data,
+                r.depth,
+                r.submitters
+            ),
+            speedups: vec![
+                local.map(|l| read / l),
+                uncompressed.map(|u| read / u),
+                None,
+            ],
+            ceiling: of_tcp(read),
+        });
     }
-    let max = bars.iter().map(|(_, v)| *v).fold(1.0, f64::max);
-    let row = 18.0;
-    let label_w = 360.0;
-    let bar_w = 520.0;
-    let height = 50.0 + row * bars.len() as f64;
-    let mut svg = format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{height}\" font-family=\"sans-serif\" font-size=\"11\">\n\
-         <text x=\"10\" y=\"20\" font-size=\"14\">strata bench remote: throughput (MB/s), pages of {page} over UCX {tls}</text>\n",
-        w = label_w + bar_w + 100.0,
-        page = format_size(report.page_bytes),
-        tls = report.transports
-    );
-    for (i, (label, value)) in bars.iter().enumerate() {
-        let y = 35.0 + row * i as f64;
-        let w = bar_w * value / max;
-        let escaped = label.replace('&', "&amp;").replace('<', "&lt;");
-        svg.push_str(&format!(
-            "<text x=\"{x}\" y=\"{ty}\" text-anchor=\"end\">{escaped}</text>\
-             <rect x=\"{bx}\" y=\"{y}\" width=\"{w:.1}\" height=\"{h}\" fill=\"#4a7ab5\"/>\
-             <text x=\"{vx:.1}\" y=\"{ty}\">{mb:.0}</text>\n",
-            x = label_w - 6.0,
-            ty = y + 12.0,
-            bx = label_w,
-            h = row - 4.0,
-            vx = label_w + w + 4.0,
-            mb = value / 1e6
-        ));
+    let triad = |p: &PagerRow| p.bytes_per_sec.iter().find(|(k, _)| k == "triad").map(|(_, v)| *v);
+    let local_triad = report.pager.iter().find(|p| p.codec == "local memory").and_then(triad);
+    for p in report.pager.iter().filter(|p| p.workload == "stream" && p.codec != "local memory") {
+        let Some(t) = triad(p) else { continue };
+        groups.push(crate::plot::Group {
+            label: format!("STREAM triad {}\nf{} e{}", p.codec, p.fillers, p.evictors),
+            speedups: vec![None, None, local_triad.map(|l| t / l)],
+            ceiling: of_tcp(t),
+        });
     }
-    svg.push_str("</svg>\n");
-    svg
+    crate::plot::Chart {
+        title: format!(
+            "strata bench remote: {} pages over UCX {} to a memory node",
+            format_size(report.page_bytes),
+            report.transports
+        ),
+        subtitle: record.subtitle(),
+        baselines: vec![
+            "local memory store (no network)".into(),
+            "no codec, same link and data".into(),
+            "the same pager over local memory".into(),
+        ],
+        groups,
+        no_ceilings: (tcp <= 0.0).then(|| "loopback TCP not measured".to_string()),
+    }
 }
 
 #[cfg(test)]

@@ -83,6 +83,7 @@ impl CompareArgs {
             reps: self.reps,
             cold,
             gpu: self.gpu,
+            pcie_read_gbps: None,
         })
     }
 }
@@ -189,6 +190,42 @@ fn print_outcome(outcome: &crate::workloads::Outcome) {
     }
 }
 
+/// Reads (or probes) this machine's ceilings and puts its PCIe read rate into the config.
+fn with_ceilings<C>(
+    mut config: C,
+    compare: impl FnOnce(&mut C) -> &mut Comparison,
+) -> (crate::record::CeilingsUsed, C) {
+    let ceilings =
+        crate::ceilings::for_run(true, &std::env::temp_dir(), &mut |line| eprintln!("{line}"));
+    compare(&mut config).pcie_read_gbps =
+        ceilings.values.as_ref().and_then(|c| c.get("pcie-read-sm"));
+    (ceilings, config)
+}
+
+/// Writes the record (JSON) and the chart (SVG and PNG) of a workload benchmark.
+#[allow(clippy::too_many_arguments)]
+fn write_outputs<T: serde::Serialize>(
+    bench: &str,
+    json: &std::path::Path,
+    plot: &std::path::Path,
+    title: &str,
+    report: &T,
+    rows: &[report::Row],
+    ceilings: crate::record::CeilingsUsed,
+    gpu: usize,
+) -> anyhow::Result<()> {
+    let record = crate::record::Record::new(
+        bench,
+        crate::record::Device::of(gpu),
+        ceilings,
+        serde_json::to_value(report)?,
+    );
+    record.write(json)?;
+    let (svg, png) = crate::plot::write(&report::chart(title, rows, &record), plot)?;
+    println!("wrote {}, {} and {}", json.display(), svg.display(), png.display());
+    Ok(())
+}
+
 /// Runs `strata bench graph`.
 ///
 /// # Errors
@@ -223,15 +260,14 @@ pub fn graph(args: &GraphArgs) -> anyhow::Result<()> {
         }
         return Ok(());
     }
+    let (ceilings, config) = with_ceilings(config, |c| &mut c.compare);
     let report = crate::workloads::graph::run(&config)?;
     print_graph(&report);
-    report::write_json(&args.json, &report)?;
     let title = format!(
-        "{:?} scale {}: speedup over zero-copy ({})",
+        "strata bench graph: {:?} scale {} on {}",
         report.graph.kind, report.graph.scale, report.outcome.gpu
     );
-    report::write_svg(&args.svg, &title, &report.outcome.rows)?;
-    println!("wrote {} and {}", args.json.display(), args.svg.display());
+    write_outputs("graph", &args.json, &args.svg, &title, &report, &report.outcome.rows, ceilings, config.compare.gpu)?;
     Ok(())
 }
 
@@ -332,16 +368,15 @@ pub fn embed(args: &EmbedArgs) -> anyhow::Result<()> {
         }
         return Ok(());
     }
+    let (ceilings, config) = with_ceilings(config, |c| &mut c.compare);
     let report = crate::workloads::embed::run(&config)?;
     print_embed(&report);
-    report::write_json(&args.json, &report)?;
     let title = format!(
-        "Embedding gathers, Zipf {}, {} table: speedup over zero-copy ({})",
+        "strata bench embed: Zipf {} gathers over a {} table on {}",
         report.skew,
         strata_core::format_size(report.table_bytes),
         report.outcome.gpu
     );
-    report::write_svg(&args.svg, &title, &report.outcome.rows)?;
-    println!("wrote {} and {}", args.json.display(), args.svg.display());
+    write_outputs("embed", &args.json, &args.svg, &title, &report, &report.outcome.rows, ceilings, config.compare.gpu)?;
     Ok(())
 }

@@ -8,7 +8,7 @@ use std::time::Instant;
 use serde::Serialize;
 use strata_gpu::Strata;
 
-use super::report::{self, PCIE_READ_CEILING_GBPS, Row, StrataStats};
+use super::report::{self, Row, StrataStats};
 use super::{Comparison, Mode, Outcome, place_or_skip, progress};
 use strata_workloads::embed::{self, LookupSpec, TableSpec};
 use strata_workloads::gpu::device::GpuWorkloadError;
@@ -205,7 +205,8 @@ pub fn run(config: &EmbedBenchConfig) -> Result<EmbedBenchReport, GpuWorkloadErr
             slowdown_vs_gpu_memory: None,
             pcie_fraction: closest
                 .as_ref()
-                .map(|s| s.bytes_in as f64 / seconds / 1e9 / PCIE_READ_CEILING_GBPS),
+                .zip(config.compare.pcie_read_gbps)
+                .map(|(s, pcie)| s.bytes_in as f64 / seconds / 1e9 / pcie),
             strata: closest,
             validated: "bit-exact vs cpu, every run".into(),
         };
@@ -252,6 +253,7 @@ mod tests {
                 reps: 1,
                 cold: true,
                 gpu: 0,
+                pcie_read_gbps: None,
             },
         };
         validate_config(&ok).unwrap();

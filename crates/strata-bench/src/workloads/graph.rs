@@ -13,7 +13,7 @@ use std::time::Instant;
 use serde::Serialize;
 use strata_gpu::Strata;
 
-use super::report::{self, PCIE_READ_CEILING_GBPS, Row, StrataStats};
+use super::report::{self, Row, StrataStats};
 use super::{Comparison, Mode, Outcome, place_or_skip, progress};
 use strata_workloads::csr::Csr;
 use strata_workloads::format::{self, GENERATOR_KRONECKER, GENERATOR_UNIFORM, GraphOrigin};
@@ -455,7 +455,8 @@ fn make_row(
     #[allow(clippy::cast_precision_loss)]
     let pcie_fraction = closest
         .as_ref()
-        .map(|s| s.bytes_in as f64 / seconds / 1e9 / PCIE_READ_CEILING_GBPS);
+        .zip(config.compare.pcie_read_gbps)
+        .map(|(s, pcie)| s.bytes_in as f64 / seconds / 1e9 / pcie);
     Row {
         workload: algorithm.name().to_string(),
         mode: mode.label(),
@@ -511,6 +512,7 @@ mod tests {
                 reps: 1,
                 cold: true,
                 gpu: 0,
+                pcie_read_gbps: None,
             },
             bfs_mode: BfsMode::TopDown,
             iterations: 20,

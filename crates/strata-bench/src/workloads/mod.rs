@@ -58,6 +58,9 @@ pub struct Comparison {
     pub cold: bool,
     /// GPU ordinal.
     pub gpu: usize,
+    /// PCIe read rate by SMs measured on this machine (`strata bench ceilings`), GB/s; rows
+    /// report no PCIe fraction without it.
+    pub pcie_read_gbps: Option<f64>,
 }
 
 impl Comparison {
