@@ -838,6 +838,7 @@ pub fn chart(rows: &[Row], record: &crate::record::Record) -> crate::plot::Chart
             .iter()
             .all(|r| r.ceiling <= 0.0)
             .then(|| record.ceilings.source.clone()),
+        mark_missing: true,
     }
 }
 

@@ -1207,6 +1207,7 @@ pub fn chart(res: &BenchResults, record: &crate::record::Record) -> crate::plot:
         ],
         groups,
         no_ceilings: disk.is_none().then(|| record.ceilings.source.clone()),
+        mark_missing: true,
     }
 }
 

@@ -54,6 +54,9 @@ pub struct Chart {
     pub groups: Vec<Group>,
     /// Why there is no ceiling panel, if there is none.
     pub no_ceilings: Option<String>,
+    /// Mark a missing speed-up with "n/a" (a baseline that was skipped, such as UVM on data
+    /// that does not fit); without it a missing bar means the baseline does not apply.
+    pub mark_missing: bool,
 }
 
 /// Why a chart could not be written.
@@ -78,8 +81,14 @@ const COLORS: [RGBColor; 5] = [
 ];
 
 fn size_of(chart: &Chart) -> (u32, u32) {
-    let bars = chart.groups.len() * chart.baselines.len().max(1);
-    let width = (bars * 34 + chart.groups.len() * 18 + 160).clamp(900, 4000);
+    let longest = chart
+        .groups
+        .iter()
+        .flat_map(|g| g.label.lines().map(str::len))
+        .max()
+        .unwrap_or(0);
+    let per_group = (chart.baselines.len().max(1) * 34 + 18).max(longest * 7 + 10);
+    let width = (chart.groups.len() * per_group + 160).clamp(900, 6000);
     (u32::try_from(width).unwrap_or(4000), 900)
 }
 
@@ -161,6 +170,8 @@ fn speedup_panel<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, chart: &Char
     c.configure_mesh()
         .disable_x_mesh()
         .x_labels(0)
+        .y_labels(8)
+        .light_line_style(RGBColor(245, 245, 245))
         .y_desc("speed-up (x)")
         .y_label_formatter(&|v| fmt_speedup(*v))
         .label_style(("sans-serif", 12))
@@ -172,6 +183,9 @@ fn speedup_panel<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, chart: &Char
             let x0 = gi as f64 + 0.1 + bi as f64 * bar;
             let color = COLORS[bi % COLORS.len()];
             let Some(v) = s.filter(|v| *v > 0.0) else {
+                if !chart.mark_missing {
+                    continue;
+                }
                 c.draw_series(std::iter::once(Text::new(
                     "n/a",
                     (x0 + bar / 2.0, 1.0),
@@ -220,8 +234,15 @@ fn ceiling_panel<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, chart: &Char
     }
     let n = chart.groups.len().max(1) as f64;
     let top = chart.groups.iter().filter_map(|g| g.ceiling.as_ref().map(|c| c.0)).fold(1.0f64, f64::max) * 1.2;
+    let mut names = chart.groups.iter().filter_map(|g| g.ceiling.as_ref().map(|c| c.1.as_str()));
+    let first = names.next();
+    let common = first.filter(|f| names.all(|n| n == *f));
+    let caption = match common {
+        Some(what) => format!("Strata's rate as a fraction of the ceiling measured on this machine: {what}"),
+        None => "Strata's rate as a fraction of the ceiling measured on this machine".to_string(),
+    };
     let mut c = ChartBuilder::on(area)
-        .caption("Strata's rate as a fraction of the ceiling measured on this machine", ("sans-serif", 16))
+        .caption(caption, ("sans-serif", 16))
         .margin_right(20)
         .x_label_area_size(40)
         .y_label_area_size(70)
@@ -229,6 +250,8 @@ fn ceiling_panel<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, chart: &Char
     c.configure_mesh()
         .disable_x_mesh()
         .x_labels(0)
+        .y_labels(7)
+        .light_line_style(RGBColor(245, 245, 245))
         .y_desc("fraction of ceiling")
         .y_label_formatter(&|v| format!("{:.0}%", v * 100.0))
         .label_style(("sans-serif", 12))
@@ -243,6 +266,23 @@ fn ceiling_panel<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, chart: &Char
             (x0 + 0.25, *f),
             TextStyle::from(("sans-serif", 11).into_font()).pos(Pos::new(HPos::Center, VPos::Bottom)),
         )))?;
+        if common.is_some() || *f < top * 0.45 {
+            // Named in the caption, or too short a bar to hold its name: the name goes above.
+            if common.is_none() {
+                c.draw_series(std::iter::once(
+                    EmptyElement::at((x0 + 0.25, *f))
+                        + Text::new(
+                            what.clone(),
+                            (0, -16),
+                            TextStyle::from(("sans-serif", 10).into_font())
+                                .color(&RGBColor(80, 80, 80))
+                                .pos(Pos::new(HPos::Left, VPos::Center))
+                                .transform(FontTransform::Rotate270),
+                        ),
+                ))?;
+            }
+            continue;
+        }
         c.draw_series(std::iter::once(Text::new(
             what.clone(),
             (x0 + 0.25, *f / 2.0),
@@ -271,6 +311,7 @@ mod tests {
                 Group { label: "gather\nx2".into(), speedups: vec![Some(12.0), None], ceiling: None },
             ],
             no_ceilings: None,
+            mark_missing: true,
         };
         let base = std::env::temp_dir().join(format!("strata-plot-test-{}", std::process::id()));
         let (svg, png) = write(&chart, &base).expect("drawn");

@@ -240,6 +240,7 @@ fn stream_chart(
         baselines: vec!["the same code on ordinary memory (DRAM)".into()],
         groups,
         no_ceilings: host.is_none().then(|| record.ceilings.source.clone()),
+        mark_missing: true,
     }
 }
 

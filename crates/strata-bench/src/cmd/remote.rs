@@ -854,6 +854,7 @@ fn chart(report: &Report, record: &crate::record::Record) -> crate::plot::Chart 
         ],
         groups,
         no_ceilings: (tcp <= 0.0).then(|| "loopback TCP not measured".to_string()),
+        mark_missing: false,
     }
 }
 

@@ -253,6 +253,7 @@ pub fn chart(title: &str, rows: &[Row], record: &crate::record::Record) -> crate
             .iter()
             .all(|r| r.pcie_fraction.is_none())
             .then(|| record.ceilings.source.clone()),
+        mark_missing: true,
     }
 }
 
