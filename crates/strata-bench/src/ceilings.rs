@@ -33,11 +33,19 @@ pub struct Probe {
 
 impl Probe {
     fn measured(value: f64, unit: &str, note: impl Into<String>) -> Self {
-        Self { value: Some(value), unit: unit.into(), note: note.into() }
+        Self {
+            value: Some(value),
+            unit: unit.into(),
+            note: note.into(),
+        }
     }
 
     fn skipped(unit: &str, why: impl Into<String>) -> Self {
-        Self { value: None, unit: unit.into(), note: format!("skipped: {}", why.into()) }
+        Self {
+            value: None,
+            unit: unit.into(),
+            note: format!("skipped: {}", why.into()),
+        }
     }
 }
 
@@ -62,7 +70,9 @@ impl Ceilings {
     pub fn table(&self) -> String {
         let mut out = format!("ceilings of {}\n", self.key);
         for (name, p) in &self.probes {
-            let value = p.value.map_or_else(|| "-".to_string(), |v| format!("{v:.2} {}", p.unit));
+            let value = p
+                .value
+                .map_or_else(|| "-".to_string(), |v| format!("{v:.2} {}", p.unit));
             out.push_str(&format!("  {name:<24} {value:>18}  {}\n", p.note));
         }
         out
@@ -114,7 +124,13 @@ pub fn key(gpu: Option<&crate::record::Device>) -> String {
 pub fn cache_file(key: &str) -> PathBuf {
     let safe: String = key
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '.' || c == '-' { c } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
         .collect();
     cache_dir().join(format!("ceilings-{safe}.json"))
 }
@@ -126,11 +142,16 @@ pub fn cached(key: &str) -> Result<Option<(Ceilings, PathBuf)>, CeilingsError> {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(source) => {
-            return Err(CeilingsError::Io { what: format!("reading {}", path.display()), source });
+            return Err(CeilingsError::Io {
+                what: format!("reading {}", path.display()),
+                source,
+            });
         }
     };
-    let c = serde_json::from_str(&text)
-        .map_err(|source| CeilingsError::Json { path: path.display().to_string(), source })?;
+    let c = serde_json::from_str(&text).map_err(|source| CeilingsError::Json {
+        path: path.display().to_string(),
+        source,
+    })?;
     Ok(Some((c, path)))
 }
 
@@ -138,11 +159,15 @@ pub fn cached(key: &str) -> Result<Option<(Ceilings, PathBuf)>, CeilingsError> {
 pub fn store(ceilings: &Ceilings) -> Result<PathBuf, CeilingsError> {
     let path = cache_file(&ceilings.key);
     let dir = cache_dir();
-    std::fs::create_dir_all(&dir)
-        .map_err(|source| CeilingsError::Io { what: format!("creating {}", dir.display()), source })?;
+    std::fs::create_dir_all(&dir).map_err(|source| CeilingsError::Io {
+        what: format!("creating {}", dir.display()),
+        source,
+    })?;
     let text = serde_json::to_string_pretty(ceilings).unwrap_or_default();
-    std::fs::write(&path, text)
-        .map_err(|source| CeilingsError::Io { what: format!("writing {}", path.display()), source })?;
+    std::fs::write(&path, text).map_err(|source| CeilingsError::Io {
+        what: format!("writing {}", path.display()),
+        source,
+    })?;
     Ok(path)
 }
 
@@ -172,12 +197,26 @@ impl Default for ProbeOptions {
 
 /// Runs every probe.
 pub fn measure(opts: &ProbeOptions, log: &mut dyn FnMut(String)) -> Ceilings {
-    let device = if opts.gpu { crate::record::Device::of(0) } else { None };
-    let mut c = Ceilings { key: key(device.as_ref()), probes: Default::default() };
+    let device = if opts.gpu {
+        crate::record::Device::of(0)
+    } else {
+        None
+    };
+    let mut c = Ceilings {
+        key: key(device.as_ref()),
+        probes: Default::default(),
+    };
     log("probing host memory read bandwidth".into());
-    c.probes.insert("host-memory-read".into(), host_memory_read(opts.host_bytes));
-    log(format!("probing O_DIRECT reads in {}", opts.disk_dir.display()));
-    c.probes.insert("disk-direct-read".into(), disk_direct_read(&opts.disk_dir, opts.disk_bytes));
+    c.probes
+        .insert("host-memory-read".into(), host_memory_read(opts.host_bytes));
+    log(format!(
+        "probing O_DIRECT reads in {}",
+        opts.disk_dir.display()
+    ));
+    c.probes.insert(
+        "disk-direct-read".into(),
+        disk_direct_read(&opts.disk_dir, opts.disk_bytes),
+    );
     let gpu_probes = if !opts.gpu {
         Err("GPU probes not asked for".to_string())
     } else if !strata_gpu::probe::driver_present() {
@@ -190,7 +229,8 @@ pub fn measure(opts: &ProbeOptions, log: &mut dyn FnMut(String)) -> Ceilings {
         Ok(probes) => c.probes.extend(probes),
         Err(why) => {
             for (name, unit) in GPU_PROBES {
-                c.probes.insert((*name).into(), Probe::skipped(unit, why.clone()));
+                c.probes
+                    .insert((*name).into(), Probe::skipped(unit, why.clone()));
             }
         }
     }
@@ -229,7 +269,10 @@ pub fn host_memory_read(bytes: usize) -> Probe {
                 .chunks(chunk)
                 .map(|part| s.spawn(move || part.iter().fold(0u64, |a, &w| a.wrapping_add(w))))
                 .collect();
-            handles.into_iter().map(|h| h.join().unwrap_or(0)).fold(0, u64::wrapping_add)
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or(0))
+                .fold(0, u64::wrapping_add)
         });
         std::hint::black_box(total);
         Ok(start.elapsed().as_secs_f64())
@@ -238,7 +281,10 @@ pub fn host_memory_read(bytes: usize) -> Probe {
         Ok(s) => Probe::measured(
             (words * 8) as f64 / s / 1e9,
             "GB/s",
-            format!("{threads} threads summing {} MiB, median of 3", words * 8 >> 20),
+            format!(
+                "{threads} threads summing {} MiB, median of 3",
+                words * 8 >> 20
+            ),
         ),
         Err(e) => Probe::skipped("GB/s", e.to_string()),
     }
@@ -256,7 +302,8 @@ fn disk_direct_read_gbs(dir: &Path, bytes: u64) -> std::io::Result<(f64, String)
     const BLOCK: usize = 1 << 20;
     let blocks = bytes.div_ceil(BLOCK as u64).max(1);
     crate::cleanup::remove_stale(dir);
-    let file = crate::cleanup::Temporary::register(crate::cleanup::temporary_name(dir, "ceiling", "bin"));
+    let file =
+        crate::cleanup::Temporary::register(crate::cleanup::temporary_name(dir, "ceiling", "bin"));
     {
         let mut f = std::fs::File::create(file.path())?;
         let block: Vec<u8> = (0..BLOCK).map(|i| (i * 31 % 251) as u8).collect();
@@ -284,14 +331,26 @@ fn disk_direct_read_gbs(dir: &Path, bytes: u64) -> std::io::Result<(f64, String)
     let s = median3(&mut once)?;
     Ok((
         (blocks * BLOCK as u64) as f64 / s / 1e9,
-        format!("{} MiB file in {}, 1 MiB O_DIRECT reads, median of 3", blocks, dir.display()),
+        format!(
+            "{} MiB file in {}, 1 MiB O_DIRECT reads, median of 3",
+            blocks,
+            dir.display()
+        ),
     ))
 }
 
 /// The ceilings a benchmark uses: the cache for this host (and GPU 0 if `gpu`), else fresh
 /// probes (then cached), or none with the reason.
-pub fn for_run(gpu: bool, disk_dir: &Path, log: &mut dyn FnMut(String)) -> crate::record::CeilingsUsed {
-    let device = if gpu { crate::record::Device::of(0) } else { None };
+pub fn for_run(
+    gpu: bool,
+    disk_dir: &Path,
+    log: &mut dyn FnMut(String),
+) -> crate::record::CeilingsUsed {
+    let device = if gpu {
+        crate::record::Device::of(0)
+    } else {
+        None
+    };
     let key = key(device.as_ref());
     match cached(&key) {
         Ok(Some((c, path))) => {
@@ -302,17 +361,29 @@ pub fn for_run(gpu: bool, disk_dir: &Path, log: &mut dyn FnMut(String)) -> crate
         }
         Ok(None) => {}
         Err(e) => {
-            return crate::record::CeilingsUsed { source: format!("none: {e}"), values: None };
+            return crate::record::CeilingsUsed {
+                source: format!("none: {e}"),
+                values: None,
+            };
         }
     }
-    log(format!("no ceilings cached for {key}; probing now (`strata bench ceilings` does this ahead)"));
-    let opts = ProbeOptions { disk_dir: disk_dir.to_path_buf(), gpu, ..ProbeOptions::default() };
+    log(format!(
+        "no ceilings cached for {key}; probing now (`strata bench ceilings` does this ahead)"
+    ));
+    let opts = ProbeOptions {
+        disk_dir: disk_dir.to_path_buf(),
+        gpu,
+        ..ProbeOptions::default()
+    };
     let c = measure(&opts, log);
     let source = match store(&c) {
         Ok(path) => format!("measured now, cached in {}", path.display()),
         Err(e) => format!("measured now (not cached: {e})"),
     };
-    crate::record::CeilingsUsed { source, values: Some(c) }
+    crate::record::CeilingsUsed {
+        source,
+        values: Some(c),
+    }
 }
 
 #[cfg(test)]
@@ -322,13 +393,23 @@ mod tests {
     #[test]
     fn cpu_probes_measure_here_and_gpu_probes_say_why_not() {
         let dir = std::env::temp_dir();
-        let opts = ProbeOptions { host_bytes: 64 << 20, disk_bytes: 16 << 20, disk_dir: dir, gpu: true };
+        let opts = ProbeOptions {
+            host_bytes: 64 << 20,
+            disk_bytes: 16 << 20,
+            disk_dir: dir,
+            gpu: true,
+        };
         let c = measure(&opts, &mut |_| {});
-        let host = c.get("host-memory-read").expect("host memory probe runs anywhere");
+        let host = c
+            .get("host-memory-read")
+            .expect("host memory probe runs anywhere");
         assert!(host > 0.05 && host < 10_000.0, "{host} GB/s");
         let disk = &c.probes["disk-direct-read"];
         // tmpfs refuses O_DIRECT: then the probe must say so rather than report page-cache speed.
-        assert!(disk.value.is_some_and(|v| v > 0.0) || disk.note.starts_with("skipped"), "{disk:?}");
+        assert!(
+            disk.value.is_some_and(|v| v > 0.0) || disk.note.starts_with("skipped"),
+            "{disk:?}"
+        );
         for (name, _) in GPU_PROBES {
             let p = &c.probes[*name];
             if !strata_gpu::probe::driver_present() {
@@ -349,7 +430,11 @@ mod tests {
         let (back, at) = cached(&c.key).unwrap().expect("found");
         assert_eq!(back, c);
         assert_eq!(at, path);
-        assert!(cached("another key").unwrap().is_none_or(|(b, _)| b.key == "another key"));
+        assert!(
+            cached("another key")
+                .unwrap()
+                .is_none_or(|(b, _)| b.key == "another key")
+        );
         std::fs::remove_file(path).unwrap();
     }
 }

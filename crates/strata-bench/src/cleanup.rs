@@ -42,7 +42,11 @@ fn remove(path: &Path) {
 }
 
 fn remove_all_registered() {
-    let paths = std::mem::take(&mut *LEFT.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+    let paths = std::mem::take(
+        &mut *LEFT
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner),
+    );
     for path in paths {
         remove(&path);
     }
@@ -137,7 +141,9 @@ mod tests {
     use super::*;
 
     fn dead_pid() -> u32 {
-        let mut child = std::process::Command::new("true").spawn().expect("run true");
+        let mut child = std::process::Command::new("true")
+            .spawn()
+            .expect("run true");
         let pid = child.id();
         child.wait().expect("wait");
         pid
@@ -157,7 +163,10 @@ mod tests {
         }
         std::fs::create_dir(&stale_dir).unwrap();
         let removed = remove_stale(&dir);
-        assert!(!stale.exists() && !stale_dir.exists(), "removed {removed:?}");
+        assert!(
+            !stale.exists() && !stale_dir.exists(),
+            "removed {removed:?}"
+        );
         assert!(mine.exists(), "this process's file is in use");
         assert!(foreign.exists(), "a name without a pid is not ours");
         assert_eq!(removed.len(), 2);

@@ -49,15 +49,32 @@ fn samples(v: &Value, key: &str) -> Vec<f64> {
         .unwrap_or_default()
 }
 
-fn figure(name: String, value: f64, unit: &str, higher_is_better: bool, spread: Option<f64>) -> Figure {
-    Figure { name, value, unit: unit.into(), higher_is_better, spread }
+fn figure(
+    name: String,
+    value: f64,
+    unit: &str,
+    higher_is_better: bool,
+    spread: Option<f64>,
+) -> Figure {
+    Figure {
+        name,
+        value,
+        unit: unit.into(),
+        higher_is_better,
+        spread,
+    }
 }
 
 /// The rows of a gpu-micro result: `{"rows": [...]}` (with the GPU's name beside them) or a
 /// bare array.
 fn micro_rows(body: &Value) -> Option<&Vec<Value>> {
-    let rows = body.get("rows").and_then(Value::as_array).or_else(|| body.as_array())?;
-    rows.first().is_some_and(|r| r.get("pattern").is_some()).then_some(rows)
+    let rows = body
+        .get("rows")
+        .and_then(Value::as_array)
+        .or_else(|| body.as_array())?;
+    rows.first()
+        .is_some_and(|r| r.get("pattern").is_some())
+        .then_some(rows)
 }
 
 /// Which benchmark wrote this bare result body.
@@ -81,7 +98,12 @@ pub fn detect(body: &Value) -> Option<&'static str> {
 /// The figures of one benchmark's result body.
 pub fn figures(bench: &str, body: &Value) -> Vec<Figure> {
     let mut out = Vec::new();
-    let rows = |key: &str| body.get(key).and_then(Value::as_array).cloned().unwrap_or_default();
+    let rows = |key: &str| {
+        body.get(key)
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default()
+    };
     match bench {
         "pager" => {
             for r in rows("rows") {
@@ -95,12 +117,19 @@ pub fn figures(bench: &str, body: &Value) -> Vec<Figure> {
                     text(&r, "policy"),
                 );
                 if let Some(v) = num(&r, "bytes_per_sec") {
-                    out.push(figure(format!("{name} bandwidth"), v / 1e6, "MB/s", true, spread_of(&seconds)));
+                    out.push(figure(
+                        format!("{name} bandwidth"),
+                        v / 1e6,
+                        "MB/s",
+                        true,
+                        spread_of(&seconds),
+                    ));
                 }
             }
             for r in rows("ratios") {
                 let paired = samples(&r, "paired_ratio");
-                let spread = (paired.len() == 3 && paired[0] > 0.0).then(|| (paired[2] - paired[1]) / paired[0]);
+                let spread = (paired.len() == 3 && paired[0] > 0.0)
+                    .then(|| (paired[2] - paired[1]) / paired[0]);
                 if let Some(v) = num(&r, "strata_file_over_kernel") {
                     let name = format!(
                         "{} {} strata-file/kernel",
@@ -116,7 +145,8 @@ pub fn figures(bench: &str, body: &Value) -> Vec<Figure> {
                 out.push(figure("loopback TCP".into(), v / 1e6, "MB/s", true, None));
             }
             for r in rows("raw") {
-                let link = num(&r, "link_bytes_per_sec").map_or(String::new(), |l| format!(" link {}", size(l as u64)));
+                let link = num(&r, "link_bytes_per_sec")
+                    .map_or(String::new(), |l| format!(" link {}", size(l as u64)));
                 let name = format!(
                     "raw {} {} {} {} depth {}x{}{link}",
                     text(&r, "store"),
@@ -126,9 +156,18 @@ pub fn figures(bench: &str, body: &Value) -> Vec<Figure> {
                     text(&r, "depth"),
                     text(&r, "submitters"),
                 );
-                for (key, what) in [("read_bytes_per_sec", "read"), ("write_bytes_per_sec", "write")] {
+                for (key, what) in [
+                    ("read_bytes_per_sec", "read"),
+                    ("write_bytes_per_sec", "write"),
+                ] {
                     if let Some(v) = num(&r, key) {
-                        out.push(figure(format!("{name} {what}"), v / 1e6, "MB/s", true, None));
+                        out.push(figure(
+                            format!("{name} {what}"),
+                            v / 1e6,
+                            "MB/s",
+                            true,
+                            None,
+                        ));
                     }
                 }
             }
@@ -141,8 +180,16 @@ pub fn figures(bench: &str, body: &Value) -> Vec<Figure> {
                     text(&r, "fillers"),
                     text(&r, "evictors")
                 );
-                for pair in r.get("bytes_per_sec").and_then(Value::as_array).cloned().unwrap_or_default() {
-                    if let (Some(k), Some(v)) = (pair.get(0).and_then(Value::as_str), pair.get(1).and_then(Value::as_f64)) {
+                for pair in r
+                    .get("bytes_per_sec")
+                    .and_then(Value::as_array)
+                    .cloned()
+                    .unwrap_or_default()
+                {
+                    if let (Some(k), Some(v)) = (
+                        pair.get(0).and_then(Value::as_str),
+                        pair.get(1).and_then(Value::as_f64),
+                    ) {
                         out.push(figure(format!("{name} {k}"), v / 1e6, "MB/s", true, None));
                     }
                 }
@@ -150,12 +197,24 @@ pub fn figures(bench: &str, body: &Value) -> Vec<Figure> {
         }
         "stream" => {
             for (part, label) in [("pager", "pager"), ("dram_baseline", "dram")] {
-                let kernels = body.get(part).and_then(|p| p.get("kernels")).and_then(Value::as_array).cloned();
+                let kernels = body
+                    .get(part)
+                    .and_then(|p| p.get("kernels"))
+                    .and_then(Value::as_array)
+                    .cloned();
                 for k in kernels.unwrap_or_default() {
                     let bytes = num(&k, "bytes").unwrap_or(0.0);
                     let secs = samples(&k, "seconds");
-                    let counted = if secs.len() > 1 { &secs[1..] } else { &secs[..] };
-                    let rates: Vec<f64> = counted.iter().filter(|s| **s > 0.0).map(|s| bytes / s).collect();
+                    let counted = if secs.len() > 1 {
+                        &secs[1..]
+                    } else {
+                        &secs[..]
+                    };
+                    let rates: Vec<f64> = counted
+                        .iter()
+                        .filter(|s| **s > 0.0)
+                        .map(|s| bytes / s)
+                        .collect();
                     if let Some(v) = num(&k, "median_bytes_per_sec") {
                         let name = format!("{label} {}", text(&k, "kernel"));
                         out.push(figure(name, v / 1e6, "MB/s", true, spread_of(&rates)));
@@ -184,7 +243,13 @@ pub fn figures(bench: &str, body: &Value) -> Vec<Figure> {
             for r in rows("rows") {
                 let name = format!("{} {}", text(&r, "workload"), text(&r, "mode"));
                 if let Some(v) = num(&r, "median_ms") {
-                    out.push(figure(format!("{name} time"), v, "ms", false, spread_of(&samples(&r, "times_ms"))));
+                    out.push(figure(
+                        format!("{name} time"),
+                        v,
+                        "ms",
+                        false,
+                        spread_of(&samples(&r, "times_ms")),
+                    ));
                 }
             }
         }
@@ -207,7 +272,8 @@ pub fn figures_of(json: &Value) -> Result<(String, Vec<Figure>), String> {
             .unwrap_or_default();
         return Ok((bench, figs));
     }
-    let bench = detect(json).ok_or("not a result of `strata bench pager|remote|stream|gpu-micro|graph|embed`")?;
+    let bench = detect(json)
+        .ok_or("not a result of `strata bench pager|remote|stream|gpu-micro|graph|embed`")?;
     Ok((bench.to_string(), figures(bench, json)))
 }
 
@@ -234,11 +300,17 @@ pub struct Compared {
 pub fn compare(old: &[Figure], new: &[Figure]) -> Vec<Compared> {
     let mut out = Vec::new();
     for n in new {
-        let Some(o) = old.iter().find(|o| o.name == n.name) else { continue };
+        let Some(o) = old.iter().find(|o| o.name == n.name) else {
+            continue;
+        };
         if o.value <= 0.0 || n.value <= 0.0 {
             continue;
         }
-        let better_by = if n.higher_is_better { n.value / o.value } else { o.value / n.value };
+        let better_by = if n.higher_is_better {
+            n.value / o.value
+        } else {
+            o.value / n.value
+        };
         let spread = match (o.spread, n.spread) {
             (None, None) => DEFAULT_SPREAD,
             (a, b) => a.unwrap_or(0.0).max(b.unwrap_or(0.0)),
@@ -257,22 +329,47 @@ pub fn compare(old: &[Figure], new: &[Figure]) -> Vec<Compared> {
 }
 
 /// The comparison as a table, with a summary line.
-pub fn table(old_label: &str, new_label: &str, rows: &[Compared], only_old: usize, only_new: usize) -> String {
+pub fn table(
+    old_label: &str,
+    new_label: &str,
+    rows: &[Compared],
+    only_old: usize,
+    only_new: usize,
+) -> String {
     let mut s = String::new();
     let width = rows.iter().map(|r| r.name.len()).max().unwrap_or(6).max(6);
-    let _ = writeln!(s, "{:<width$} {:>12} {:>12} {:>6}  {:>7}  {:>6}", "figure", "old", "new", "unit", "new/old", "spread");
+    let _ = writeln!(
+        s,
+        "{:<width$} {:>12} {:>12} {:>6}  {:>7}  {:>6}",
+        "figure", "old", "new", "unit", "new/old", "spread"
+    );
     for r in rows {
-        let flag = if r.dropped { "  DROP beyond spread" } else if r.better_by > 1.0 + r.spread { "  gain beyond spread" } else { "" };
+        let flag = if r.dropped {
+            "  DROP beyond spread"
+        } else if r.better_by > 1.0 + r.spread {
+            "  gain beyond spread"
+        } else {
+            ""
+        };
         let _ = writeln!(
             s,
             "{:<width$} {:>12.3} {:>12.3} {:>6}  {:>6.3}x  {:>5.0}%{flag}",
-            r.name, r.old, r.new, r.unit, r.better_by, r.spread * 100.0
+            r.name,
+            r.old,
+            r.new,
+            r.unit,
+            r.better_by,
+            r.spread * 100.0
         );
     }
     let drops = rows.iter().filter(|r| r.dropped).count();
     let mut logs: Vec<f64> = rows.iter().map(|r| r.better_by.ln()).collect();
     logs.sort_by(f64::total_cmp);
-    let geo = if logs.is_empty() { 1.0 } else { (logs.iter().sum::<f64>() / logs.len() as f64).exp() };
+    let geo = if logs.is_empty() {
+        1.0
+    } else {
+        (logs.iter().sum::<f64>() / logs.len() as f64).exp()
+    };
     let _ = writeln!(
         s,
         "{} figures in both ({only_old} only in {old_label}, {only_new} only in {new_label}); geometric mean new/old (above 1 = better) {geo:.3}; {drops} dropped beyond their run-to-run spread (default {:.0}% where a file records none)",
@@ -292,14 +389,27 @@ mod tests {
 
     #[test]
     fn drops_beyond_the_spread_are_flagged_and_times_invert() {
-        let old = [f("a", 100.0, Some(0.05), true), f("b", 100.0, None, true), f("t", 10.0, Some(0.02), false), f("gone", 1.0, None, true)];
-        let new = [f("a", 90.0, Some(0.04), true), f("b", 95.0, None, true), f("t", 12.0, Some(0.02), false), f("fresh", 1.0, None, true)];
+        let old = [
+            f("a", 100.0, Some(0.05), true),
+            f("b", 100.0, None, true),
+            f("t", 10.0, Some(0.02), false),
+            f("gone", 1.0, None, true),
+        ];
+        let new = [
+            f("a", 90.0, Some(0.04), true),
+            f("b", 95.0, None, true),
+            f("t", 12.0, Some(0.02), false),
+            f("fresh", 1.0, None, true),
+        ];
         let c = compare(&old, &new);
         assert_eq!(c.len(), 3);
         let a = &c[0];
         assert!(a.dropped && (a.better_by - 0.9).abs() < 1e-9 && (a.spread - 0.05).abs() < 1e-12);
         assert!(!c[1].dropped, "5% is within the default 10%");
-        assert!(c[2].dropped && (c[2].better_by - 10.0 / 12.0).abs() < 1e-9, "a slower time is a drop");
+        assert!(
+            c[2].dropped && (c[2].better_by - 10.0 / 12.0).abs() < 1e-9,
+            "a slower time is a drop"
+        );
         let t = table("old", "new", &c, 1, 1);
         assert!(t.contains("DROP") && t.contains("2 dropped"), "{t}");
     }
@@ -312,7 +422,10 @@ mod tests {
         let (bench, figs) = figures_of(&pager).unwrap();
         assert_eq!(bench, "pager");
         assert_eq!(figs.len(), 2);
-        assert!((figs[0].value - 200.0).abs() < 1e-9 && figs[0].spread.is_some_and(|s| (s - 0.2).abs() < 1e-9));
+        assert!(
+            (figs[0].value - 200.0).abs() < 1e-9
+                && figs[0].spread.is_some_and(|s| (s - 0.2).abs() < 1e-9)
+        );
         let micro = serde_json::json!([{"pattern": "stream-read", "page_size": 65536, "policy": "clock", "ratio": 2,
             "unit": "GB/s", "strata": {"rate": 10.0, "median_ms": 1.0}, "zero_copy": null}]);
         assert_eq!(figures_of(&micro).unwrap().1.len(), 1);

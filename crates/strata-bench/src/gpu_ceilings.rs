@@ -4,7 +4,9 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use strata_gpu::driver::{Args, DeviceBuffer, DriverError, Event, Function, Gpu, MappedHostBuffer, Module};
+use strata_gpu::driver::{
+    Args, DeviceBuffer, DriverError, Event, Function, Gpu, MappedHostBuffer, Module,
+};
 
 use crate::ceilings::{CEILING_KERNELS_CU, Probe};
 
@@ -28,7 +30,10 @@ const GATHER_FRAMES_BYTES: usize = 256 << 20;
 /// Random 8-byte reads per gather run.
 const GATHERS: u64 = 1 << 24;
 
-fn median_ms(gpu: &Arc<Gpu>, mut run: impl FnMut() -> Result<(), DriverError>) -> Result<f64, DriverError> {
+fn median_ms(
+    gpu: &Arc<Gpu>,
+    mut run: impl FnMut() -> Result<(), DriverError>,
+) -> Result<f64, DriverError> {
     let (a, b) = (Event::new(gpu)?, Event::new(gpu)?);
     run()?;
     gpu.synchronize()?;
@@ -50,7 +55,8 @@ fn launch_full(f: &Function, args: &Args) -> Result<(), DriverError> {
 /// Runs every GPU probe on GPU `ordinal`.
 pub fn measure(ordinal: usize) -> Result<BTreeMap<String, Probe>, GpuProbeError> {
     let gpu = Gpu::open(ordinal)?;
-    let cubin = strata_gpu::nvrtc::compile(CEILING_KERNELS_CU, "ceiling_kernels.cu", &gpu.arch(), &[])?;
+    let cubin =
+        strata_gpu::nvrtc::compile(CEILING_KERNELS_CU, "ceiling_kernels.cu", &gpu.arch(), &[])?;
     let module = Module::load(&gpu, &cubin)?;
     let stream_read = module.function("ceiling_stream_read")?;
     let page_gather = module.function("ceiling_page_gather")?;
@@ -65,12 +71,19 @@ pub fn measure(ordinal: usize) -> Result<BTreeMap<String, Probe>, GpuProbeError>
         *b = (i % 251) as u8;
     }
     let ms = median_ms(&gpu, || {
-        let args = Args::new().arg(host.device_ptr()).arg(STREAM_BYTES as u64).arg(sink.ptr());
+        let args = Args::new()
+            .arg(host.device_ptr())
+            .arg(STREAM_BYTES as u64)
+            .arg(sink.ptr());
         launch_full(&stream_read, &args)
     })?;
     out.insert(
         "pcie-read-sm".into(),
-        Probe { value: Some(gbs(STREAM_BYTES, ms)), unit: "GB/s".into(), note: "SMs stream 1 GiB of pinned host memory (zero-copy)".into() },
+        Probe {
+            value: Some(gbs(STREAM_BYTES, ms)),
+            unit: "GB/s".into(),
+            note: "SMs stream 1 GiB of pinned host memory (zero-copy)".into(),
+        },
     );
 
     let device = DeviceBuffer::zeroed(&gpu, STREAM_BYTES)?;
@@ -80,7 +93,11 @@ pub fn measure(ordinal: usize) -> Result<BTreeMap<String, Probe>, GpuProbeError>
     })?;
     out.insert(
         "pcie-read-copy-engine".into(),
-        Probe { value: Some(gbs(STREAM_BYTES, ms)), unit: "GB/s".into(), note: "cuMemcpyHtoD of 1 GiB from pinned memory".into() },
+        Probe {
+            value: Some(gbs(STREAM_BYTES, ms)),
+            unit: "GB/s".into(),
+            note: "cuMemcpyHtoD of 1 GiB from pinned memory".into(),
+        },
     );
 
     let frames = DeviceBuffer::zeroed(&gpu, GATHER_FRAMES_BYTES)?;
@@ -102,22 +119,36 @@ pub fn measure(ordinal: usize) -> Result<BTreeMap<String, Probe>, GpuProbeError>
             Probe {
                 value: Some(mps(count, ms)),
                 unit: "Mpages/s".into(),
-                note: format!("one warp per random {} KiB page, pinned host -> device", page >> 10),
+                note: format!(
+                    "one warp per random {} KiB page, pinned host -> device",
+                    page >> 10
+                ),
             },
         );
     }
 
     let ms = median_ms(&gpu, || {
-        let args = Args::new().arg(device.ptr()).arg(STREAM_BYTES as u64).arg(sink.ptr());
+        let args = Args::new()
+            .arg(device.ptr())
+            .arg(STREAM_BYTES as u64)
+            .arg(sink.ptr());
         launch_full(&stream_read, &args)
     })?;
     out.insert(
         "hbm-read".into(),
-        Probe { value: Some(gbs(STREAM_BYTES, ms)), unit: "GB/s".into(), note: "SMs stream 1 GiB of device memory".into() },
+        Probe {
+            value: Some(gbs(STREAM_BYTES, ms)),
+            unit: "GB/s".into(),
+            note: "SMs stream 1 GiB of device memory".into(),
+        },
     );
     for (name, ptr, what) in [
         ("hbm-random-gather", device.ptr(), "device memory"),
-        ("zero-copy-random-gather", host.device_ptr(), "pinned host memory"),
+        (
+            "zero-copy-random-gather",
+            host.device_ptr(),
+            "pinned host memory",
+        ),
     ] {
         let ms = median_ms(&gpu, || {
             let args = Args::new()
@@ -130,7 +161,11 @@ pub fn measure(ordinal: usize) -> Result<BTreeMap<String, Probe>, GpuProbeError>
         })?;
         out.insert(
             name.into(),
-            Probe { value: Some(mps(GATHERS, ms)), unit: "Mgathers/s".into(), note: format!("random 8-byte reads of 1 GiB of {what}") },
+            Probe {
+                value: Some(mps(GATHERS, ms)),
+                unit: "Mgathers/s".into(),
+                note: format!("random 8-byte reads of 1 GiB of {what}"),
+            },
         );
     }
     let peers = strata_gpu::probe::gpus()
@@ -141,8 +176,17 @@ pub fn measure(ordinal: usize) -> Result<BTreeMap<String, Probe>, GpuProbeError>
     let why = if peers.is_empty() {
         "no peer GPU".to_string()
     } else {
-        format!("peers {peers:?} present, but strata-gpu's driver wrappers offer no peer access yet")
+        format!(
+            "peers {peers:?} present, but strata-gpu's driver wrappers offer no peer access yet"
+        )
     };
-    out.insert("peer-read".into(), Probe { value: None, unit: "GB/s".into(), note: format!("skipped: {why}") });
+    out.insert(
+        "peer-read".into(),
+        Probe {
+            value: None,
+            unit: "GB/s".into(),
+            note: format!("skipped: {why}"),
+        },
+    );
     Ok(out)
 }

@@ -90,7 +90,6 @@ pub struct Row {
     pub stats: GpuStats,
 }
 
-
 struct Kernels {
     _module: strata_gpu::space::KernelModule,
     s_stream: Function,
@@ -740,7 +739,12 @@ pub fn format_row(r: &Row) -> String {
         fmt_opt(r.chunked_copy, r.strata.rate),
         fmt_opt(r.uvm, r.strata.rate),
         if r.ceiling > 0.0 {
-            format!("{:>5.1}% of {:.1} {}", r.strata.rate / r.ceiling * 100.0, r.ceiling, r.ceiling_name)
+            format!(
+                "{:>5.1}% of {:.1} {}",
+                r.strata.rate / r.ceiling * 100.0,
+                r.ceiling,
+                r.ceiling_name
+            )
         } else {
             format!("no ceiling ({})", r.ceiling_name)
         },
@@ -809,7 +813,8 @@ pub fn run_micro(opts: &MicroOptions) -> Result<Vec<Row>, SpaceError> {
 /// rate over zero-copy's, chunked copies' and UVM's, and as a fraction of this machine's
 /// ceiling for the pattern.
 pub fn chart(rows: &[Row], record: &crate::record::Record) -> crate::plot::Chart {
-    let over = |m: Option<Measure>, r: &Row| m.filter(|m| m.rate > 0.0).map(|m| r.strata.rate / m.rate);
+    let over =
+        |m: Option<Measure>, r: &Row| m.filter(|m| m.rate > 0.0).map(|m| r.strata.rate / m.rate);
     let groups = rows
         .iter()
         .map(|r| crate::plot::Group {
@@ -819,9 +824,16 @@ pub fn chart(rows: &[Row], record: &crate::record::Record) -> crate::plot::Chart
                 strata_core::units::format_size(r.page_size).replace(' ', ""),
                 r.ratio
             ),
-            speedups: vec![over(r.zero_copy, r), over(r.chunked_copy, r), over(r.uvm, r)],
+            speedups: vec![
+                over(r.zero_copy, r),
+                over(r.chunked_copy, r),
+                over(r.uvm, r),
+            ],
             ceiling: (r.ceiling > 0.0).then(|| {
-                (r.strata.rate / r.ceiling, format!("{:.1} {} {}", r.ceiling, r.unit, r.ceiling_name))
+                (
+                    r.strata.rate / r.ceiling,
+                    format!("{:.1} {} {}", r.ceiling, r.unit, r.ceiling_name),
+                )
             }),
         })
         .collect();
@@ -908,16 +920,33 @@ mod tests {
         let record = crate::record::Record::new(
             "gpu-micro",
             None,
-            crate::record::CeilingsUsed { source: "test".into(), values: None },
+            crate::record::CeilingsUsed {
+                source: "test".into(),
+                values: None,
+            },
             serde_json::json!({ "rows": [&r] }),
         );
         let c = chart(&[r], &record);
         let g = &c.groups[0];
-        assert!(g.speedups[0].is_some_and(|v| (v - 0.24).abs() < 1e-9), "{:?}", g.speedups);
+        assert!(
+            g.speedups[0].is_some_and(|v| (v - 0.24).abs() < 1e-9),
+            "{:?}",
+            g.speedups
+        );
         assert_eq!(g.speedups[1], None);
-        assert!(g.ceiling.as_ref().is_some_and(|(f, _)| (f - 0.2).abs() < 1e-9));
-        assert_eq!(record.figures.len(), 2, "strata and zero-copy rates: {:?}", record.figures);
-        let base = std::env::temp_dir().join(format!("strata-gpu-micro-chart-{}", std::process::id()));
+        assert!(
+            g.ceiling
+                .as_ref()
+                .is_some_and(|(f, _)| (f - 0.2).abs() < 1e-9)
+        );
+        assert_eq!(
+            record.figures.len(),
+            2,
+            "strata and zero-copy rates: {:?}",
+            record.figures
+        );
+        let base =
+            std::env::temp_dir().join(format!("strata-gpu-micro-chart-{}", std::process::id()));
         let (svg, png) = crate::plot::write(&c, &base).unwrap();
         assert!(std::fs::read_to_string(&svg).unwrap().contains("0.24x"));
         std::fs::remove_file(svg).unwrap();

@@ -309,7 +309,9 @@ impl BenchPlan {
     /// least one page size, filler, thread, access pattern and policy.
     pub fn check(&self) -> Result<(), BenchError> {
         if self.page_sizes.is_empty() {
-            return Err(BenchError::Plan("--page-sizes needs at least one page size".into()));
+            return Err(BenchError::Plan(
+                "--page-sizes needs at least one page size".into(),
+            ));
         }
         if let Some(bad) = self
             .page_sizes
@@ -321,7 +323,9 @@ impl BenchPlan {
             )));
         }
         if self.fillers.is_empty() || self.fillers.contains(&0) {
-            return Err(BenchError::Plan("--fillers needs filler counts of at least 1".into()));
+            return Err(BenchError::Plan(
+                "--fillers needs filler counts of at least 1".into(),
+            ));
         }
         if self.threads == 0 {
             return Err(BenchError::Plan("--threads must be at least 1".into()));
@@ -555,7 +559,11 @@ impl Cgroup {
                 match made {
                     Ok(()) => {
                         let guard = crate::cleanup::Temporary::register(dir.clone());
-                        return Ok(Some(Self { dir, version: 2, _guard: guard }));
+                        return Ok(Some(Self {
+                            dir,
+                            version: 2,
+                            _guard: guard,
+                        }));
                     }
                     Err(e) => {
                         let _ = std::fs::remove_dir(&dir);
@@ -582,7 +590,11 @@ impl Cgroup {
             match made {
                 Ok(()) => {
                     let guard = crate::cleanup::Temporary::register(dir.clone());
-                    return Ok(Some(Self { dir, version: 1, _guard: guard }));
+                    return Ok(Some(Self {
+                        dir,
+                        version: 1,
+                        _guard: guard,
+                    }));
                 }
                 Err(e) => {
                     let _ = std::fs::remove_dir(&dir);
@@ -859,7 +871,10 @@ pub fn run(plan: &BenchPlan, log: &mut dyn FnMut(String)) -> Result<BenchResults
     }
     std::fs::create_dir_all(&plan.dir).map_err(io(format!("creating {}", plan.dir.display())))?;
     for stale in crate::cleanup::remove_stale(&plan.dir) {
-        log(format!("removed {} left by an earlier run that was killed", stale.display()));
+        log(format!(
+            "removed {} left by an earlier run that was killed",
+            stale.display()
+        ));
     }
     let guard = crate::cleanup::Temporary::register(crate::cleanup::temporary_name(
         &plan.dir, "pager", "bin",
@@ -1175,7 +1190,11 @@ pub fn chart(res: &BenchResults, record: &crate::record::Record) -> crate::plot:
             groups.push((r.access, r.page_bytes));
         }
     }
-    let disk = record.ceilings.values.as_ref().and_then(|c| c.get("disk-direct-read"));
+    let disk = record
+        .ceilings
+        .values
+        .as_ref()
+        .and_then(|c| c.get("disk-direct-read"));
     let groups = groups
         .into_iter()
         .map(|(access, page)| {
@@ -1186,10 +1205,17 @@ pub fn chart(res: &BenchResults, record: &crate::record::Record) -> crate::plot:
             };
             let file = best(&res.rows, "strata-file", access, page).map(|r| r.bytes_per_sec);
             crate::plot::Group {
-                label: format!("{}\n{} pages", format!("{access:?}").to_lowercase(), format_size(page)),
+                label: format!(
+                    "{}\n{} pages",
+                    format!("{access:?}").to_lowercase(),
+                    format_size(page)
+                ),
                 speedups: vec![over("strata-file"), over("strata-memory")],
                 ceiling: file.zip(disk).map(|(f, d)| {
-                    (f / (d * 1e9), format!("file store of {d:.2} GB/s disk O_DIRECT"))
+                    (
+                        f / (d * 1e9),
+                        format!("file store of {d:.2} GB/s disk O_DIRECT"),
+                    )
                 }),
             }
         })
@@ -1234,17 +1260,35 @@ mod tests {
 
     #[test]
     fn bad_page_sizes_are_clear_errors_before_anything_runs() {
-        for sizes in [vec![0], vec![], vec![4096, 0], vec![6 << 10], vec![4 << 20], vec![2048]] {
+        for sizes in [
+            vec![0],
+            vec![],
+            vec![4096, 0],
+            vec![6 << 10],
+            vec![4 << 20],
+            vec![2048],
+        ] {
             let mut log = |_: String| {};
             let err = run(&plan(sizes.clone()), &mut log).expect_err("refused");
             let text = err.to_string();
             assert!(text.contains("--page-sizes"), "{sizes:?}: {text}");
         }
-        assert!(!plan(vec![0]).dir.exists(), "nothing written for a refused plan");
+        assert!(
+            !plan(vec![0]).dir.exists(),
+            "nothing written for a refused plan"
+        );
         let mut zero_fillers = plan(vec![4096]);
         zero_fillers.fillers = vec![0];
-        assert!(zero_fillers.check().unwrap_err().to_string().contains("--fillers"));
-        plan(vec![4096, 64 << 10, 2 << 20]).check().expect("good sizes pass");
+        assert!(
+            zero_fillers
+                .check()
+                .unwrap_err()
+                .to_string()
+                .contains("--fillers")
+        );
+        plan(vec![4096, 64 << 10, 2 << 20])
+            .check()
+            .expect("good sizes pass");
     }
 
     #[test]

@@ -93,7 +93,10 @@ fn size_of(chart: &Chart) -> (u32, u32) {
 }
 
 fn err<E: std::fmt::Display>(path: &Path) -> impl Fn(E) -> PlotError + '_ {
-    move |e| PlotError::Draw { path: path.display().to_string(), message: e.to_string() }
+    move |e| PlotError::Draw {
+        path: path.display().to_string(),
+        message: e.to_string(),
+    }
 }
 
 /// Writes `chart` to `base.svg` and `base.png`; returns both paths.
@@ -130,10 +133,21 @@ fn fmt_speedup(v: f64) -> String {
 fn draw<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, chart: &Chart) -> DrawResult<DB> {
     root.fill(&WHITE)?;
     let (w, _) = root.dim_in_pixel();
-    let title = TextStyle::from(("sans-serif", 22).into_font()).pos(Pos::new(HPos::Center, VPos::Top));
-    root.draw(&Text::new(chart.title.clone(), (i32::try_from(w / 2).unwrap_or(0), 8), title))?;
-    let sub = TextStyle::from(("sans-serif", 13).into_font()).color(&RGBColor(90, 90, 90)).pos(Pos::new(HPos::Center, VPos::Top));
-    root.draw(&Text::new(chart.subtitle.clone(), (i32::try_from(w / 2).unwrap_or(0), 36), sub))?;
+    let title =
+        TextStyle::from(("sans-serif", 22).into_font()).pos(Pos::new(HPos::Center, VPos::Top));
+    root.draw(&Text::new(
+        chart.title.clone(),
+        (i32::try_from(w / 2).unwrap_or(0), 8),
+        title,
+    ))?;
+    let sub = TextStyle::from(("sans-serif", 13).into_font())
+        .color(&RGBColor(90, 90, 90))
+        .pos(Pos::new(HPos::Center, VPos::Top));
+    root.draw(&Text::new(
+        chart.subtitle.clone(),
+        (i32::try_from(w / 2).unwrap_or(0), 36),
+        sub,
+    ))?;
     let body = root.margin(58, 10, 10, 10);
     let (top, bottom) = body.split_vertically(body.dim_in_pixel().1 * 62 / 100);
     speedup_panel(&top, chart)?;
@@ -142,27 +156,45 @@ fn draw<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, chart: &Chart) -> Dra
 }
 
 fn group_labels<DB: DrawingBackend>(
-    area: &DrawingArea<DB, Cartesian2d<plotters::coord::types::RangedCoordf64, impl Ranged<ValueType = f64>>>,
+    area: &DrawingArea<
+        DB,
+        Cartesian2d<plotters::coord::types::RangedCoordf64, impl Ranged<ValueType = f64>>,
+    >,
     chart: &Chart,
     y: f64,
 ) -> DrawResult<DB> {
-    let style = TextStyle::from(("sans-serif", 12).into_font()).pos(Pos::new(HPos::Center, VPos::Top));
+    let style =
+        TextStyle::from(("sans-serif", 12).into_font()).pos(Pos::new(HPos::Center, VPos::Top));
     for (i, g) in chart.groups.iter().enumerate() {
         for (line_no, line) in g.label.lines().enumerate() {
             let dy = i32::try_from(line_no).unwrap_or(0) * 14 + 6;
-            area.draw(&(EmptyElement::at((i as f64 + 0.5, y)) + Text::new(line.to_string(), (0, dy), style.clone())))?;
+            area.draw(
+                &(EmptyElement::at((i as f64 + 0.5, y))
+                    + Text::new(line.to_string(), (0, dy), style.clone())),
+            )?;
         }
     }
     Ok(())
 }
 
-fn speedup_panel<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, chart: &Chart) -> DrawResult<DB> {
-    let values: Vec<f64> = chart.groups.iter().flat_map(|g| g.speedups.iter().flatten().copied()).filter(|v| *v > 0.0).collect();
+fn speedup_panel<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    chart: &Chart,
+) -> DrawResult<DB> {
+    let values: Vec<f64> = chart
+        .groups
+        .iter()
+        .flat_map(|g| g.speedups.iter().flatten().copied())
+        .filter(|v| *v > 0.0)
+        .collect();
     let lo = values.iter().copied().fold(1.0f64, f64::min) / 1.6;
     let hi = values.iter().copied().fold(1.0f64, f64::max) * 1.6;
     let n = chart.groups.len().max(1) as f64;
     let mut c = ChartBuilder::on(area)
-        .caption("Strata's speed-up over each baseline (above 1: Strata faster; log scale)", ("sans-serif", 16))
+        .caption(
+            "Strata's speed-up over each baseline (above 1: Strata faster; log scale)",
+            ("sans-serif", 16),
+        )
         .margin_right(20)
         .x_label_area_size(40)
         .y_label_area_size(70)
@@ -189,11 +221,16 @@ fn speedup_panel<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, chart: &Char
                 c.draw_series(std::iter::once(Text::new(
                     "n/a",
                     (x0 + bar / 2.0, 1.0),
-                    TextStyle::from(("sans-serif", 10).into_font()).color(&RGBColor(120, 120, 120)).pos(Pos::new(HPos::Center, VPos::Bottom)),
+                    TextStyle::from(("sans-serif", 10).into_font())
+                        .color(&RGBColor(120, 120, 120))
+                        .pos(Pos::new(HPos::Center, VPos::Bottom)),
                 )))?;
                 continue;
             };
-            c.draw_series(std::iter::once(Rectangle::new([(x0, 1.0), (x0 + bar * 0.9, v)], color.filled())))?;
+            c.draw_series(std::iter::once(Rectangle::new(
+                [(x0, 1.0), (x0 + bar * 0.9, v)],
+                color.filled(),
+            )))?;
             let vpos = if v >= 1.0 { VPos::Bottom } else { VPos::Top };
             c.draw_series(std::iter::once(Text::new(
                 fmt_speedup(v),
@@ -202,9 +239,12 @@ fn speedup_panel<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, chart: &Char
             )))?;
         }
     }
-    c.draw_series(LineSeries::new([(0.0, 1.0), (n, 1.0)], BLACK.stroke_width(2)))?
-        .label("1.0 = same speed as the baseline")
-        .legend(|(x, y)| PathElement::new([(x, y), (x + 18, y)], BLACK.stroke_width(2)));
+    c.draw_series(LineSeries::new(
+        [(0.0, 1.0), (n, 1.0)],
+        BLACK.stroke_width(2),
+    ))?
+    .label("1.0 = same speed as the baseline")
+    .legend(|(x, y)| PathElement::new([(x, y), (x + 18, y)], BLACK.stroke_width(2)));
     for (bi, name) in chart.baselines.iter().enumerate() {
         let color = COLORS[bi % COLORS.len()];
         c.draw_series(std::iter::empty::<Rectangle<(f64, f64)>>())?
@@ -221,24 +261,41 @@ fn speedup_panel<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, chart: &Char
     Ok(())
 }
 
-fn ceiling_panel<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, chart: &Chart) -> DrawResult<DB> {
+fn ceiling_panel<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    chart: &Chart,
+) -> DrawResult<DB> {
     if let Some(why) = &chart.no_ceilings {
         let (w, h) = area.dim_in_pixel();
-        let style = TextStyle::from(("sans-serif", 15).into_font()).pos(Pos::new(HPos::Center, VPos::Center));
+        let style = TextStyle::from(("sans-serif", 15).into_font())
+            .pos(Pos::new(HPos::Center, VPos::Center));
         area.draw(&Text::new(
             format!("fraction of the machine's ceiling: not shown ({why})"),
-            (i32::try_from(w / 2).unwrap_or(0), i32::try_from(h / 2).unwrap_or(0)),
+            (
+                i32::try_from(w / 2).unwrap_or(0),
+                i32::try_from(h / 2).unwrap_or(0),
+            ),
             style,
         ))?;
         return Ok(());
     }
     let n = chart.groups.len().max(1) as f64;
-    let top = chart.groups.iter().filter_map(|g| g.ceiling.as_ref().map(|c| c.0)).fold(1.0f64, f64::max) * 1.2;
-    let mut names = chart.groups.iter().filter_map(|g| g.ceiling.as_ref().map(|c| c.1.as_str()));
+    let top = chart
+        .groups
+        .iter()
+        .filter_map(|g| g.ceiling.as_ref().map(|c| c.0))
+        .fold(1.0f64, f64::max)
+        * 1.2;
+    let mut names = chart
+        .groups
+        .iter()
+        .filter_map(|g| g.ceiling.as_ref().map(|c| c.1.as_str()));
     let first = names.next();
     let common = first.filter(|f| names.all(|n| n == *f));
     let caption = match common {
-        Some(what) => format!("Strata's rate as a fraction of the ceiling measured on this machine: {what}"),
+        Some(what) => {
+            format!("Strata's rate as a fraction of the ceiling measured on this machine: {what}")
+        }
         None => "Strata's rate as a fraction of the ceiling measured on this machine".to_string(),
     };
     let mut c = ChartBuilder::on(area)
@@ -258,13 +315,19 @@ fn ceiling_panel<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, chart: &Char
         .draw()?;
     c.draw_series(LineSeries::new([(0.0, 1.0), (n, 1.0)], RED.stroke_width(1)))?;
     for (gi, g) in chart.groups.iter().enumerate() {
-        let Some((f, what)) = &g.ceiling else { continue };
+        let Some((f, what)) = &g.ceiling else {
+            continue;
+        };
         let x0 = gi as f64 + 0.25;
-        c.draw_series(std::iter::once(Rectangle::new([(x0, 0.0), (x0 + 0.5, *f)], RGBColor(100, 100, 100).filled())))?;
+        c.draw_series(std::iter::once(Rectangle::new(
+            [(x0, 0.0), (x0 + 0.5, *f)],
+            RGBColor(100, 100, 100).filled(),
+        )))?;
         c.draw_series(std::iter::once(Text::new(
             format!("{:.0}%", f * 100.0),
             (x0 + 0.25, *f),
-            TextStyle::from(("sans-serif", 11).into_font()).pos(Pos::new(HPos::Center, VPos::Bottom)),
+            TextStyle::from(("sans-serif", 11).into_font())
+                .pos(Pos::new(HPos::Center, VPos::Bottom)),
         )))?;
         if common.is_some() || *f < top * 0.45 {
             // Named in the caption, or too short a bar to hold its name: the name goes above.
@@ -307,8 +370,16 @@ mod tests {
             subtitle: "machine x, commit y".into(),
             baselines: vec!["zero-copy".into(), "UVM".into()],
             groups: vec![
-                Group { label: "stream-read\nx1".into(), speedups: vec![Some(0.24), Some(3.5)], ceiling: Some((0.64, "51.4 GB/s pcie-read-sm".into())) },
-                Group { label: "gather\nx2".into(), speedups: vec![Some(12.0), None], ceiling: None },
+                Group {
+                    label: "stream-read\nx1".into(),
+                    speedups: vec![Some(0.24), Some(3.5)],
+                    ceiling: Some((0.64, "51.4 GB/s pcie-read-sm".into())),
+                },
+                Group {
+                    label: "gather\nx2".into(),
+                    speedups: vec![Some(12.0), None],
+                    ceiling: None,
+                },
             ],
             no_ceilings: None,
             mark_missing: true,
@@ -316,12 +387,24 @@ mod tests {
         let base = std::env::temp_dir().join(format!("strata-plot-test-{}", std::process::id()));
         let (svg, png) = write(&chart, &base).expect("drawn");
         let text = std::fs::read_to_string(&svg).unwrap();
-        for needle in ["0.24x", "3.50x", "12.0x", "64%", "stream-read", "vs zero-copy", "n/a"] {
+        for needle in [
+            "0.24x",
+            "3.50x",
+            "12.0x",
+            "64%",
+            "stream-read",
+            "vs zero-copy",
+            "n/a",
+        ] {
             assert!(text.contains(needle), "{needle} missing from the SVG");
         }
         let bytes = std::fs::read(&png).unwrap();
         assert_eq!(&bytes[..4], b"\x89PNG");
-        assert!(bytes.len() > 10_000, "a PNG with text and bars, {} bytes", bytes.len());
+        assert!(
+            bytes.len() > 10_000,
+            "a PNG with text and bars, {} bytes",
+            bytes.len()
+        );
         std::fs::remove_file(svg).unwrap();
         if std::env::var_os("STRATA_KEEP_PLOTS").is_none() {
             std::fs::remove_file(png).unwrap();

@@ -102,7 +102,9 @@ pub enum RecordError {
         source: std::io::Error,
     },
     /// JSON.
-    #[error("{path}: not a benchmark result ({source}); give a JSON file written by `strata bench ...`")]
+    #[error(
+        "{path}: not a benchmark result ({source}); give a JSON file written by `strata bench ...`"
+    )]
     Json {
         /// The file.
         path: String,
@@ -123,7 +125,11 @@ impl Machine {
     pub fn this() -> Self {
         let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
         let memory_kib = first_line_after(&read("/proc/meminfo"), "MemTotal")
-            .and_then(|v| v.split_whitespace().next().and_then(|n| n.parse::<u64>().ok()))
+            .and_then(|v| {
+                v.split_whitespace()
+                    .next()
+                    .and_then(|n| n.parse::<u64>().ok())
+            })
             .unwrap_or(0);
         Self {
             hostname: read("/proc/sys/kernel/hostname").trim().to_string(),
@@ -190,14 +196,16 @@ impl Record {
 
     /// One line for a plot: where and from what it was measured.
     pub fn subtitle(&self) -> String {
-        let device = self
-            .device
-            .as_ref()
-            .map_or(String::new(), |d| format!(", {} (driver {})", d.name, d.driver));
+        let device = self.device.as_ref().map_or(String::new(), |d| {
+            format!(", {} (driver {})", d.name, d.driver)
+        });
         let commit: String = self.commit.chars().take(10).collect();
         format!(
             "{} ({} CPUs, Linux {}){device}, commit {commit}; ceilings: {}",
-            self.machine.hostname, self.machine.cpus, self.machine.kernel_release, self.ceilings.source
+            self.machine.hostname,
+            self.machine.cpus,
+            self.machine.kernel_release,
+            self.ceilings.source
         )
     }
 

@@ -36,7 +36,8 @@ fn ending_set() -> libc::sigset_t {
 pub fn wait_for_ending_signal(on_signal: impl FnOnce(i32) + Send + 'static) -> std::io::Result<()> {
     let set = ending_set();
     // SAFETY: `set` is initialised; a null old-mask pointer is allowed.
-    let rc = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &raw const set, std::ptr::null_mut()) };
+    let rc =
+        unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &raw const set, std::ptr::null_mut()) };
     if rc != 0 {
         return Err(std::io::Error::from_raw_os_error(rc));
     }

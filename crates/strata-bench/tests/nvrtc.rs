@@ -14,7 +14,9 @@ fn nvrtc_or_skip() -> bool {
         std::env::var_os("CI").is_none(),
         "CI is set but NVRTC could not be loaded: install the nvidia-cuda-nvrtc 13.0 wheel and put its nvidia/cu13/lib directory on LD_LIBRARY_PATH"
     );
-    eprintln!("skipped: NVRTC not found (set LD_LIBRARY_PATH to the nvidia-cuda-nvrtc wheel's lib dir)");
+    eprintln!(
+        "skipped: NVRTC not found (set LD_LIBRARY_PATH to the nvidia-cuda-nvrtc wheel's lib dir)"
+    );
     false
 }
 
@@ -41,7 +43,11 @@ fn benchmark_and_probe_kernels_compile_for_sm90() {
         (
             "ceiling_kernels.cu",
             CEILING_KERNELS_CU,
-            &["ceiling_stream_read", "ceiling_page_gather", "ceiling_random_gather"][..],
+            &[
+                "ceiling_stream_read",
+                "ceiling_page_gather",
+                "ceiling_random_gather",
+            ][..],
         ),
     ] {
         let cubin = nvrtc::compile(src, name, "sm_90", &[])

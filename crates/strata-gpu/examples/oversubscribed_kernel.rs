@@ -36,7 +36,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     })?;
     let module = strata.compile(KERNEL, "scale.cu")?;
     let scale = module.function("scale")?;
-    scale.launch(scale.full_grid(256)?, &Args::new().arg(space.handle()).arg(n).arg(2.0f64))?;
+    scale.launch(
+        scale.full_grid(256)?,
+        &Args::new().arg(space.handle()).arg(n).arg(2.0f64),
+    )?;
     space.check_errors()?;
     let mut tail = vec![0f64; 1024];
     space.read_back((n - 1024) * 8, &mut tail)?;

@@ -5,8 +5,8 @@
 //! Run: `cargo run --release -p strata-net --example remote_lz4_region` (needs UCX and
 //! userfaultfd).
 
-use strata_core::config::{CodecKind, StoreConfig, StoreKind};
 use strata_core::PagerConfig;
+use strata_core::config::{CodecKind, StoreConfig, StoreKind};
 use strata_net::{MemoryNode, ServeOptions};
 use strata_pager::Region;
 

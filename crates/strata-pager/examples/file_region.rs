@@ -10,9 +10,10 @@ use strata_core::{FileStore, PagerConfig, Store};
 use strata_pager::Region;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let path = std::env::args()
-        .nth(1)
-        .map_or_else(|| std::env::temp_dir().join("strata-example-region.bin"), Into::into);
+    let path = std::env::args().nth(1).map_or_else(
+        || std::env::temp_dir().join("strata-example-region.bin"),
+        Into::into,
+    );
     let size: u64 = 64 << 20;
     let store: Arc<dyn Store> = Arc::new(FileStore::create(&path, size)?);
     let config = PagerConfig::builder()
@@ -34,8 +35,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     region.unmap().map_err(|e| e.error)?;
     let bytes = std::fs::read(&path)?;
     let last = u64::from_ne_bytes(bytes[bytes.len() - 8..].try_into()?);
-    assert_eq!(last, (size / 8 - 1) * 3, "the file holds what the program wrote");
-    println!("the file {} holds the data (last word {last})", path.display());
+    assert_eq!(
+        last,
+        (size / 8 - 1) * 3,
+        "the file holds what the program wrote"
+    );
+    println!(
+        "the file {} holds the data (last word {last})",
+        path.display()
+    );
     std::fs::remove_file(&path)?;
     Ok(())
 }

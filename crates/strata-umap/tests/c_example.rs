@@ -18,7 +18,10 @@ fn c_example_builds_and_runs() {
         .into_iter()
         .find(|d| d.join("libstrata_umap.so").exists())
     else {
-        assert!(!in_ci, "libstrata_umap.so was not built next to the test binary");
+        assert!(
+            !in_ci,
+            "libstrata_umap.so was not built next to the test binary"
+        );
         return eprintln!("SKIPPED: libstrata_umap.so not built");
     };
     let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -36,7 +39,11 @@ fn c_example_builds_and_runs() {
         .arg(&bin)
         .output()
         .expect("gcc runs");
-    assert!(gcc.status.success(), "gcc failed:\n{}", String::from_utf8_lossy(&gcc.stderr));
+    assert!(
+        gcc.status.success(),
+        "gcc failed:\n{}",
+        String::from_utf8_lossy(&gcc.stderr)
+    );
     let run = Command::new(&bin)
         .arg(work.join("data.bin"))
         .env("UMAP_PAGESIZE", "65536")

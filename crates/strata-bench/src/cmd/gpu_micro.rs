@@ -81,6 +81,11 @@ pub fn micro(args: &GpuMicroArgs) -> anyhow::Result<()> {
     let json = args.out.with_extension("json");
     record.write(&json)?;
     let (svg, png) = crate::plot::write(&chart(&rows, &record), &args.out)?;
-    println!("wrote {}, {} and {}", json.display(), svg.display(), png.display());
+    println!(
+        "wrote {}, {} and {}",
+        json.display(),
+        svg.display(),
+        png.display()
+    );
     Ok(())
 }

@@ -33,7 +33,11 @@ pub struct CeilingsArgs {
 
 /// Runs `strata bench ceilings`.
 pub fn ceilings(args: &CeilingsArgs) -> anyhow::Result<()> {
-    let device = if args.no_gpu { None } else { record::Device::of(0) };
+    let device = if args.no_gpu {
+        None
+    } else {
+        record::Device::of(0)
+    };
     let key = ceilings::key(device.as_ref());
     if args.show {
         let (c, path) = ceilings::cached(&key)?.ok_or_else(|| {
@@ -56,7 +60,10 @@ pub fn ceilings(args: &CeilingsArgs) -> anyhow::Result<()> {
     let c = ceilings::measure(&opts, &mut |line| eprintln!("{line}"));
     print!("{}", c.table());
     let path = ceilings::store(&c)?;
-    println!("cached in {}; every benchmark on this host and device now reports its fraction of these", path.display());
+    println!(
+        "cached in {}; every benchmark on this host and device now reports its fraction of these",
+        path.display()
+    );
     Ok(())
 }
 
@@ -85,10 +92,23 @@ pub fn compare(args: &CompareArgs) -> anyhow::Result<()> {
         args.new.display()
     );
     let rows = compare::compare(&old, &new);
-    let only_old = old.iter().filter(|o| !new.iter().any(|n| n.name == o.name)).count();
-    let only_new = new.iter().filter(|n| !old.iter().any(|o| o.name == n.name)).count();
-    println!("strata bench compare: {old_bench}, {} -> {}", args.old.display(), args.new.display());
-    print!("{}", compare::table("old", "new", &rows, only_old, only_new));
+    let only_old = old
+        .iter()
+        .filter(|o| !new.iter().any(|n| n.name == o.name))
+        .count();
+    let only_new = new
+        .iter()
+        .filter(|n| !old.iter().any(|o| o.name == n.name))
+        .count();
+    println!(
+        "strata bench compare: {old_bench}, {} -> {}",
+        args.old.display(),
+        args.new.display()
+    );
+    print!(
+        "{}",
+        compare::table("old", "new", &rows, only_old, only_new)
+    );
     if args.fail_on_drop && rows.iter().any(|r| r.dropped) {
         anyhow::bail!("figures dropped beyond their run-to-run spread");
     }

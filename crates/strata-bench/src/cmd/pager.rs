@@ -5,11 +5,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::pager::{self as pbench, Access, BenchPlan, ExtraStore, LimitMethod};
+use crate::record::Record;
 use anyhow::Context;
 use strata_core::config::{CodecKind, StoreConfig, StoreKind};
 use strata_core::{PagerConfig, Store, format_size, parse_size};
-use crate::record::Record;
-use crate::pager::{self as pbench, Access, BenchPlan, ExtraStore, LimitMethod};
 use strata_pager::stream::{StreamConfig, StreamReport, run_stream, run_stream_raw};
 use strata_pager::{EvictionPolicy, Region};
 
@@ -491,6 +491,11 @@ pub fn bench(args: &PagerBenchArgs) -> anyhow::Result<()> {
         .write(&args.json)
         .with_context(|| format!("writing {}", args.json.display()))?;
     let (svg, png) = crate::plot::write(&pbench::chart(&results, &record), &args.svg)?;
-    println!("wrote {}, {} and {}", args.json.display(), svg.display(), png.display());
+    println!(
+        "wrote {}, {} and {}",
+        args.json.display(),
+        svg.display(),
+        png.display()
+    );
     Ok(())
 }

@@ -6,11 +6,11 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use crate::net::{PageData, Throughput, loopback_tcp_ceiling, median, page_throughput};
 use anyhow::Context as _;
 use strata_codec::CompressedStore;
 use strata_core::config::{CodecKind, StoreConfig};
 use strata_core::{MemoryStore, PagerConfig, Store, format_size, parse_size};
-use crate::net::{PageData, Throughput, loopback_tcp_ceiling, median, page_throughput};
 use strata_net::{AccessPath, MemoryNode, RemoteStore, RemoteStoreOptions, ServeOptions};
 use strata_pager::Region;
 use strata_pager::stream::{Kernel, StreamConfig, run_stream, run_stream_raw};
@@ -300,12 +300,18 @@ pub fn bench(args: &RemoteBenchArgs) -> anyhow::Result<()> {
     let ceilings = crate::ceilings::for_run(false, &std::env::temp_dir(), &mut |line| {
         eprintln!("{line}")
     });
-    let record = crate::record::Record::new("remote", None, ceilings, serde_json::to_value(&report)?);
+    let record =
+        crate::record::Record::new("remote", None, ceilings, serde_json::to_value(&report)?);
     record
         .write(&args.json)
         .with_context(|| format!("write {}", args.json.display()))?;
     let (svg, png) = crate::plot::write(&chart(&report, &record), &args.svg)?;
-    println!("wrote {}, {} and {}", args.json.display(), svg.display(), png.display());
+    println!(
+        "wrote {}, {} and {}",
+        args.json.display(),
+        svg.display(),
+        png.display()
+    );
     if let Some(node) = local {
         node.shutdown();
     }
@@ -790,9 +796,8 @@ fn scan_row(
 /// ceiling of this host), since the memory node is reached over it.
 fn chart(report: &Report, record: &crate::record::Record) -> crate::plot::Chart {
     let tcp = report.loopback_tcp_bytes_per_sec;
-    let of_tcp = |v: f64| {
-        (tcp > 0.0).then(|| (v / tcp, format!("{:.0} MB/s loopback TCP", tcp / 1e6)))
-    };
+    let of_tcp =
+        |v: f64| (tcp > 0.0).then(|| (v / tcp, format!("{:.0} MB/s loopback TCP", tcp / 1e6)));
     let local = report
         .raw
         .iter()
@@ -817,7 +822,11 @@ fn chart(report: &Report, record: &crate::record::Record) -> crate::plot::Chart 
         groups.push(crate::plot::Group {
             label: format!(
                 "read {} {:?}\n{}x{}{link}",
-                if r.codec == "none" { r.access.clone() } else { r.codec.clone() },
+                if r.codec == "none" {
+                    r.access.clone()
+                } else {
+                    r.codec.clone()
+                },
                 r.data,
                 r.depth,
                 r.submitters
@@ -830,9 +839,22 @@ fn chart(report: &Report, record: &crate::record::Record) -> crate::plot::Chart 
             ceiling: of_tcp(read),
         });
     }
-    let triad = |p: &PagerRow| p.bytes_per_sec.iter().find(|(k, _)| k == "triad").map(|(_, v)| *v);
-    let local_triad = report.pager.iter().find(|p| p.codec == "local memory").and_then(triad);
-    for p in report.pager.iter().filter(|p| p.workload == "stream" && p.codec != "local memory") {
+    let triad = |p: &PagerRow| {
+        p.bytes_per_sec
+            .iter()
+            .find(|(k, _)| k == "triad")
+            .map(|(_, v)| *v)
+    };
+    let local_triad = report
+        .pager
+        .iter()
+        .find(|p| p.codec == "local memory")
+        .and_then(triad);
+    for p in report
+        .pager
+        .iter()
+        .filter(|p| p.workload == "stream" && p.codec != "local memory")
+    {
         let Some(t) = triad(p) else { continue };
         groups.push(crate::plot::Group {
             label: format!("STREAM triad {}\nf{} e{}", p.codec, p.fillers, p.evictors),

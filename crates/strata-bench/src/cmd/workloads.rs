@@ -3,11 +3,11 @@
 
 use std::path::PathBuf;
 
-use anyhow::Context as _;
-use strata_gpu::EvictionPolicy;
 use crate::workloads::embed::{EmbedBenchConfig, EmbedBenchReport};
 use crate::workloads::graph::{Algorithm, GraphBenchConfig, GraphBenchReport, GraphKind};
 use crate::workloads::{Comparison, Modes, parse_factors, report};
+use anyhow::Context as _;
+use strata_gpu::EvictionPolicy;
 use strata_workloads::gpu::graph::BfsMode;
 
 /// Eviction policy arguments shared by both benchmarks.
@@ -222,7 +222,12 @@ fn write_outputs<T: serde::Serialize>(
     );
     record.write(json)?;
     let (svg, png) = crate::plot::write(&report::chart(title, rows, &record), plot)?;
-    println!("wrote {}, {} and {}", json.display(), svg.display(), png.display());
+    println!(
+        "wrote {}, {} and {}",
+        json.display(),
+        svg.display(),
+        png.display()
+    );
     Ok(())
 }
 
@@ -267,7 +272,16 @@ pub fn graph(args: &GraphArgs) -> anyhow::Result<()> {
         "strata bench graph: {:?} scale {} on {}",
         report.graph.kind, report.graph.scale, report.outcome.gpu
     );
-    write_outputs("graph", &args.json, &args.svg, &title, &report, &report.outcome.rows, ceilings, config.compare.gpu)?;
+    write_outputs(
+        "graph",
+        &args.json,
+        &args.svg,
+        &title,
+        &report,
+        &report.outcome.rows,
+        ceilings,
+        config.compare.gpu,
+    )?;
     Ok(())
 }
 
@@ -377,6 +391,15 @@ pub fn embed(args: &EmbedArgs) -> anyhow::Result<()> {
         strata_core::format_size(report.table_bytes),
         report.outcome.gpu
     );
-    write_outputs("embed", &args.json, &args.svg, &title, &report, &report.outcome.rows, ceilings, config.compare.gpu)?;
+    write_outputs(
+        "embed",
+        &args.json,
+        &args.svg,
+        &title,
+        &report,
+        &report.outcome.rows,
+        ceilings,
+        config.compare.gpu,
+    )?;
     Ok(())
 }

@@ -36,9 +36,9 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 use strata_gpu::{EvictionPolicy, Strata};
 
+use report::Row;
 use strata_workloads::gpu::device::GpuWorkloadError;
 use strata_workloads::gpu::placed::{Element, Placed};
-use report::Row;
 
 /// What every workload benchmark compares, and how.
 #[derive(Debug, Clone)]

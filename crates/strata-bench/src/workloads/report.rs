@@ -235,9 +235,13 @@ pub fn chart(title: &str, rows: &[Row], record: &crate::record::Record) -> crate
             speedups: vec![
                 r.speedup_vs_zero_copy,
                 r.speedup_vs_uvm,
-                r.slowdown_vs_gpu_memory.filter(|s| *s > 0.0).map(|s| 1.0 / s),
+                r.slowdown_vs_gpu_memory
+                    .filter(|s| *s > 0.0)
+                    .map(|s| 1.0 / s),
             ],
-            ceiling: r.pcie_fraction.map(|f| (f, "PCIe read (pcie-read-sm)".to_string())),
+            ceiling: r
+                .pcie_fraction
+                .map(|f| (f, "PCIe read (pcie-read-sm)".to_string())),
         })
         .collect();
     crate::plot::Chart {
@@ -301,14 +305,20 @@ mod tests {
         let record = crate::record::Record::new(
             "graph",
             None,
-            crate::record::CeilingsUsed { source: "test".into(), values: None },
+            crate::record::CeilingsUsed {
+                source: "test".into(),
+                values: None,
+            },
             serde_json::json!({ "rows": &rows }),
         );
         let c = chart("t", &rows, &record);
         assert_eq!(c.groups.len(), 1, "one Strata row");
         let s = &c.groups[0].speedups;
         assert!(s[0].is_some_and(|v| (v - 2.0).abs() < 1e-12) && s[1].is_none());
-        assert!(s[2].is_some_and(|v| (v - 0.2).abs() < 1e-12), "5x slower than GPU memory");
+        assert!(
+            s[2].is_some_and(|v| (v - 0.2).abs() < 1e-12),
+            "5x slower than GPU memory"
+        );
         assert!(c.no_ceilings.is_some());
         assert_eq!(record.figures.len(), 3, "{:?}", record.figures);
     }
