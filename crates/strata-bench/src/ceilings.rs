@@ -283,7 +283,7 @@ pub fn host_memory_read(bytes: usize) -> Probe {
             "GB/s",
             format!(
                 "{threads} threads summing {} MiB, median of 3",
-                words * 8 >> 20
+                (words * 8) >> 20
             ),
         ),
         Err(e) => Probe::skipped("GB/s", e.to_string()),
@@ -306,7 +306,9 @@ fn disk_direct_read_gbs(dir: &Path, bytes: u64) -> std::io::Result<(f64, String)
         crate::cleanup::Temporary::register(crate::cleanup::temporary_name(dir, "ceiling", "bin"));
     {
         let mut f = std::fs::File::create(file.path())?;
-        let block: Vec<u8> = (0..BLOCK).map(|i| (i * 31 % 251) as u8).collect();
+        let block: Vec<u8> = (0..BLOCK)
+            .map(|i| u8::try_from(i * 31 % 251).unwrap_or(0))
+            .collect();
         for _ in 0..blocks {
             f.write_all(&block)?;
         }

@@ -27,8 +27,17 @@ fn num(v: &Value, key: &str) -> Option<f64> {
     v.get(key).and_then(Value::as_f64)
 }
 
-fn size(bytes: u64) -> String {
-    strata_core::format_size(bytes).replace(' ', "")
+/// A byte count read from JSON, as `64KiB`.
+fn size(bytes: f64) -> String {
+    let whole = if bytes.is_finite() && bytes >= 0.0 {
+        // JSON numbers for byte counts are whole and far below 2^53, so this is exact.
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let b = bytes as u64;
+        b
+    } else {
+        0
+    };
+    strata_core::format_size(whole).replace(' ', "")
 }
 
 /// (highest - lowest) / median of some positive samples, if there are at least two.
@@ -111,7 +120,7 @@ pub fn figures(bench: &str, body: &Value) -> Vec<Figure> {
                 let name = format!(
                     "{} {} {} f{} {}",
                     text(&r, "access"),
-                    size(num(&r, "page_bytes").unwrap_or(0.0) as u64),
+                    size(num(&r, "page_bytes").unwrap_or(0.0)),
                     text(&r, "contestant"),
                     text(&r, "fillers"),
                     text(&r, "policy"),
@@ -134,7 +143,7 @@ pub fn figures(bench: &str, body: &Value) -> Vec<Figure> {
                     let name = format!(
                         "{} {} strata-file/kernel",
                         text(&r, "access"),
-                        size(num(&r, "page_bytes").unwrap_or(0.0) as u64)
+                        size(num(&r, "page_bytes").unwrap_or(0.0))
                     );
                     out.push(figure(name, v, "x", true, spread));
                 }
@@ -146,7 +155,7 @@ pub fn figures(bench: &str, body: &Value) -> Vec<Figure> {
             }
             for r in rows("raw") {
                 let link = num(&r, "link_bytes_per_sec")
-                    .map_or(String::new(), |l| format!(" link {}", size(l as u64)));
+                    .map_or(String::new(), |l| format!(" link {}", size(l)));
                 let name = format!(
                     "raw {} {} {} {} depth {}x{}{link}",
                     text(&r, "store"),
@@ -227,7 +236,7 @@ pub fn figures(bench: &str, body: &Value) -> Vec<Figure> {
                 let name = format!(
                     "{} {} {} x{}",
                     text(&r, "pattern"),
-                    size(num(&r, "page_size").unwrap_or(0.0) as u64),
+                    size(num(&r, "page_size").unwrap_or(0.0)),
                     text(&r, "policy"),
                     text(&r, "ratio")
                 );

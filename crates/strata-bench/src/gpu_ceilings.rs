@@ -68,7 +68,7 @@ pub fn measure(ordinal: usize) -> Result<BTreeMap<String, Probe>, GpuProbeError>
 
     let mut host = MappedHostBuffer::new(&gpu, STREAM_BYTES.max(GATHER_SOURCE))?;
     for (i, b) in host.as_mut_slice().iter_mut().enumerate() {
-        *b = (i % 251) as u8;
+        *b = u8::try_from(i % 251).unwrap_or(0);
     }
     let ms = median_ms(&gpu, || {
         let args = Args::new()

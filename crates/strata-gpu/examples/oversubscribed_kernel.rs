@@ -49,7 +49,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     println!(
         "scaled {} MiB of doubles through a {} MiB GPU cache: checked",
-        n * 8 >> 20,
+        (n * 8) >> 20,
         cache_mib
     );
     println!("{}", space.stats()?.to_snapshot());
