@@ -233,10 +233,10 @@ fn stream_chart(
         .collect();
     crate::plot::Chart {
         title: format!(
-            "strata bench stream: STREAM through a pager region ({} elements per array)",
+            "strata bench stream: {} elements per array through a pager region over {store}",
             report.config.elements
         ),
-        subtitle: format!("{}; store: {store}", record.subtitle()),
+        subtitle: record.subtitle(),
         baselines: vec!["the same code on ordinary memory (DRAM)".into()],
         groups,
         no_ceilings: host.is_none().then(|| record.ceilings.source.clone()),
