@@ -58,6 +58,7 @@ fn samples(v: &Value, key: &str) -> Vec<f64> {
         .unwrap_or_default()
 }
 
+/// A figure; a spread of exactly zero (one repetition, or identical ones) counts as unknown.
 fn figure(
     name: String,
     value: f64,
@@ -70,7 +71,7 @@ fn figure(
         value,
         unit: unit.into(),
         higher_is_better,
-        spread,
+        spread: spread.filter(|s| *s > 0.0),
     }
 }
 
@@ -439,5 +440,9 @@ mod tests {
             "unit": "GB/s", "strata": {"rate": 10.0, "median_ms": 1.0}, "zero_copy": null}]);
         assert_eq!(figures_of(&micro).unwrap().1.len(), 1);
         assert!(figures_of(&serde_json::json!({"x": 1})).is_err());
+        let once = serde_json::json!({"kernel_limit": "none", "rows": [], "ratios": [{"access": "seq",
+            "page_bytes": 4096, "strata_file_over_kernel": 2.0, "paired_ratio": [2.0, 2.0, 2.0]}]});
+        let (_, figs) = figures_of(&once).unwrap();
+        assert_eq!(figs[0].spread, None, "one repetition measures no spread");
     }
 }
