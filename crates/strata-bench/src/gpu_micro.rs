@@ -51,7 +51,7 @@ impl Default for MicroOptions {
 }
 
 /// One measurement: median time and rate.
-#[derive(Debug, Clone, Copy, serde::Serialize)]
+#[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize)]
 pub struct Measure {
     /// Median milliseconds per run.
     pub median_ms: f64,
@@ -809,12 +809,39 @@ pub fn run_micro(opts: &MicroOptions) -> Result<Vec<Row>, SpaceError> {
     Ok(rows)
 }
 
+/// The part of a [`Row`] the chart shows, read from a result file's `rows` (this build's or
+/// an older one's), so `strata bench plot` can redraw any gpu-micro result.
+#[derive(Debug, Clone, serde::Deserialize)]
+pub struct ChartRow {
+    /// Pattern name.
+    pub pattern: String,
+    /// Page size in bytes.
+    pub page_size: u64,
+    /// Space size over cache size.
+    pub ratio: u64,
+    /// Unit of the rates.
+    pub unit: String,
+    /// Through Strata.
+    pub strata: Measure,
+    /// Zero-copy.
+    pub zero_copy: Option<Measure>,
+    /// Chunked copies.
+    pub chunked_copy: Option<Measure>,
+    /// UVM.
+    pub uvm: Option<Measure>,
+    /// The ceiling, in `unit` (0: none).
+    pub ceiling: f64,
+    /// Its name.
+    pub ceiling_name: String,
+}
+
 /// The chart of `strata bench gpu-micro`: per pattern and oversubscription ratio, Strata's
 /// rate over zero-copy's, chunked copies' and UVM's, and as a fraction of this machine's
 /// ceiling for the pattern.
-pub fn chart(rows: &[Row], record: &crate::record::Record) -> crate::plot::Chart {
-    let over =
-        |m: Option<Measure>, r: &Row| m.filter(|m| m.rate > 0.0).map(|m| r.strata.rate / m.rate);
+pub fn chart(rows: &[ChartRow], record: &crate::record::Record) -> crate::plot::Chart {
+    let over = |m: Option<Measure>, r: &ChartRow| {
+        m.filter(|m| m.rate > 0.0).map(|m| r.strata.rate / m.rate)
+    };
     let groups = rows
         .iter()
         .map(|r| crate::plot::Group {
@@ -926,7 +953,8 @@ mod tests {
             },
             serde_json::json!({ "rows": [&r] }),
         );
-        let c = chart(&[r], &record);
+        let view: Vec<ChartRow> = serde_json::from_value(record.results["rows"].clone()).unwrap();
+        let c = chart(&view, &record);
         let g = &c.groups[0];
         assert!(
             g.speedups[0].is_some_and(|v| (v - 0.24).abs() < 1e-9),

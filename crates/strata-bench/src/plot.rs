@@ -80,6 +80,12 @@ const COLORS: [RGBColor; 5] = [
     RGBColor(140, 86, 75),
 ];
 
+/// Groups per row of panels; more groups wrap onto further rows (same scales), so a chart
+/// stays readable at its natural size.
+const GROUPS_PER_ROW: usize = 12;
+/// Pixels of one row (speed-up and ceiling panels).
+const ROW_HEIGHT: usize = 820;
+
 fn size_of(chart: &Chart) -> (u32, u32) {
     let longest = chart
         .groups
@@ -88,8 +94,14 @@ fn size_of(chart: &Chart) -> (u32, u32) {
         .max()
         .unwrap_or(0);
     let per_group = (chart.baselines.len().max(1) * 34 + 18).max(longest * 7 + 10);
-    let width = (chart.groups.len() * per_group + 160).clamp(900, 6000);
-    (u32::try_from(width).unwrap_or(4000), 900)
+    let per_row = chart.groups.len().clamp(1, GROUPS_PER_ROW);
+    let rows = chart.groups.len().div_ceil(GROUPS_PER_ROW).max(1);
+    let width = (per_row * per_group + 160).clamp(900, 6000);
+    let height = 80 + rows * ROW_HEIGHT;
+    (
+        u32::try_from(width).unwrap_or(6000),
+        u32::try_from(height).unwrap_or(u32::MAX),
+    )
 }
 
 fn err<E: std::fmt::Display>(path: &Path) -> impl Fn(E) -> PlotError + '_ {
@@ -149,9 +161,33 @@ fn draw<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, chart: &Chart) -> Dra
         sub,
     ))?;
     let body = root.margin(58, 10, 10, 10);
-    let (top, bottom) = body.split_vertically(body.dim_in_pixel().1 * 62 / 100);
-    speedup_panel(&top, chart)?;
-    ceiling_panel(&bottom, chart)?;
+    let values: Vec<f64> = chart
+        .groups
+        .iter()
+        .flat_map(|g| g.speedups.iter().flatten().copied())
+        .filter(|v| *v > 0.0)
+        .collect();
+    let range = (
+        values.iter().copied().fold(1.0f64, f64::min) / 1.6,
+        values.iter().copied().fold(1.0f64, f64::max) * 1.6,
+    );
+    let ceiling_top = chart
+        .groups
+        .iter()
+        .filter_map(|g| g.ceiling.as_ref().map(|c| c.0))
+        .fold(1.0f64, f64::max)
+        * 1.2;
+    let chunks: Vec<&[Group]> = chart.groups.chunks(GROUPS_PER_ROW).collect();
+    let rows = body.split_evenly((chunks.len().max(1), 1));
+    for (area, groups) in rows.iter().zip(chunks) {
+        let part = Chart {
+            groups: groups.to_vec(),
+            ..chart.clone()
+        };
+        let (top, bottom) = area.split_vertically(area.dim_in_pixel().1 * 60 / 100);
+        speedup_panel(&top, &part, range)?;
+        ceiling_panel(&bottom.margin(10, 0, 0, 0), &part, ceiling_top)?;
+    }
     Ok(())
 }
 
@@ -180,15 +216,8 @@ fn group_labels<DB: DrawingBackend>(
 fn speedup_panel<DB: DrawingBackend>(
     area: &DrawingArea<DB, Shift>,
     chart: &Chart,
+    (lo, hi): (f64, f64),
 ) -> DrawResult<DB> {
-    let values: Vec<f64> = chart
-        .groups
-        .iter()
-        .flat_map(|g| g.speedups.iter().flatten().copied())
-        .filter(|v| *v > 0.0)
-        .collect();
-    let lo = values.iter().copied().fold(1.0f64, f64::min) / 1.6;
-    let hi = values.iter().copied().fold(1.0f64, f64::max) * 1.6;
     let n = chart.groups.len().max(1) as f64;
     let mut c = ChartBuilder::on(area)
         .caption(
@@ -264,6 +293,7 @@ fn speedup_panel<DB: DrawingBackend>(
 fn ceiling_panel<DB: DrawingBackend>(
     area: &DrawingArea<DB, Shift>,
     chart: &Chart,
+    top: f64,
 ) -> DrawResult<DB> {
     if let Some(why) = &chart.no_ceilings {
         let (w, h) = area.dim_in_pixel();
@@ -280,12 +310,6 @@ fn ceiling_panel<DB: DrawingBackend>(
         return Ok(());
     }
     let n = chart.groups.len().max(1) as f64;
-    let top = chart
-        .groups
-        .iter()
-        .filter_map(|g| g.ceiling.as_ref().map(|c| c.0))
-        .fold(1.0f64, f64::max)
-        * 1.2;
     let mut names = chart
         .groups
         .iter()

@@ -222,6 +222,49 @@ impl Record {
     }
 }
 
+impl Record {
+    /// A result file as a record: a record as written, or the bare result of an older build
+    /// wrapped in one that says what it does not know (machine, commit, ceilings).
+    pub fn from_json(json: serde_json::Value) -> Result<Self, String> {
+        if json.get("strata_bench_record").is_some() {
+            return serde_json::from_value(json).map_err(|e| format!("bad record: {e}"));
+        }
+        let bench = crate::compare::detect(&json)
+            .ok_or("not a result of `strata bench pager|remote|stream|gpu-micro|graph|embed`")?;
+        let gpu = json.get("gpu").and_then(serde_json::Value::as_str);
+        Ok(Self {
+            strata_bench_record: 0,
+            bench: bench.to_string(),
+            machine: Machine {
+                hostname: "older result file".into(),
+                cpus: 0,
+                cpu_model: String::new(),
+                memory_bytes: 0,
+                kernel_release: "unknown".into(),
+            },
+            device: gpu.map(|name| Device {
+                name: name.to_string(),
+                pci_address: String::new(),
+                driver: "unknown".into(),
+            }),
+            commit: "unknown".into(),
+            arguments: Vec::new(),
+            finished_unix: 0,
+            ceilings: CeilingsUsed {
+                source: json
+                    .get("ceilings_from")
+                    .and_then(serde_json::Value::as_str)
+                    .map_or("none recorded (older build)".into(), |c| {
+                        format!("{c}, constants of an older build")
+                    }),
+                values: None,
+            },
+            figures: crate::compare::figures(bench, &json),
+            results: json,
+        })
+    }
+}
+
 /// Reads any result file as JSON (a record, or a bare result file of an older build).
 pub fn read_json(path: &Path) -> Result<serde_json::Value, RecordError> {
     let text = std::fs::read_to_string(path).map_err(|source| RecordError::Io {

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use crate::gpu_micro::{MicroOptions, chart, format_row, run_micro};
+use crate::gpu_micro::{ChartRow, MicroOptions, chart, format_row, run_micro};
 use crate::record::{Device, Record};
 
 /// Arguments of `strata bench gpu-micro`.
@@ -80,7 +80,8 @@ pub fn micro(args: &GpuMicroArgs) -> anyhow::Result<()> {
     let record = Record::new("gpu-micro", Device::of(0), ceilings, body);
     let json = args.out.with_extension("json");
     record.write(&json)?;
-    let (svg, png) = crate::plot::write(&chart(&rows, &record), &args.out)?;
+    let view: Vec<ChartRow> = serde_json::from_value(record.results["rows"].clone())?;
+    let (svg, png) = crate::plot::write(&chart(&view, &record), &args.out)?;
     println!(
         "wrote {}, {} and {}",
         json.display(),

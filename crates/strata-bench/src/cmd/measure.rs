@@ -67,6 +67,49 @@ pub fn ceilings(args: &CeilingsArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Arguments of `strata bench plot`.
+#[derive(Debug, clap::Args)]
+pub struct PlotArgs {
+    /// A gpu-micro, graph or embed result (this build's record or an older build's JSON).
+    result: PathBuf,
+    /// Write BASE.svg and BASE.png (default: beside the result).
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+/// Runs `strata bench plot`: redraws a result's chart without running anything.
+pub fn plot(args: &PlotArgs) -> anyhow::Result<()> {
+    let record = record::Record::from_json(record::read_json(&args.result)?)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", args.result.display()))?;
+    let rows = record.results.get("rows").cloned().unwrap_or_default();
+    let chart = match record.bench.as_str() {
+        "gpu-micro" => {
+            let rows: Vec<crate::gpu_micro::ChartRow> = serde_json::from_value(rows)?;
+            crate::gpu_micro::chart(&rows, &record)
+        }
+        "graph" | "embed" => {
+            let rows: Vec<crate::workloads::report::Row> = serde_json::from_value(rows)?;
+            let gpu = record.device.as_ref().map_or("?", |d| d.name.as_str());
+            let title = format!(
+                "strata bench {} on {gpu} ({})",
+                record.bench,
+                args.result.display()
+            );
+            crate::workloads::report::chart(&title, &rows, &record)
+        }
+        other => anyhow::bail!(
+            "`strata bench plot` redraws gpu-micro, graph and embed results; {other} results are drawn when the benchmark runs"
+        ),
+    };
+    let base = args
+        .out
+        .clone()
+        .unwrap_or_else(|| args.result.with_extension(""));
+    let (svg, png) = crate::plot::write(&chart, &base)?;
+    println!("wrote {} and {}", svg.display(), png.display());
+    Ok(())
+}
+
 /// Arguments of `strata bench compare`.
 #[derive(Debug, clap::Args)]
 pub struct CompareArgs {

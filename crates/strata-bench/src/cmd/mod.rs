@@ -27,6 +27,8 @@ pub enum BenchCommand {
     Ceilings(measure::CeilingsArgs),
     /// Compare two result files figure by figure (also reads older builds' result files).
     Compare(measure::CompareArgs),
+    /// Redraw the chart of a gpu-micro, graph or embed result (also older builds' files).
+    Plot(measure::PlotArgs),
 }
 
 /// Runs one `strata bench` command.
@@ -41,5 +43,6 @@ pub fn run(command: &BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Embed(args) => workloads::embed(args),
         BenchCommand::Ceilings(args) => measure::ceilings(args),
         BenchCommand::Compare(args) => measure::compare(args),
+        BenchCommand::Plot(args) => measure::plot(args),
     }
 }

@@ -8,7 +8,7 @@ use serde::Serialize;
 use strata_gpu::GpuStats;
 
 /// Strata's statistics for one run.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct StrataStats {
     /// Page hits.
     pub hits: u64,
@@ -57,7 +57,7 @@ impl From<&GpuStats> for StrataStats {
 }
 
 /// One measured configuration.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct Row {
     /// `bfs`, `cc`, `pagerank` or `embed`.
     pub workload: String,
