@@ -254,9 +254,10 @@ impl Record {
                 source: json
                     .get("ceilings_from")
                     .and_then(serde_json::Value::as_str)
-                    .map_or("none recorded (older build)".into(), |c| {
-                        format!("{c}, constants of an older build")
-                    }),
+                    .map_or_else(
+                        || "none recorded (older build)".into(),
+                        |c| format!("{c}, constants of an older build"),
+                    ),
                 values: None,
             },
             figures: crate::compare::figures(bench, &json),
