@@ -166,9 +166,9 @@ pub fn figures(bench: &str, body: &Value) -> Vec<Figure> {
                     text(&r, "depth"),
                     text(&r, "submitters"),
                 );
-                for (key, what) in [
-                    ("read_bytes_per_sec", "read"),
-                    ("write_bytes_per_sec", "write"),
+                for (key, samples_key, what) in [
+                    ("read_bytes_per_sec", "read_samples", "read"),
+                    ("write_bytes_per_sec", "write_samples", "write"),
                 ] {
                     if let Some(v) = num(&r, key) {
                         out.push(figure(
@@ -176,7 +176,7 @@ pub fn figures(bench: &str, body: &Value) -> Vec<Figure> {
                             v / 1e6,
                             "MB/s",
                             true,
-                            None,
+                            spread_of(&samples(&r, samples_key)),
                         ));
                     }
                 }

@@ -547,6 +547,8 @@ fn lossy_throughput(
         reads.push((pages * page as u64) as f64 / started.elapsed().as_secs_f64());
     }
     Ok(Throughput {
+        write_samples: writes.clone(),
+        read_samples: reads.clone(),
         write_bytes_per_sec: median(&mut writes),
         read_bytes_per_sec: median(&mut reads),
         read_us_per_page: median(&mut per_page),
