@@ -12,7 +12,7 @@
 # append <name> to STEPS, and (for a new test binary) add its package to TEST_PACKAGES. Each
 # step's log lands in $OUT/<name>.log; the summary table is printed last and saved to
 # $OUT/summary.txt. Only 8 files come back from the device machine, so steps that write more
-# should bundle them (see step_gpu_micro).
+# should bundle them (see step_gpu_micro: its JSON record, SVG and PNG).
 set -u -o pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -20,7 +20,9 @@ CARRY="$ROOT/.carry"
 TARGET="${CARGO_TARGET_DIR:-/work/target-gpu}"
 # Test binaries to carry: cargo packages whose tests need a GPU.
 TEST_PACKAGES=(strata-gpu)
-STEPS=(info gpu_tests gpu_micro)
+STEPS=(info ceilings gpu_tests gpu_micro examples)
+# Example programs to carry and run (`cargo run --example` names of strata-gpu).
+GPU_EXAMPLES=(oversubscribed_kernel)
 # Arguments of `strata bench gpu-micro` (override with GPU_MICRO_ARGS).
 GPU_MICRO_ARGS="${GPU_MICRO_ARGS:-}"
 
@@ -31,6 +33,11 @@ build() {
     mkdir -p "$CARRY/tests"
     cargo build --release -p strata-cli
     cp "$TARGET/release/strata" "$CARRY/strata"
+    mkdir -p "$CARRY/examples"
+    for ex in "${GPU_EXAMPLES[@]}"; do
+        cargo build --release -p strata-gpu --example "$ex"
+        cp "$TARGET/release/examples/$ex" "$CARRY/examples/$ex"
+    done
     for pkg in "${TEST_PACKAGES[@]}"; do
         rm -f "$CARRY/tests/${pkg}__"*
         cargo test --release -p "$pkg" --no-run --message-format=json 2>/dev/null |
@@ -44,7 +51,7 @@ for line in sys.stdin:
             while read -r name exe; do cp "$exe" "$CARRY/tests/${pkg}__${name}"; done
     done
     # Debug info is not needed there, and the carried tree must stay under 64 MiB in all.
-    strip --strip-debug "$CARRY/strata" "$CARRY"/tests/*
+    strip --strip-debug "$CARRY/strata" "$CARRY"/tests/* "$CARRY"/examples/*
     ls -la "$CARRY" "$CARRY/tests"
     du -sh "$CARRY"
 }
@@ -64,6 +71,19 @@ log() { # log <name> <command...>: runs the command, output to $OUT/<name>.log, 
 }
 
 step_info() { log info "$CARRY/strata" info; }
+
+# This machine's ceilings (PCIe by SMs and copy engine, page gathers, HBM, host memory, disk),
+# cached for the benchmarks that follow, which report their fraction of them.
+step_ceilings() { log ceilings timeout 180 "$CARRY/strata" bench ceilings --dir /tmp; }
+
+step_examples() {
+    # The GPU example programs: a kernel over a space four times its 256 MiB cache, checked.
+    local ex rc=0
+    for ex in "${GPU_EXAMPLES[@]}"; do
+        log "example-$ex" timeout 120 "$CARRY/examples/$ex" 256 || rc=1
+    done
+    return $rc
+}
 
 step_gpu_tests() {
     # Every test of every carried test binary, each in its own process with its own time limit

@@ -27,7 +27,7 @@ set -u -o pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CARRY="$ROOT/.carry/workloads"
 TARGET="${CARGO_TARGET_DIR:-/work/target-workloads}"
-STEPS=(check bench-graph bench-embed)
+STEPS=(ceilings check bench-graph bench-embed)
 GRAPH_RUNS="${GRAPH_RUNS:-}"
 EMBED_RUNS="${EMBED_RUNS:---dim 128;--dim 1024 --rows 2097152 --lookups 4194304}"
 
@@ -72,6 +72,9 @@ publish() { # rewrites $OUT/workloads.log and $OUT/workloads.tar.gz from what ex
     } >"$OUT/workloads.log"
     tar -czf "$OUT/workloads.tar.gz" -C "$WORK" --exclude kernel-cache .
 }
+
+# This machine's ceilings, cached so every benchmark reports its fraction of them (PCIe read).
+step_ceilings() { log ceilings "$CARRY/strata" bench ceilings --dir /tmp; }
 
 step_check() {
     local rc=0

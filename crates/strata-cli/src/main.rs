@@ -19,25 +19,9 @@ enum Command {
     Info(cmd::info::InfoArgs),
     /// Run a benchmark.
     #[command(subcommand)]
-    Bench(Box<Bench>),
+    Bench(Box<strata_bench::cmd::BenchCommand>),
     /// Run a memory node that lends this machine's memory to Strata clients over UCX.
     Serve(cmd::remote::ServeArgs),
-}
-
-#[derive(Debug, Subcommand)]
-enum Bench {
-    /// STREAM (copy, scale, add, triad) through a pager region larger than its buffer.
-    Stream(cmd::pager::StreamArgs),
-    /// Pager fault service rate and bandwidth against the kernel's mmap paging.
-    Pager(cmd::pager::PagerBenchArgs),
-    /// STREAM through a pager region backed by a memory node, sweeping workers and codecs.
-    Remote(cmd::remote::RemoteBenchArgs),
-    /// GPU paging micro-benchmarks against zero-copy, chunked copies and UVM.
-    GpuMicro(cmd::gpu::GpuMicroArgs),
-    /// BFS, connected components and PageRank on GPU paging against the alternatives.
-    Graph(cmd::workloads::GraphArgs),
-    /// Zipf-skewed embedding lookups on GPU paging against the alternatives.
-    Embed(cmd::workloads::EmbedArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -51,13 +35,6 @@ fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Info(args) => cmd::info::run(&args),
         Command::Serve(args) => cmd::remote::serve(&args),
-        Command::Bench(bench) => match *bench {
-            Bench::Stream(args) => cmd::pager::stream(&args),
-            Bench::Pager(args) => cmd::pager::bench(&args),
-            Bench::Remote(args) => cmd::remote::bench(&args),
-            Bench::GpuMicro(args) => cmd::gpu::micro(&args),
-            Bench::Graph(args) => cmd::workloads::graph(&args),
-            Bench::Embed(args) => cmd::workloads::embed(&args),
-        },
+        Command::Bench(bench) => strata_bench::cmd::run(&bench),
     }
 }

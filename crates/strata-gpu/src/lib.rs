@@ -8,8 +8,8 @@
 //!
 //! Layers: [`driver`] (thin safe wrappers over the CUDA driver, loaded at run time), [`nvrtc`]
 //! (run-time compilation to CUBIN with a disk cache in `STRATA_KERNEL_CACHE`), [`layout`] (the
-//! `#[repr(C)]` structures shared with the header), [`space`] (spaces and the runtime),
-//! [`bench`] (`strata bench gpu-micro`).
+//! `#[repr(C)]` structures shared with the header), [`space`] (spaces and the runtime).
+//! The benchmarks (`strata bench gpu-micro`) live in the `strata-bench` crate.
 //!
 //! ```no_run
 //! use strata_gpu::{Strata, SpaceOptions, ElementType, driver::Args};
@@ -60,7 +60,6 @@
 //! the frame table, so a hit is a single atomic that pins and reads the state at once, and an
 //! evictor's compare-and-swap fails whenever a pin exists (no window between check and pin).
 #![warn(missing_docs)]
-pub mod bench;
 pub mod driver;
 pub mod layout;
 pub mod nvrtc;

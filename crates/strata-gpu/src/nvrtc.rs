@@ -11,8 +11,6 @@ use cudarc::nvrtc::sys;
 pub const STRATA_CUH: &str = include_str!("../cuda/strata.cuh");
 /// Strata's own maintenance kernels.
 pub const STRATA_KERNELS_CU: &str = include_str!("../cuda/strata_kernels.cu");
-/// The kernels of `strata bench gpu-micro`.
-pub const BENCH_KERNELS_CU: &str = include_str!("../cuda/bench_kernels.cu");
 
 /// Why a compile failed.
 #[derive(Debug, thiserror::Error)]

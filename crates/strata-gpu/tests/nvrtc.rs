@@ -27,7 +27,6 @@ fn every_device_source_compiles_for_sm90() {
     }
     for (name, src) in [
         ("strata_kernels.cu", nvrtc::STRATA_KERNELS_CU),
-        ("bench_kernels.cu", nvrtc::BENCH_KERNELS_CU),
         ("gpu_kernels.cu", include_str!("gpu_kernels.cu")),
         ("header_only.cu", "#include \"strata.cuh\"\n"),
     ] {

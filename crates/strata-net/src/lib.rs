@@ -37,7 +37,6 @@
 //! pages.
 #![warn(missing_docs)]
 
-pub mod bench;
 pub mod client;
 pub mod protocol;
 pub mod server;

@@ -53,7 +53,6 @@
 //! region; [`probe`] the userfaultfd capability probe used by `strata info`.
 #![warn(missing_docs)]
 
-pub mod bench;
 pub mod pages;
 pub mod probe;
 pub mod region;

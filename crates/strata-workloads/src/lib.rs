@@ -3,16 +3,15 @@
 //! [`mod@format`]), CPU references for BFS, connected components and PageRank ([`mod@reference`]),
 //! Graph500 BFS validation ([`validate`]), and Zipf-skewed embedding lookups with sum pooling
 //! ([`zipf`], [`embed`]); the same workloads as GPU kernels written against `strata.cuh`, run
-//! over a Strata space or the baselines' memories ([`gpu`]); and the benchmarks behind
-//! `strata bench graph` and `strata bench embed` ([`mod@bench`]). H200 results and what bounds
-//! them: `results/RESULTS.md`.
+//! over a Strata space or the baselines' memories ([`gpu`]). The benchmarks behind
+//! `strata bench graph` and `strata bench embed` live in the `strata-bench` crate; H200 results
+//! and what bounds them: `results/RESULTS.md`.
 //!
 //! Everything here is deterministic from a seed and independent of the thread count, so a
 //! graph generated on one host and checked on another is the same graph.
 
 #![warn(missing_docs)]
 
-pub mod bench;
 pub mod csr;
 pub mod embed;
 pub mod format;

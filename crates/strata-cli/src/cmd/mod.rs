@@ -1,7 +1,5 @@
-//! One module per area; each owns its arguments and calls its library.
+//! One module per area; each owns its arguments and calls its library. The benchmarks'
+//! commands live in `strata_bench::cmd`.
 
-pub mod gpu;
 pub mod info;
-pub mod pager;
 pub mod remote;
-pub mod workloads;

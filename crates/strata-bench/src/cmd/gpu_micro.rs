@@ -2,7 +2,8 @@
 
 use std::path::PathBuf;
 
-use strata_gpu::bench::{MicroOptions, format_row, run_micro};
+use crate::gpu_micro::{ChartRow, MicroOptions, chart, format_row, run_micro};
+use crate::record::{Device, Record};
 
 /// Arguments of `strata bench gpu-micro`.
 #[derive(Debug, clap::Args)]
@@ -29,7 +30,10 @@ pub struct GpuMicroArgs {
     /// cold-4k, gather-uniform, gather-zipf, stream-read/loop), comma-separated.
     #[arg(long, value_delimiter = ',')]
     pub patterns: Vec<String>,
-    /// Write results to PATH.json and PATH.svg.
+    /// Skip the ceilings (otherwise read from the cache, or probed first when there is none).
+    #[arg(long)]
+    pub no_ceilings: bool,
+    /// Write results to PATH.json, PATH.svg and PATH.png.
     #[arg(long, default_value = "gpu-micro")]
     pub out: PathBuf,
 }
@@ -43,6 +47,14 @@ pub fn micro(args: &GpuMicroArgs) -> anyhow::Result<()> {
     if args.ratios.is_empty() || args.ratios.contains(&0) || args.reps == 0 {
         anyhow::bail!("--ratios needs positive multiples of the cache and --reps at least 1");
     }
+    let ceilings = if args.no_ceilings {
+        crate::record::CeilingsUsed {
+            source: "none (--no-ceilings)".into(),
+            values: None,
+        }
+    } else {
+        crate::ceilings::for_run(true, &std::env::temp_dir(), &mut |line| eprintln!("{line}"))
+    };
     let opts = MicroOptions {
         cache_bytes: args.cache,
         ratios: args.ratios.clone(),
@@ -51,18 +63,30 @@ pub fn micro(args: &GpuMicroArgs) -> anyhow::Result<()> {
         touches: args.touches,
         skip_uvm: args.skip_uvm,
         patterns: args.patterns.clone(),
+        ceilings: ceilings.values.clone(),
     };
-    let rows = run_micro(&opts, Some(&args.out))?;
+    let rows = run_micro(&opts)?;
     println!(
         "pattern            page  ratio unit          Strata | zero-copy (Strata/x) | chunked copy | UVM (fits, first touch) | of ceiling | hit rate, faults"
     );
     for r in &rows {
         println!("{}", format_row(r));
     }
+    let body = serde_json::json!({
+        "cache_bytes": args.cache,
+        "reps": args.reps,
+        "rows": rows,
+    });
+    let record = Record::new("gpu-micro", Device::of(0), ceilings, body);
+    let json = args.out.with_extension("json");
+    record.write(&json)?;
+    let view: Vec<ChartRow> = serde_json::from_value(record.results["rows"].clone())?;
+    let (svg, png) = crate::plot::write(&chart(&view, &record), &args.out)?;
     println!(
-        "wrote {} and {}",
-        args.out.with_extension("json").display(),
-        args.out.with_extension("svg").display()
+        "wrote {}, {} and {}",
+        json.display(),
+        svg.display(),
+        png.display()
     );
     Ok(())
 }

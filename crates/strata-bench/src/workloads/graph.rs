@@ -13,16 +13,16 @@ use std::time::Instant;
 use serde::Serialize;
 use strata_gpu::Strata;
 
-use super::report::{self, PCIE_READ_CEILING_GBPS, Row, StrataStats};
+use super::report::{self, Row, StrataStats};
 use super::{Comparison, Mode, Outcome, place_or_skip, progress};
-use crate::csr::Csr;
-use crate::format::{self, GENERATOR_KRONECKER, GENERATOR_UNIFORM, GraphOrigin};
-use crate::generate::{self, KroneckerParams};
-use crate::gpu::device::GpuWorkloadError;
-use crate::gpu::graph::{BfsMode, Direction, GraphGpu};
-use crate::reference;
-use crate::rng::Rng;
-use crate::validate;
+use strata_workloads::csr::Csr;
+use strata_workloads::format::{self, GENERATOR_KRONECKER, GENERATOR_UNIFORM, GraphOrigin};
+use strata_workloads::generate::{self, KroneckerParams};
+use strata_workloads::gpu::device::GpuWorkloadError;
+use strata_workloads::gpu::graph::{BfsMode, Direction, GraphGpu};
+use strata_workloads::reference;
+use strata_workloads::rng::Rng;
+use strata_workloads::validate;
 
 /// Largest graph (in arcs) whose PageRank is checked against the CPU reference.
 pub const PAGERANK_CPU_LIMIT: u64 = 1 << 28;
@@ -203,7 +203,7 @@ pub fn prepare_graph(config: &GraphBenchConfig) -> Result<Csr, GpuWorkloadError>
         "generated {} edges in {generated:.1} s, built the CSR in {:.1} s ({} threads)",
         list.edges.len(),
         t.elapsed().as_secs_f64(),
-        crate::par::threads()
+        strata_workloads::par::threads()
     );
     drop(list);
     if let Some(path) = &config.graph_file {
@@ -455,7 +455,8 @@ fn make_row(
     #[allow(clippy::cast_precision_loss)]
     let pcie_fraction = closest
         .as_ref()
-        .map(|s| s.bytes_in as f64 / seconds / 1e9 / PCIE_READ_CEILING_GBPS);
+        .zip(config.compare.pcie_read_gbps)
+        .map(|(s, pcie)| s.bytes_in as f64 / seconds / 1e9 / pcie);
     Row {
         workload: algorithm.name().to_string(),
         mode: mode.label(),
@@ -491,7 +492,7 @@ mod tests {
         );
         assert_eq!(Algorithm::parse_list("all").unwrap().len(), 3);
         assert!(Algorithm::parse_list("sssp").is_err());
-        let seed = crate::test_seed();
+        let seed = crate::workloads::test_seed();
         let path = std::env::temp_dir().join(format!(
             "strata-bench-graph-{}-{seed}.csr",
             std::process::id()
@@ -505,12 +506,13 @@ mod tests {
             algorithms: vec![Algorithm::Bfs],
             compare: Comparison {
                 oversubscription: vec![2.0],
-                modes: crate::bench::Modes::all(),
+                modes: crate::workloads::Modes::all(),
                 page_size: 4096,
                 policy: strata_gpu::EvictionPolicy::Clock,
                 reps: 1,
                 cold: true,
                 gpu: 0,
+                pcie_read_gbps: None,
             },
             bfs_mode: BfsMode::TopDown,
             iterations: 20,

@@ -3,11 +3,11 @@
 
 use std::path::PathBuf;
 
+use crate::workloads::embed::{EmbedBenchConfig, EmbedBenchReport};
+use crate::workloads::graph::{Algorithm, GraphBenchConfig, GraphBenchReport, GraphKind};
+use crate::workloads::{Comparison, Modes, parse_factors, report};
 use anyhow::Context as _;
 use strata_gpu::EvictionPolicy;
-use strata_workloads::bench::embed::{EmbedBenchConfig, EmbedBenchReport};
-use strata_workloads::bench::graph::{Algorithm, GraphBenchConfig, GraphBenchReport, GraphKind};
-use strata_workloads::bench::{Comparison, Modes, parse_factors, report};
 use strata_workloads::gpu::graph::BfsMode;
 
 /// Eviction policy arguments shared by both benchmarks.
@@ -83,6 +83,7 @@ impl CompareArgs {
             reps: self.reps,
             cold,
             gpu: self.gpu,
+            pcie_read_gbps: None,
         })
     }
 }
@@ -178,7 +179,7 @@ fn print_graph(report: &GraphBenchReport) {
 
 /// Prints what graph and embedding runs share: how the timed runs start, the results table
 /// and the modes that were skipped.
-fn print_outcome(outcome: &strata_workloads::bench::Outcome) {
+fn print_outcome(outcome: &crate::workloads::Outcome) {
     println!(
         "timed runs start {}",
         if outcome.cold { "cold" } else { "warm" }
@@ -187,6 +188,47 @@ fn print_outcome(outcome: &strata_workloads::bench::Outcome) {
     for s in &outcome.skipped {
         println!("skipped: {s}");
     }
+}
+
+/// Reads (or probes) this machine's ceilings and puts its PCIe read rate into the config.
+fn with_ceilings<C>(
+    mut config: C,
+    compare: impl FnOnce(&mut C) -> &mut Comparison,
+) -> (crate::record::CeilingsUsed, C) {
+    let ceilings =
+        crate::ceilings::for_run(true, &std::env::temp_dir(), &mut |line| eprintln!("{line}"));
+    compare(&mut config).pcie_read_gbps =
+        ceilings.values.as_ref().and_then(|c| c.get("pcie-read-sm"));
+    (ceilings, config)
+}
+
+/// Writes the record (JSON) and the chart (SVG and PNG) of a workload benchmark.
+#[allow(clippy::too_many_arguments)]
+fn write_outputs<T: serde::Serialize>(
+    bench: &str,
+    json: &std::path::Path,
+    plot: &std::path::Path,
+    title: &str,
+    report: &T,
+    rows: &[report::Row],
+    ceilings: crate::record::CeilingsUsed,
+    gpu: usize,
+) -> anyhow::Result<()> {
+    let record = crate::record::Record::new(
+        bench,
+        crate::record::Device::of(gpu),
+        ceilings,
+        serde_json::to_value(report)?,
+    );
+    record.write(json)?;
+    let (svg, png) = crate::plot::write(&report::chart(title, rows, &record), plot)?;
+    println!(
+        "wrote {}, {} and {}",
+        json.display(),
+        svg.display(),
+        png.display()
+    );
+    Ok(())
 }
 
 /// Runs `strata bench graph`.
@@ -214,7 +256,7 @@ pub fn graph(args: &GraphArgs) -> anyhow::Result<()> {
                     bfs_mode,
                     ..config.clone()
                 };
-                let report = strata_workloads::bench::graph::run(&small)?;
+                let report = crate::workloads::graph::run(&small)?;
                 print_graph(&report);
                 println!(
                     "CHECK PASSED: graph {kind:?} scale {scale}, BFS {bfs_mode:?}: every mode validated"
@@ -223,15 +265,23 @@ pub fn graph(args: &GraphArgs) -> anyhow::Result<()> {
         }
         return Ok(());
     }
-    let report = strata_workloads::bench::graph::run(&config)?;
+    let (ceilings, config) = with_ceilings(config, |c| &mut c.compare);
+    let report = crate::workloads::graph::run(&config)?;
     print_graph(&report);
-    report::write_json(&args.json, &report)?;
     let title = format!(
-        "{:?} scale {}: speedup over zero-copy ({})",
+        "strata bench graph: {:?} scale {} on {}",
         report.graph.kind, report.graph.scale, report.outcome.gpu
     );
-    report::write_svg(&args.svg, &title, &report.outcome.rows)?;
-    println!("wrote {} and {}", args.json.display(), args.svg.display());
+    write_outputs(
+        "graph",
+        &args.json,
+        &args.svg,
+        &title,
+        &report,
+        &report.outcome.rows,
+        ceilings,
+        config.compare.gpu,
+    )?;
     Ok(())
 }
 
@@ -326,22 +376,30 @@ pub fn embed(args: &EmbedArgs) -> anyhow::Result<()> {
                 },
                 ..config.clone()
             };
-            let report = strata_workloads::bench::embed::run(&small)?;
+            let report = crate::workloads::embed::run(&small)?;
             print_embed(&report);
             println!("CHECK PASSED: embedding Zipf {skew}: every mode bit-exact");
         }
         return Ok(());
     }
-    let report = strata_workloads::bench::embed::run(&config)?;
+    let (ceilings, config) = with_ceilings(config, |c| &mut c.compare);
+    let report = crate::workloads::embed::run(&config)?;
     print_embed(&report);
-    report::write_json(&args.json, &report)?;
     let title = format!(
-        "Embedding gathers, Zipf {}, {} table: speedup over zero-copy ({})",
+        "strata bench embed: Zipf {} gathers over a {} table on {}",
         report.skew,
         strata_core::format_size(report.table_bytes),
         report.outcome.gpu
     );
-    report::write_svg(&args.svg, &title, &report.outcome.rows)?;
-    println!("wrote {} and {}", args.json.display(), args.svg.display());
+    write_outputs(
+        "embed",
+        &args.json,
+        &args.svg,
+        &title,
+        &report,
+        &report.outcome.rows,
+        ceilings,
+        config.compare.gpu,
+    )?;
     Ok(())
 }

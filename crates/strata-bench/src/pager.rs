@@ -72,8 +72,8 @@ use std::time::Instant;
 
 use strata_core::{FileStore, FileStoreOptions, MemoryStore, PagerConfig, Store, format_size};
 
-use crate::stream::median;
-use crate::{EvictionPolicy, Region};
+use strata_pager::stream::median;
+use strata_pager::{EvictionPolicy, Region};
 
 /// The one-handler reference the pager issue names: faults per second of one userfaultfd
 /// handler thread serving 4 KiB `UFFDIO_COPY` faults on a 16-vCPU VM (research notes,
@@ -277,7 +277,7 @@ pub enum BenchError {
     },
     /// A region could not be made or used.
     #[error(transparent)]
-    Region(#[from] crate::RegionError),
+    Region(#[from] strata_pager::RegionError),
     /// A bad plan.
     #[error("{0}")]
     Plan(String),
@@ -301,6 +301,42 @@ pub enum BenchError {
     /// The store failed.
     #[error(transparent)]
     Store(#[from] strata_core::StoreError),
+}
+
+impl BenchPlan {
+    /// Refuses a plan that cannot run, before any file is written: every page size must be
+    /// a power of two from 4 KiB to 2 MiB (so it divides the file), and the sweeps need at
+    /// least one page size, filler, thread, access pattern and policy.
+    pub fn check(&self) -> Result<(), BenchError> {
+        if self.page_sizes.is_empty() {
+            return Err(BenchError::Plan(
+                "--page-sizes needs at least one page size".into(),
+            ));
+        }
+        if let Some(bad) = self
+            .page_sizes
+            .iter()
+            .find(|&&p| !p.is_power_of_two() || !(BASE..=2 << 20).contains(&p))
+        {
+            return Err(BenchError::Plan(format!(
+                "--page-sizes: {bad} bytes is not a pager page size; use powers of two from 4KiB to 2MiB (e.g. 4KiB,64KiB,2MiB)"
+            )));
+        }
+        if self.fillers.is_empty() || self.fillers.contains(&0) {
+            return Err(BenchError::Plan(
+                "--fillers needs filler counts of at least 1".into(),
+            ));
+        }
+        if self.threads == 0 {
+            return Err(BenchError::Plan("--threads must be at least 1".into()));
+        }
+        if self.access.is_empty() || self.policies.is_empty() {
+            return Err(BenchError::Plan(
+                "--access and --policy need at least one value each".into(),
+            ));
+        }
+        Ok(())
+    }
 }
 
 fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> BenchError {
@@ -488,6 +524,8 @@ fn on_tmpfs(dir: &std::path::Path) -> bool {
 struct Cgroup {
     dir: PathBuf,
     version: u8,
+    /// Removes the group when dropped, or on a panic or an ending signal.
+    _guard: crate::cleanup::Temporary,
 }
 
 impl Cgroup {
@@ -495,7 +533,7 @@ impl Cgroup {
         let try_v2 = matches!(method, LimitMethod::Auto | LimitMethod::Cgroup2);
         let try_v1 = matches!(method, LimitMethod::Auto | LimitMethod::Cgroup1);
         let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
-        let name = format!("strata-bench-{}", std::process::id());
+        let name = format!("{}{}", crate::cleanup::PREFIX, std::process::id());
         let mut why = Vec::new();
         if try_v2 {
             let rel = own
@@ -513,12 +551,20 @@ impl Cgroup {
                     ));
                     continue;
                 }
+                crate::cleanup::remove_stale(&parent);
                 let dir = parent.join(&name);
                 let made = std::fs::create_dir(&dir)
                     .and_then(|()| std::fs::write(dir.join("memory.max"), limit.to_string()))
                     .and_then(|()| std::fs::write(dir.join("memory.swap.max"), "0").or(Ok(())));
                 match made {
-                    Ok(()) => return Ok(Some(Self { dir, version: 2 })),
+                    Ok(()) => {
+                        let guard = crate::cleanup::Temporary::register(dir.clone());
+                        return Ok(Some(Self {
+                            dir,
+                            version: 2,
+                            _guard: guard,
+                        }));
+                    }
                     Err(e) => {
                         let _ = std::fs::remove_dir(&dir);
                         why.push(format!("cgroup v2 at {}: {e}", parent.display()));
@@ -536,12 +582,20 @@ impl Cgroup {
                 })
                 .unwrap_or("/");
             let parent = PathBuf::from("/sys/fs/cgroup/memory").join(rel.trim_start_matches('/'));
+            crate::cleanup::remove_stale(&parent);
             let dir = parent.join(&name);
             let made = std::fs::create_dir(&dir).and_then(|()| {
                 std::fs::write(dir.join("memory.limit_in_bytes"), limit.to_string())
             });
             match made {
-                Ok(()) => return Ok(Some(Self { dir, version: 1 })),
+                Ok(()) => {
+                    let guard = crate::cleanup::Temporary::register(dir.clone());
+                    return Ok(Some(Self {
+                        dir,
+                        version: 1,
+                        _guard: guard,
+                    }));
+                }
                 Err(e) => {
                     let _ = std::fs::remove_dir(&dir);
                     why.push(format!("cgroup v1 at {}: {e}", parent.display()));
@@ -565,19 +619,6 @@ impl Cgroup {
             self.dir.display(),
             format_size(limit)
         )
-    }
-}
-
-impl Drop for Cgroup {
-    fn drop(&mut self) {
-        // The child has exited; its charges leave with it. Retry briefly while the kernel
-        // finishes tearing the group down.
-        for _ in 0..50 {
-            if std::fs::remove_dir(&self.dir).is_ok() {
-                return;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
     }
 }
 
@@ -759,7 +800,7 @@ fn strata_run(
         .evictors(1)
         .read_ahead(read_ahead.min(1024))
         .build()
-        .map_err(crate::RegionError::from)?;
+        .map_err(strata_pager::RegionError::from)?;
     let region = Region::builder(store, plan.size)
         .config(config)
         .policy(policy)
@@ -815,6 +856,7 @@ fn row(
 
 /// Runs the plan; `log` receives one line per finished measurement.
 pub fn run(plan: &BenchPlan, log: &mut dyn FnMut(String)) -> Result<BenchResults, BenchError> {
+    plan.check()?;
     if plan.size < 4 * plan.limit.max(BASE) / 2 || plan.limit == 0 {
         return Err(BenchError::Plan(format!(
             "the file ({}) should be at least twice the memory limit ({}) for paging to matter; raise --size or lower --limit",
@@ -828,16 +870,16 @@ pub fn run(plan: &BenchPlan, log: &mut dyn FnMut(String)) -> Result<BenchResults
         ));
     }
     std::fs::create_dir_all(&plan.dir).map_err(io(format!("creating {}", plan.dir.display())))?;
-    let path = plan
-        .dir
-        .join(format!("strata-bench-pager-{}.bin", std::process::id()));
-    struct Remove(PathBuf);
-    impl Drop for Remove {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_file(&self.0);
-        }
+    for stale in crate::cleanup::remove_stale(&plan.dir) {
+        log(format!(
+            "removed {} left by an earlier run that was killed",
+            stale.display()
+        ));
     }
-    let _guard = Remove(path.clone());
+    let guard = crate::cleanup::Temporary::register(crate::cleanup::temporary_name(
+        &plan.dir, "pager", "bin",
+    ));
+    let path = guard.path().to_path_buf();
     log(format!(
         "writing {} of test data to {}",
         format_size(plan.size),
@@ -1137,85 +1179,117 @@ pub fn table(res: &BenchResults) -> String {
     s
 }
 
-/// A grouped bar chart of bandwidth per (access, page size), one bar per contestant.
-pub fn svg(res: &BenchResults) -> String {
-    let mut contestants: Vec<&str> = Vec::new();
-    for r in &res.rows {
-        if !contestants.contains(&r.contestant.as_str()) {
-            contestants.push(&r.contestant);
-        }
-    }
-    let colors = ["#2b7bb9", "#5cb85c", "#f0ad4e", "#d9534f", "#777777"];
+/// The chart of `strata bench pager`: per access order and page size, Strata's best
+/// file-store and memory-store bandwidth over the kernel's `mmap` of the same file under the
+/// same limit, and the file store's bandwidth as a fraction of the disk's `O_DIRECT` rate
+/// measured on this machine.
+pub fn chart(res: &BenchResults, record: &crate::record::Record) -> crate::plot::Chart {
     let mut groups: Vec<(Access, u64)> = Vec::new();
     for r in &res.rows {
         if !groups.contains(&(r.access, r.page_bytes)) {
             groups.push((r.access, r.page_bytes));
         }
     }
-    let max = res.rows.iter().map(|r| r.bytes_per_sec).fold(1.0, f64::max);
-    let group_w = 32.0 * contestants.len() as f64 + 24.0;
-    let (w, h, left, bottom, top) = (
-        group_w * groups.len() as f64 + 120.0,
-        420.0,
-        70.0,
-        60.0,
-        50.0,
-    );
-    let plot_h = h - bottom - top;
-    let mut s = format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"11\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\"{left}\" y=\"20\" font-size=\"14\">Strata pager vs kernel mmap: {} file, {} memory limit (best filler count)</text>\n",
-        format_size(res.size),
-        format_size(res.limit)
-    );
-    for i in 0..=4 {
-        let v = max * f64::from(i) / 4.0;
-        let y = top + plot_h - plot_h * f64::from(i) / 4.0;
-        s += &format!(
-            "<line x1=\"{left}\" x2=\"{}\" y1=\"{y:.1}\" y2=\"{y:.1}\" stroke=\"#ddd\"/><text x=\"5\" y=\"{:.1}\">{:.0} MB/s</text>\n",
-            w - 20.0,
-            y + 4.0,
-            v / 1e6
-        );
-    }
-    for (gi, (access, page)) in groups.iter().enumerate() {
-        let gx = left + 10.0 + group_w * gi as f64;
-        for (ci, c) in contestants.iter().enumerate() {
-            if let Some(r) = best(&res.rows, c, *access, *page) {
-                let bh = plot_h * r.bytes_per_sec / max;
-                s += &format!(
-                    "<rect x=\"{:.1}\" y=\"{:.1}\" width=\"30\" height=\"{bh:.1}\" fill=\"{}\"><title>{c}: {:.1} MB/s</title></rect>\n",
-                    gx + 32.0 * ci as f64,
-                    top + plot_h - bh,
-                    colors[ci % colors.len()],
-                    r.bytes_per_sec / 1e6
-                );
+    let disk = record
+        .ceilings
+        .values
+        .as_ref()
+        .and_then(|c| c.get("disk-direct-read"));
+    let groups = groups
+        .into_iter()
+        .map(|(access, page)| {
+            let kernel = best(&res.rows, "kernel-mmap", access, page).map(|r| r.bytes_per_sec);
+            let over = |name: &str| {
+                let strata = best(&res.rows, name, access, page)?.bytes_per_sec;
+                kernel.filter(|k| *k > 0.0).map(|k| strata / k)
+            };
+            let file = best(&res.rows, "strata-file", access, page).map(|r| r.bytes_per_sec);
+            crate::plot::Group {
+                label: format!(
+                    "{}\n{} pages",
+                    format!("{access:?}").to_lowercase(),
+                    format_size(page)
+                ),
+                speedups: vec![over("strata-file"), over("strata-memory")],
+                ceiling: file.zip(disk).map(|(f, d)| {
+                    (
+                        f / (d * 1e9),
+                        format!("file store of {d:.2} GB/s disk O_DIRECT"),
+                    )
+                }),
             }
-        }
-        s += &format!(
-            "<text x=\"{:.1}\" y=\"{:.1}\">{} {}</text>\n",
-            gx,
-            h - bottom + 16.0,
-            format!("{access:?}").to_lowercase(),
-            format_size(*page)
-        );
+        })
+        .collect();
+    crate::plot::Chart {
+        title: format!(
+            "strata bench pager: {} file, {} memory limit (best filler count)",
+            format_size(res.size),
+            format_size(res.limit)
+        ),
+        subtitle: record.subtitle(),
+        baselines: vec![
+            "kernel mmap (Strata file store)".into(),
+            "kernel mmap (Strata memory store)".into(),
+        ],
+        groups,
+        no_ceilings: disk.is_none().then(|| record.ceilings.source.clone()),
+        mark_missing: true,
     }
-    for (ci, c) in contestants.iter().enumerate() {
-        s += &format!(
-            "<rect x=\"{:.1}\" y=\"{:.1}\" width=\"12\" height=\"12\" fill=\"{}\"/><text x=\"{:.1}\" y=\"{:.1}\">{c}</text>\n",
-            left + 130.0 * ci as f64,
-            h - 22.0,
-            colors[ci % colors.len()],
-            left + 130.0 * ci as f64 + 16.0,
-            h - 12.0
-        );
-    }
-    s += "</svg>\n";
-    s
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn plan(page_sizes: Vec<u64>) -> BenchPlan {
+        BenchPlan {
+            size: 32 << 20,
+            limit: 8 << 20,
+            page_sizes,
+            fillers: vec![1],
+            threads: 1,
+            access: vec![Access::Seq],
+            policies: vec![EvictionPolicy::Clock],
+            repeat: 1,
+            limit_method: LimitMethod::None,
+            dir: std::env::temp_dir().join("strata-bench-plan-check-never-made"),
+            self_exe: PathBuf::from("/nonexistent"),
+            extra_store: None,
+        }
+    }
+
+    #[test]
+    fn bad_page_sizes_are_clear_errors_before_anything_runs() {
+        for sizes in [
+            vec![0],
+            vec![],
+            vec![4096, 0],
+            vec![6 << 10],
+            vec![4 << 20],
+            vec![2048],
+        ] {
+            let mut log = |_: String| {};
+            let err = run(&plan(sizes.clone()), &mut log).expect_err("refused");
+            let text = err.to_string();
+            assert!(text.contains("--page-sizes"), "{sizes:?}: {text}");
+        }
+        assert!(
+            !plan(vec![0]).dir.exists(),
+            "nothing written for a refused plan"
+        );
+        let mut zero_fillers = plan(vec![4096]);
+        zero_fillers.fillers = vec![0];
+        assert!(
+            zero_fillers
+                .check()
+                .unwrap_err()
+                .to_string()
+                .contains("--fillers")
+        );
+        plan(vec![4096, 64 << 10, 2 << 20])
+            .check()
+            .expect("good sizes pass");
+    }
 
     #[test]
     fn schedules_cover_every_unit_once() {

@@ -1,18 +1,18 @@
 //! `strata bench embed`: batched embedding lookups with Zipf-distributed row ids and sum
 //! pooling, the table paged by Strata, against zero-copy, UVM (where it fits) and GPU memory.
 //! Every run's pooled output is compared bit for bit with the CPU reference (the table's
-//! values make every sum exact; see [`crate::embed`]).
+//! values make every sum exact; see [`strata_workloads::embed`]).
 
 use std::time::Instant;
 
 use serde::Serialize;
 use strata_gpu::Strata;
 
-use super::report::{self, PCIE_READ_CEILING_GBPS, Row, StrataStats};
+use super::report::{self, Row, StrataStats};
 use super::{Comparison, Mode, Outcome, place_or_skip, progress};
-use crate::embed::{self, LookupSpec, TableSpec};
-use crate::gpu::device::GpuWorkloadError;
-use crate::gpu::embed::EmbedGpu;
+use strata_workloads::embed::{self, LookupSpec, TableSpec};
+use strata_workloads::gpu::device::GpuWorkloadError;
+use strata_workloads::gpu::embed::EmbedGpu;
 
 /// Everything `strata bench embed` needs.
 #[derive(Debug, Clone)]
@@ -205,7 +205,8 @@ pub fn run(config: &EmbedBenchConfig) -> Result<EmbedBenchReport, GpuWorkloadErr
             slowdown_vs_gpu_memory: None,
             pcie_fraction: closest
                 .as_ref()
-                .map(|s| s.bytes_in as f64 / seconds / 1e9 / PCIE_READ_CEILING_GBPS),
+                .zip(config.compare.pcie_read_gbps)
+                .map(|(s, pcie)| s.bytes_in as f64 / seconds / 1e9 / pcie),
             strata: closest,
             validated: "bit-exact vs cpu, every run".into(),
         };
@@ -246,12 +247,13 @@ mod tests {
             seed: 1,
             compare: Comparison {
                 oversubscription: vec![4.0],
-                modes: crate::bench::Modes::all(),
+                modes: crate::workloads::Modes::all(),
                 page_size: 4096,
                 policy: strata_gpu::EvictionPolicy::Clock,
                 reps: 1,
                 cold: true,
                 gpu: 0,
+                pcie_read_gbps: None,
             },
         };
         validate_config(&ok).unwrap();

@@ -72,6 +72,11 @@ pub struct Throughput {
     pub read_bytes_per_sec: f64,
     /// Median microseconds per page read (batch time / batch size).
     pub read_us_per_page: f64,
+    /// Every repeat's write rate, bytes per second (their spread is the run-to-run spread
+    /// `strata bench compare` allows).
+    pub write_samples: Vec<f64>,
+    /// Every repeat's read rate, bytes per second.
+    pub read_samples: Vec<f64>,
 }
 
 /// Writes then reads every page of `store` (`repeats` times, median), from `submitters`
@@ -157,6 +162,8 @@ pub fn page_throughput(
         per_page.extend(times);
     }
     Ok(Throughput {
+        write_samples: writes.clone(),
+        read_samples: reads.clone(),
         write_bytes_per_sec: median(&mut writes),
         read_bytes_per_sec: median(&mut reads),
         read_us_per_page: median(&mut per_page),

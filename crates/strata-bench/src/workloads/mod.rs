@@ -11,13 +11,34 @@ pub mod embed;
 pub mod graph;
 pub mod report;
 
+/// A fresh seed for a test run (time-based), printed so a failure can be replayed with
+/// `STRATA_TEST_SEED=<seed>`.
+#[cfg(test)]
+pub(crate) fn test_seed() -> u64 {
+    use std::sync::OnceLock;
+    static SEED: OnceLock<u64> = OnceLock::new();
+    *SEED.get_or_init(|| {
+        let seed = std::env::var("STRATA_TEST_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| {
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap_or_default();
+                u64::try_from(now.as_nanos() & u128::from(u64::MAX)).unwrap_or(1)
+            });
+        eprintln!("strata-bench test seed: {seed} (replay with STRATA_TEST_SEED={seed})");
+        seed
+    })
+}
+
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 use strata_gpu::{EvictionPolicy, Strata};
 
-use crate::gpu::device::GpuWorkloadError;
-use crate::gpu::placed::{Element, Placed};
 use report::Row;
+use strata_workloads::gpu::device::GpuWorkloadError;
+use strata_workloads::gpu::placed::{Element, Placed};
 
 /// What every workload benchmark compares, and how.
 #[derive(Debug, Clone)]
@@ -37,6 +58,9 @@ pub struct Comparison {
     pub cold: bool,
     /// GPU ordinal.
     pub gpu: usize,
+    /// PCIe read rate by SMs measured on this machine (`strata bench ceilings`), GB/s; rows
+    /// report no PCIe fraction without it.
+    pub pcie_read_gbps: Option<f64>,
 }
 
 impl Comparison {

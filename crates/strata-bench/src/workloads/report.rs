@@ -7,12 +7,8 @@ use std::path::Path;
 use serde::Serialize;
 use strata_gpu::GpuStats;
 
-/// Measured ceiling for reads of pinned host memory from the GPU over PCIe (SM zero-copy and
-/// warp-per-page copies; `research/measured-limits.md`, H200, PCIe Gen5 x16).
-pub const PCIE_READ_CEILING_GBPS: f64 = 51.4;
-
 /// Strata's statistics for one run.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct StrataStats {
     /// Page hits.
     pub hits: u64,
@@ -61,7 +57,7 @@ impl From<&GpuStats> for StrataStats {
 }
 
 /// One measured configuration.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct Row {
     /// `bfs`, `cc`, `pagerank` or `embed`.
     pub workload: String,
@@ -193,7 +189,7 @@ pub fn table(rows: &[Row]) -> String {
     );
     let _ = writeln!(
         out,
-        "pcie: Strata's bytes moved per second as % of the {PCIE_READ_CEILING_GBPS} GB/s PCIe read ceiling (measured-limits.md)."
+        "pcie: Strata's bytes moved per second as % of this machine's PCIe read ceiling (`strata bench ceilings`; '-' without one)."
     );
     out
 }
@@ -226,139 +222,43 @@ pub fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<(), ReportErro
     })
 }
 
-fn escape(text: &str) -> String {
-    text.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-}
-
-/// A grouped bar chart (one group per workload, one bar per mode) of speedup over zero-copy,
-/// with the 1.0 line marked; modes without a zero-copy baseline are left out.
-#[must_use]
-pub fn svg(title: &str, rows: &[Row]) -> String {
-    let mut workloads: Vec<&str> = Vec::new();
-    let mut modes: Vec<&str> = Vec::new();
-    for r in rows {
-        if !workloads.contains(&r.workload.as_str()) {
-            workloads.push(&r.workload);
-        }
-        if !modes.contains(&r.mode.as_str()) {
-            modes.push(&r.mode);
-        }
-    }
-    let value = |w: &str, m: &str| {
-        rows.iter()
-            .find(|r| r.workload == w && r.mode == m)
-            .and_then(|r| r.speedup_vs_zero_copy)
-    };
-    let max = rows
+/// The chart of `strata bench graph` and `strata bench embed`: per workload and
+/// oversubscription factor, Strata's speed-up over zero-copy, UVM (where the data fits) and
+/// all-in-GPU memory (where it fits: below 1 is the price of paging), and the bytes Strata
+/// moved per second as a fraction of this machine's PCIe read ceiling.
+pub fn chart(title: &str, rows: &[Row], record: &crate::record::Record) -> crate::plot::Chart {
+    let groups = rows
         .iter()
-        .filter_map(|r| r.speedup_vs_zero_copy)
-        .fold(1.0f64, f64::max)
-        * 1.15;
-    let (left, top, plot_h, bar_w, gap) = (70.0, 50.0, 300.0, 22.0, 30.0);
-    #[allow(clippy::cast_precision_loss)]
-    let group_w = modes.len() as f64 * bar_w + gap;
-    #[allow(clippy::cast_precision_loss)]
-    let width = left + group_w * workloads.len() as f64 + 200.0;
-    let height = top + plot_h + 60.0;
-    let colours = [
-        "#1b9e77", "#66a61e", "#a6d854", "#d95f02", "#7570b3", "#e7298a", "#e6ab02", "#666666",
-    ];
-    let y = |v: f64| top + plot_h - v / max * plot_h;
-    let mut s = String::new();
-    let _ = writeln!(
-        s,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0}" height="{height:.0}" font-family="sans-serif" font-size="12">"#
-    );
-    let _ = writeln!(
-        s,
-        r#"<text x="{left}" y="25" font-size="15">{}</text>"#,
-        escape(title)
-    );
-    let _ = writeln!(
-        s,
-        r#"<line x1="{left}" y1="{top}" x2="{left}" y2="{:.1}" stroke="black"/>"#,
-        top + plot_h
-    );
-    for tick in 0..=4 {
-        let v = max * f64::from(tick) / 4.0;
-        let _ = writeln!(
-            s,
-            r#"<text x="{:.1}" y="{:.1}" text-anchor="end">{v:.2}x</text>"#,
-            left - 6.0,
-            y(v) + 4.0
-        );
+        .filter(|r| r.mode.starts_with("strata"))
+        .map(|r| crate::plot::Group {
+            label: format!("{}\n{}", r.workload, r.mode),
+            speedups: vec![
+                r.speedup_vs_zero_copy,
+                r.speedup_vs_uvm,
+                r.slowdown_vs_gpu_memory
+                    .filter(|s| *s > 0.0)
+                    .map(|s| 1.0 / s),
+            ],
+            ceiling: r
+                .pcie_fraction
+                .map(|f| (f, "PCIe read (pcie-read-sm)".to_string())),
+        })
+        .collect();
+    crate::plot::Chart {
+        title: title.to_string(),
+        subtitle: record.subtitle(),
+        baselines: vec![
+            "zero-copy".into(),
+            "UVM (data fits)".into(),
+            "all in GPU memory".into(),
+        ],
+        groups,
+        no_ceilings: rows
+            .iter()
+            .all(|r| r.pcie_fraction.is_none())
+            .then(|| record.ceilings.source.clone()),
+        mark_missing: true,
     }
-    let _ = writeln!(
-        s,
-        r##"<line x1="{left}" y1="{0:.1}" x2="{1:.1}" y2="{0:.1}" stroke="#999" stroke-dasharray="4 3"/>"##,
-        y(1.0),
-        width - 190.0
-    );
-    let _ = writeln!(
-        s,
-        r#"<text transform="translate(18 {:.1}) rotate(-90)" text-anchor="middle">speedup over zero-copy</text>"#,
-        top + plot_h / 2.0
-    );
-    for (g, w) in workloads.iter().enumerate() {
-        #[allow(clippy::cast_precision_loss)]
-        let x0 = left + gap / 2.0 + g as f64 * group_w;
-        for (m, mode) in modes.iter().enumerate() {
-            if let Some(v) = value(w, mode) {
-                #[allow(clippy::cast_precision_loss)]
-                let x = x0 + m as f64 * bar_w;
-                let _ = writeln!(
-                    s,
-                    r#"<rect x="{x:.1}" y="{:.1}" width="{:.1}" height="{:.1}" fill="{}"><title>{} {}: {v:.2}x</title></rect>"#,
-                    y(v),
-                    bar_w - 2.0,
-                    top + plot_h - y(v),
-                    colours[m % colours.len()],
-                    escape(w),
-                    escape(mode)
-                );
-            }
-        }
-        #[allow(clippy::cast_precision_loss)]
-        let centre = x0 + modes.len() as f64 * bar_w / 2.0;
-        let _ = writeln!(
-            s,
-            r#"<text x="{centre:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
-            top + plot_h + 18.0,
-            escape(w)
-        );
-    }
-    for (m, mode) in modes.iter().enumerate() {
-        #[allow(clippy::cast_precision_loss)]
-        let ly = top + 10.0 + m as f64 * 18.0;
-        let lx = width - 180.0;
-        let _ = writeln!(
-            s,
-            r#"<rect x="{lx:.1}" y="{:.1}" width="12" height="12" fill="{}"/>"#,
-            ly - 10.0,
-            colours[m % colours.len()]
-        );
-        let _ = writeln!(
-            s,
-            r#"<text x="{:.1}" y="{ly:.1}">{}</text>"#,
-            lx + 18.0,
-            escape(mode)
-        );
-    }
-    s.push_str("</svg>\n");
-    s
-}
-
-/// Writes the SVG chart to `path`.
-///
-/// # Errors
-/// I/O failures.
-pub fn write_svg(path: &Path, title: &str, rows: &[Row]) -> Result<(), ReportError> {
-    std::fs::write(path, svg(title, rows)).map_err(|source| ReportError::Io {
-        path: path.display().to_string(),
-        source,
-    })
 }
 
 #[cfg(test)]
@@ -387,7 +287,7 @@ mod tests {
     }
 
     #[test]
-    fn medians_ratios_table_and_svg() {
+    fn medians_ratios_table_and_chart() {
         assert!((median(&[3.0, 1.0, 2.0]) - 2.0).abs() < 1e-12);
         assert!((median(&[4.0, 1.0, 2.0, 3.0]) - 2.5).abs() < 1e-12);
         assert!(median(&[]).is_nan());
@@ -402,13 +302,24 @@ mod tests {
         assert!(rows[0].speedup_vs_uvm.is_none());
         let text = table(&rows);
         assert!(text.contains("strata-2x") && text.contains("2.00"));
-        let chart = svg("a <title>", &rows);
-        assert!(chart.starts_with("<svg") && chart.trim_end().ends_with("</svg>"));
-        assert!(chart.contains("&lt;title&gt;") && chart.contains("strata-2x: 2.00x"));
-        assert_eq!(
-            chart.matches("<rect").count(),
-            3 + 3,
-            "three bars and three legend boxes"
+        let record = crate::record::Record::new(
+            "graph",
+            None,
+            crate::record::CeilingsUsed {
+                source: "test".into(),
+                values: None,
+            },
+            serde_json::json!({ "rows": &rows }),
         );
+        let c = chart("t", &rows, &record);
+        assert_eq!(c.groups.len(), 1, "one Strata row");
+        let s = &c.groups[0].speedups;
+        assert!(s[0].is_some_and(|v| (v - 2.0).abs() < 1e-12) && s[1].is_none());
+        assert!(
+            s[2].is_some_and(|v| (v - 0.2).abs() < 1e-12),
+            "5x slower than GPU memory"
+        );
+        assert!(c.no_ceilings.is_some());
+        assert_eq!(record.figures.len(), 3, "{:?}", record.figures);
     }
 }

@@ -1,17 +1,17 @@
 //! `strata bench gpu-micro`: Strata's paging against the baselines a user would pick instead
 //! (zero-copy reads of the pinned host copy, explicit chunked copies, UVM with data that fits),
 //! over spaces 1x to 8x the cache. Timings are CUDA-event medians after one warm-up; rates are
-//! compared with the H200 ceilings of `research/measured-limits.md`.
+//! compared with the ceilings measured on this machine ([`crate::ceilings`]).
 
-use std::fmt::Write as _;
-use std::path::Path;
 use std::sync::Arc;
 
-use crate::driver::{Args, DeviceBuffer, Event, Function, Gpu, Grid, ManagedBuffer, Stream};
-use crate::nvrtc;
-use crate::space::{
+use strata_gpu::driver::{Args, DeviceBuffer, Event, Function, Gpu, Grid, ManagedBuffer, Stream};
+use strata_gpu::space::{
     ElementType, EvictionPolicy, GpuStats, Space, SpaceError, SpaceOptions, Strata,
 };
+
+/// The kernels of `strata bench gpu-micro` (compiled at run time through NVRTC).
+pub const BENCH_KERNELS_CU: &str = include_str!("../cuda/bench_kernels.cu");
 
 /// Benchmark settings.
 #[derive(Debug, Clone)]
@@ -30,6 +30,9 @@ pub struct MicroOptions {
     pub skip_uvm: bool,
     /// Patterns to run (empty = all).
     pub patterns: Vec<String>,
+    /// The ceilings measured on this machine (`strata bench ceilings`); rows report no
+    /// fraction without them.
+    pub ceilings: Option<crate::ceilings::Ceilings>,
 }
 
 impl Default for MicroOptions {
@@ -42,12 +45,13 @@ impl Default for MicroOptions {
             touches: 1 << 20,
             skip_uvm: false,
             patterns: Vec::new(),
+            ceilings: None,
         }
     }
 }
 
 /// One measurement: median time and rate.
-#[derive(Debug, Clone, Copy, serde::Serialize)]
+#[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize)]
 pub struct Measure {
     /// Median milliseconds per run.
     pub median_ms: f64,
@@ -78,7 +82,7 @@ pub struct Row {
     pub chunked_copy: Option<Measure>,
     /// CUDA managed memory, first touch (data fits in GPU memory).
     pub uvm: Option<Measure>,
-    /// The ceiling compared with, in `unit`.
+    /// The ceiling compared with, in `unit`, measured on this machine (0 when none was).
     pub ceiling: f64,
     /// Its name.
     pub ceiling_name: String,
@@ -86,16 +90,8 @@ pub struct Row {
     pub stats: GpuStats,
 }
 
-// H200 ceilings (research/measured-limits.md).
-const PCIE_SM_GBS: f64 = 51.4;
-const HBM_READ_GBS: f64 = 4558.0;
-const PAGES_4K_PCIE: f64 = 12.5;
-const PAGES_64K_PCIE: f64 = 0.78;
-const HBM_GATHER_M: f64 = 37_800.0;
-const ZERO_COPY_GATHER_M: f64 = 46.7;
-
 struct Kernels {
-    _module: crate::space::KernelModule,
+    _module: strata_gpu::space::KernelModule,
     s_stream: Function,
     s_rmw: Function,
     s_touch: Function,
@@ -288,7 +284,7 @@ impl Ctx<'_> {
         zero_copy: Option<Measure>,
         chunked_copy: Option<Measure>,
         uvm: Option<Measure>,
-        ceiling: (f64, &str),
+        ceiling: (f64, String),
     ) -> Result<(), SpaceError> {
         let policy = match space.options().policy {
             EvictionPolicy::Clock => "clock".to_string(),
@@ -308,12 +304,20 @@ impl Ctx<'_> {
             chunked_copy,
             uvm,
             ceiling: ceiling.0,
-            ceiling_name: ceiling.1.into(),
+            ceiling_name: ceiling.1,
             stats: space.stats()?,
         };
         eprintln!("{}", format_row(&row));
         self.rows.push(row);
         Ok(())
+    }
+
+    /// Ceiling `probe` of this machine times `scale`, named; zero when it was not measured.
+    fn ceiling(&self, probe: &str, scale: f64, what: &str) -> (f64, String) {
+        match self.opts.ceilings.as_ref().and_then(|c| c.get(probe)) {
+            Some(v) => (v * scale, format!("{what} ({probe})")),
+            None => (0.0, format!("{what}: not measured")),
+        }
     }
 
     fn sink_args(&self) -> u64 {
@@ -329,9 +333,9 @@ impl Ctx<'_> {
         let h = space.handle();
         let in_cache = ratio <= 1;
         let ceiling = if in_cache {
-            (HBM_READ_GBS, "HBM read")
+            self.ceiling("hbm-read", 1.0, "HBM read")
         } else {
-            (PCIE_SM_GBS, "PCIe SM read")
+            self.ceiling("pcie-read-sm", 1.0, "PCIe SM read")
         };
         let clock = matches!(policy, EvictionPolicy::Clock);
         let name = if clock {
@@ -421,9 +425,9 @@ impl Ctx<'_> {
             )?;
             let cc = self.chunked(&space, true)?;
             let ceiling = if in_cache {
-                (HBM_READ_GBS / 2.0, "HBM read+write")
+                self.ceiling("hbm-read", 0.5, "HBM read+write")
             } else {
-                (PCIE_SM_GBS, "PCIe each way")
+                self.ceiling("pcie-read-sm", 1.0, "PCIe each way")
             };
             self.push(
                 "stream-rmw",
@@ -595,9 +599,9 @@ impl Ctx<'_> {
         };
         let ceiling = match (ratio <= 1 && !cold, big) {
             #[allow(clippy::cast_precision_loss)]
-            (true, _) => (HBM_READ_GBS * 1e3 / page as f64, "HBM read"),
-            (false, false) => (PAGES_4K_PCIE, "PCIe warp-per-page 4K"),
-            (false, true) => (PAGES_64K_PCIE, "PCIe warp-per-page 64K"),
+            (true, _) => self.ceiling("hbm-read", 1e3 / page as f64, "HBM read"),
+            (false, false) => self.ceiling("page-gather-4k", 1.0, "PCIe warp-per-page 4K"),
+            (false, true) => self.ceiling("page-gather-64k", 1.0, "PCIe warp-per-page 64K"),
         };
         self.push(
             name,
@@ -686,9 +690,9 @@ impl Ctx<'_> {
                 None => None,
             };
             let ceiling = if ratio <= 1 {
-                (HBM_GATHER_M, "HBM gather")
+                self.ceiling("hbm-random-gather", 1.0, "HBM gather")
             } else {
-                (ZERO_COPY_GATHER_M, "zero-copy gather")
+                self.ceiling("zero-copy-random-gather", 1.0, "zero-copy gather")
             };
             self.push(
                 name,
@@ -725,7 +729,7 @@ pub fn format_row(r: &Row) -> String {
         }
     };
     format!(
-        "{:<18} {:>5} {:>2}x {:<10} {:>9.2} | zc {} | copy {} | uvm {} | {:>5.1}% of {:.1} ({}) | hit {:>5.1}% faults {}",
+        "{:<18} {:>5} {:>2}x {:<10} {:>9.2} | zc {} | copy {} | uvm {} | {} | hit {:>5.1}% faults {}",
         r.pattern,
         strata_core::units::format_size(r.page_size),
         r.ratio,
@@ -734,18 +738,25 @@ pub fn format_row(r: &Row) -> String {
         fmt_opt(r.zero_copy, r.strata.rate),
         fmt_opt(r.chunked_copy, r.strata.rate),
         fmt_opt(r.uvm, r.strata.rate),
-        r.strata.rate / r.ceiling * 100.0,
-        r.ceiling,
-        r.ceiling_name,
+        if r.ceiling > 0.0 {
+            format!(
+                "{:>5.1}% of {:.1} {}",
+                r.strata.rate / r.ceiling * 100.0,
+                r.ceiling,
+                r.ceiling_name
+            )
+        } else {
+            format!("no ceiling ({})", r.ceiling_name)
+        },
         hit,
         r.stats.faults,
     )
 }
 
-/// Runs the benchmark; writes `<out>.json` and `<out>.svg` when `out` is given.
-pub fn run_micro(opts: &MicroOptions, out: Option<&Path>) -> Result<Vec<Row>, SpaceError> {
+/// Runs the benchmark on GPU 0.
+pub fn run_micro(opts: &MicroOptions) -> Result<Vec<Row>, SpaceError> {
     let strata = Strata::new(0)?;
-    let module = strata.compile(nvrtc::BENCH_KERNELS_CU, "bench_kernels.cu")?;
+    let module = strata.compile(BENCH_KERNELS_CU, "bench_kernels.cu")?;
     let f = |n: &str| module.function(n);
     let k = Kernels {
         s_stream: f("strata_stream_read")?,
@@ -795,85 +806,79 @@ pub fn run_micro(opts: &MicroOptions, out: Option<&Path>) -> Result<Vec<Row>, Sp
         ctx.small_pages(ratio)?;
     }
     let rows = ctx.rows;
-    if let Some(out) = out {
-        let json = serde_json::json!({
-            "gpu": gpu.name,
-            "multiprocessors": gpu.multiprocessors,
-            "cache_bytes": opts.cache_bytes,
-            "reps": opts.reps,
-            "ceilings_from": "research/measured-limits.md (H200)",
-            "rows": rows,
-        });
-        let p = out.with_extension("json");
-        std::fs::write(&p, serde_json::to_string_pretty(&json).unwrap_or_default())
-            .map_err(|e| SpaceError::Invalid(format!("cannot write {}: {e}", p.display())))?;
-        let p = out.with_extension("svg");
-        std::fs::write(&p, svg(&rows))
-            .map_err(|e| SpaceError::Invalid(format!("cannot write {}: {e}", p.display())))?;
-    }
     Ok(rows)
 }
 
-/// A bar chart: per row, the fraction of the ceiling reached by Strata and each baseline.
-pub fn svg(rows: &[Row]) -> String {
-    let bar_h = 7.0;
-    let row_h = 4.0 * bar_h + 8.0;
-    let left = 300.0;
-    let width = 500.0;
-    #[allow(clippy::cast_precision_loss)]
-    let height = rows.len() as f64 * row_h + 60.0;
-    let mut s = String::new();
-    let _ = write!(
-        s,
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{height}\" font-family=\"sans-serif\" font-size=\"10\">\n\
-         <text x=\"10\" y=\"16\" font-size=\"13\">strata bench gpu-micro: fraction of the ceiling (log scale, 0.1% to 100%)</text>\n",
-        left + width + 20.0
-    );
-    let colors = [
-        ("Strata", "#1f77b4"),
-        ("zero-copy", "#ff7f0e"),
-        ("chunked copy", "#2ca02c"),
-        ("UVM", "#d62728"),
-    ];
-    for (i, (name, c)) in colors.iter().enumerate() {
-        #[allow(clippy::cast_precision_loss)]
-        let x = 10.0 + i as f64 * 110.0;
-        let _ = writeln!(
-            s,
-            "<rect x=\"{x}\" y=\"26\" width=\"10\" height=\"10\" fill=\"{c}\"/><text x=\"{}\" y=\"35\">{name}</text>",
-            x + 14.0
-        );
+/// The part of a [`Row`] the chart shows, read from a result file's `rows` (this build's or
+/// an older one's), so `strata bench plot` can redraw any gpu-micro result.
+#[derive(Debug, Clone, serde::Deserialize)]
+pub struct ChartRow {
+    /// Pattern name.
+    pub pattern: String,
+    /// Page size in bytes.
+    pub page_size: u64,
+    /// Space size over cache size.
+    pub ratio: u64,
+    /// Unit of the rates.
+    pub unit: String,
+    /// Through Strata.
+    pub strata: Measure,
+    /// Zero-copy.
+    pub zero_copy: Option<Measure>,
+    /// Chunked copies.
+    pub chunked_copy: Option<Measure>,
+    /// UVM.
+    pub uvm: Option<Measure>,
+    /// The ceiling, in `unit` (0: none).
+    pub ceiling: f64,
+    /// Its name.
+    pub ceiling_name: String,
+}
+
+/// The chart of `strata bench gpu-micro`: per pattern and oversubscription ratio, Strata's
+/// rate over zero-copy's, chunked copies' and UVM's, and as a fraction of this machine's
+/// ceiling for the pattern.
+pub fn chart(rows: &[ChartRow], record: &crate::record::Record) -> crate::plot::Chart {
+    let over = |m: Option<Measure>, r: &ChartRow| {
+        m.filter(|m| m.rate > 0.0).map(|m| r.strata.rate / m.rate)
+    };
+    let groups = rows
+        .iter()
+        .map(|r| crate::plot::Group {
+            label: format!(
+                "{}\n{} x{}",
+                r.pattern,
+                strata_core::units::format_size(r.page_size).replace(' ', ""),
+                r.ratio
+            ),
+            speedups: vec![
+                over(r.zero_copy, r),
+                over(r.chunked_copy, r),
+                over(r.uvm, r),
+            ],
+            ceiling: (r.ceiling > 0.0).then(|| {
+                (
+                    r.strata.rate / r.ceiling,
+                    format!("{:.1} {} {}", r.ceiling, r.unit, r.ceiling_name),
+                )
+            }),
+        })
+        .collect();
+    crate::plot::Chart {
+        title: "strata bench gpu-micro: Strata's GPU paging against the alternatives".into(),
+        subtitle: record.subtitle(),
+        baselines: vec![
+            "zero-copy".into(),
+            "chunked copies".into(),
+            "UVM (data fits, first touch)".into(),
+        ],
+        groups,
+        no_ceilings: rows
+            .iter()
+            .all(|r| r.ceiling <= 0.0)
+            .then(|| record.ceilings.source.clone()),
+        mark_missing: true,
     }
-    let scale = |f: f64| ((f.clamp(1e-3, 1.0).log10() + 3.0) / 3.0) * width;
-    for (i, r) in rows.iter().enumerate() {
-        #[allow(clippy::cast_precision_loss)]
-        let y0 = 50.0 + i as f64 * row_h;
-        let _ = writeln!(
-            s,
-            "<text x=\"10\" y=\"{}\">{} {} {}x ({:.3} {})</text>",
-            y0 + 2.0 * bar_h,
-            r.pattern,
-            strata_core::units::format_size(r.page_size),
-            r.ratio,
-            r.strata.rate,
-            r.unit
-        );
-        let vals = [Some(r.strata), r.zero_copy, r.chunked_copy, r.uvm];
-        for (j, (v, (_, c))) in vals.iter().zip(colors.iter()).enumerate() {
-            if let Some(m) = v {
-                #[allow(clippy::cast_precision_loss)]
-                let y = y0 + j as f64 * bar_h;
-                let _ = writeln!(
-                    s,
-                    "<rect x=\"{left}\" y=\"{y}\" width=\"{:.1}\" height=\"{}\" fill=\"{c}\"/>",
-                    scale(m.rate / r.ceiling),
-                    bar_h - 1.0
-                );
-            }
-        }
-    }
-    s.push_str("</svg>\n");
-    s
 }
 
 #[cfg(test)]
@@ -903,7 +908,7 @@ mod tests {
     }
 
     #[test]
-    fn svg_is_well_formed_enough() {
+    fn chart_shows_a_slower_strata_as_a_slowdown_with_its_value() {
         let r = Row {
             pattern: "p".into(),
             policy: "clock".into(),
@@ -915,7 +920,10 @@ mod tests {
                 median_ms: 1.0,
                 rate: 10.0,
             },
-            zero_copy: None,
+            zero_copy: Some(Measure {
+                median_ms: 0.24,
+                rate: 10.0 / 0.24,
+            }),
             chunked_copy: None,
             uvm: None,
             ceiling: 50.0,
@@ -936,8 +944,40 @@ mod tests {
                 read_through: 0,
             },
         };
-        let s = svg(&[r]);
-        assert!(s.starts_with("<svg") && s.trim_end().ends_with("</svg>"));
-        assert_eq!(s.matches("<rect").count(), 4 + 1);
+        let record = crate::record::Record::new(
+            "gpu-micro",
+            None,
+            crate::record::CeilingsUsed {
+                source: "test".into(),
+                values: None,
+            },
+            serde_json::json!({ "rows": [&r] }),
+        );
+        let view: Vec<ChartRow> = serde_json::from_value(record.results["rows"].clone()).unwrap();
+        let c = chart(&view, &record);
+        let g = &c.groups[0];
+        assert!(
+            g.speedups[0].is_some_and(|v| (v - 0.24).abs() < 1e-9),
+            "{:?}",
+            g.speedups
+        );
+        assert_eq!(g.speedups[1], None);
+        assert!(
+            g.ceiling
+                .as_ref()
+                .is_some_and(|(f, _)| (f - 0.2).abs() < 1e-9)
+        );
+        assert_eq!(
+            record.figures.len(),
+            2,
+            "strata and zero-copy rates: {:?}",
+            record.figures
+        );
+        let base =
+            std::env::temp_dir().join(format!("strata-gpu-micro-chart-{}", std::process::id()));
+        let (svg, png) = crate::plot::write(&c, &base).unwrap();
+        assert!(std::fs::read_to_string(&svg).unwrap().contains("0.24x"));
+        std::fs::remove_file(svg).unwrap();
+        std::fs::remove_file(png).unwrap();
     }
 }

@@ -1,14 +1,15 @@
 //! `strata bench stream` and `strata bench pager`: the CPU pager's benchmarks. Thin: the
-//! measuring lives in `strata_pager::stream` and `strata_pager::bench`.
+//! measuring lives in `strata_pager::stream` and `crate::pager`.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::pager::{self as pbench, Access, BenchPlan, ExtraStore, LimitMethod};
+use crate::record::Record;
 use anyhow::Context;
 use strata_core::config::{CodecKind, StoreConfig, StoreKind};
 use strata_core::{PagerConfig, Store, format_size, parse_size};
-use strata_pager::bench::{self as pbench, Access, BenchPlan, ExtraStore, LimitMethod};
 use strata_pager::stream::{StreamConfig, StreamReport, run_stream, run_stream_raw};
 use strata_pager::{EvictionPolicy, Region};
 
@@ -69,6 +70,9 @@ pub struct StreamArgs {
     /// Write the results as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Write the plot here (SVG, and a PNG beside it).
+    #[arg(long, default_value = "strata-bench-stream.svg")]
+    plot: PathBuf,
 }
 
 fn pager_config(
@@ -109,25 +113,21 @@ fn pager_config(
     Ok(b.build()?)
 }
 
-/// A temporary backing file, removed on drop.
-struct TempFile(PathBuf);
-
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
 /// Turns `--store`, `--codec` and `--token` into a store configuration. `file` alone means a
 /// temporary file, returned so the caller removes it when done.
 fn store_config(
     store: &str,
     codec: CodecKind,
     token: Option<&String>,
-) -> anyhow::Result<(StoreConfig, Option<TempFile>)> {
+) -> anyhow::Result<(StoreConfig, Option<crate::cleanup::Temporary>)> {
     let (kind, temp) = if store == "file" {
-        let p = std::env::temp_dir().join(format!("strata-bench-{}.bin", std::process::id()));
-        (StoreKind::File { path: p.clone() }, Some(TempFile(p)))
+        let dir = std::env::temp_dir();
+        crate::cleanup::remove_stale(&dir);
+        let p = crate::cleanup::temporary_name(&dir, "stream", "bin");
+        (
+            StoreKind::File { path: p.clone() },
+            Some(crate::cleanup::Temporary::register(p)),
+        )
     } else {
         let kind: StoreKind = store.parse().with_context(|| {
             format!(
@@ -201,6 +201,49 @@ fn print_stream(label: &str, r: &StreamReport) {
     }
 }
 
+/// The chart of `strata bench stream`: per kernel, the pager region's bandwidth over the same
+/// code's on ordinary memory, and as a fraction of this machine's host memory read rate.
+fn stream_chart(
+    report: &StreamReport,
+    dram: Option<&StreamReport>,
+    record: &Record,
+    store: &str,
+) -> crate::plot::Chart {
+    let host = record
+        .ceilings
+        .values
+        .as_ref()
+        .and_then(|c| c.get("host-memory-read"));
+    let groups = report
+        .kernels
+        .iter()
+        .map(|k| {
+            let base = dram.and_then(|d| d.kernels.iter().find(|b| b.kernel == k.kernel));
+            crate::plot::Group {
+                label: format!("{:?}", k.kernel).to_lowercase(),
+                speedups: vec![base.map(|b| k.median_bytes_per_sec / b.median_bytes_per_sec)],
+                ceiling: host.map(|h| {
+                    (
+                        k.median_bytes_per_sec / (h * 1e9),
+                        format!("{h:.1} GB/s host memory read"),
+                    )
+                }),
+            }
+        })
+        .collect();
+    crate::plot::Chart {
+        title: format!(
+            "strata bench stream: {} elements per array through a pager region over {store}",
+            report.config.elements
+        ),
+        subtitle: record.subtitle(),
+        baselines: vec!["the same code on ordinary memory (DRAM)".into()],
+        groups,
+        no_ceilings: host.is_none().then(|| record.ceilings.source.clone()),
+        mark_missing: true,
+    }
+}
+
 /// Runs `strata bench stream`.
 pub fn stream(args: &StreamArgs) -> anyhow::Result<()> {
     let cpus = strata_core::config::available_cpus();
@@ -243,7 +286,8 @@ pub fn stream(args: &StreamArgs) -> anyhow::Result<()> {
         args.policy,
         threads,
     );
-    println!("store: {}", store.describe());
+    let store_described = store.describe();
+    println!("store: {store_described}");
     let region = Region::builder(store, args.size)
         .config(config)
         .policy(args.policy)
@@ -302,19 +346,27 @@ pub fn stream(args: &StreamArgs) -> anyhow::Result<()> {
         println!("  ratio pager/DRAM (best triad): {:.3}", ratio(&report, &r));
         Some(r)
     };
+    let json = serde_json::json!({
+        "pager": report,
+        "dram_baseline": baseline,
+        "stats": stats,
+        "counters": counters,
+        "config": region.config(),
+        "wall_seconds": wall,
+    });
+    let ceilings = crate::ceilings::for_run(false, &std::env::temp_dir(), &mut |line| {
+        eprintln!("{line}")
+    });
+    let record = Record::new("stream", None, ceilings, json);
     if let Some(path) = &args.json {
-        let json = serde_json::json!({
-            "pager": report,
-            "dram_baseline": baseline,
-            "stats": stats,
-            "counters": counters,
-            "config": region.config(),
-            "wall_seconds": wall,
-        });
-        std::fs::write(path, serde_json::to_string_pretty(&json)?)
+        record
+            .write(path)
             .with_context(|| format!("writing {}", path.display()))?;
         println!("wrote {}", path.display());
     }
+    let chart = stream_chart(&report, baseline.as_ref(), &record, &store_described);
+    let (svg, png) = crate::plot::write(&chart, &args.plot)?;
+    println!("wrote {} and {}", svg.display(), png.display());
     region.unmap().map_err(|e| anyhow::anyhow!("{}", e.error))?;
     Ok(())
 }
@@ -363,7 +415,7 @@ pub struct PagerBenchArgs {
     /// Write results as JSON here (default strata-bench-pager.json).
     #[arg(long, default_value = "strata-bench-pager.json")]
     json: PathBuf,
-    /// Write the plot here (default strata-bench-pager.svg).
+    /// Write the plot here (SVG, and a PNG beside it).
     #[arg(long, default_value = "strata-bench-pager.svg")]
     svg: PathBuf,
     /// A further store to measure beside the memory and file stores: memory, file:PATH or
@@ -433,10 +485,17 @@ pub fn bench(args: &PagerBenchArgs) -> anyhow::Result<()> {
     }
     let results = pbench::run(&plan, &mut |line| eprintln!("{line}"))?;
     println!("{}", pbench::table(&results));
-    std::fs::write(&args.json, serde_json::to_string_pretty(&results)?)
+    let ceilings = crate::ceilings::for_run(false, &plan.dir, &mut |line| eprintln!("{line}"));
+    let record = Record::new("pager", None, ceilings, serde_json::to_value(&results)?);
+    record
+        .write(&args.json)
         .with_context(|| format!("writing {}", args.json.display()))?;
-    std::fs::write(&args.svg, pbench::svg(&results))
-        .with_context(|| format!("writing {}", args.svg.display()))?;
-    println!("wrote {} and {}", args.json.display(), args.svg.display());
+    let (svg, png) = crate::plot::write(&pbench::chart(&results, &record), &args.svg)?;
+    println!(
+        "wrote {}, {} and {}",
+        args.json.display(),
+        svg.display(),
+        png.display()
+    );
     Ok(())
 }

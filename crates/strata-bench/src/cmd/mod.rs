@@ -1,0 +1,48 @@
+//! The `strata bench ...` commands: each owns its arguments (parsed by the `strata` binary)
+//! and its printing, and calls the measuring modules of this crate.
+
+pub mod gpu_micro;
+pub mod measure;
+pub mod pager;
+pub mod remote;
+pub mod workloads;
+
+/// `strata bench <what>`.
+#[derive(Debug, clap::Subcommand)]
+pub enum BenchCommand {
+    /// STREAM (copy, scale, add, triad) through a pager region larger than its buffer.
+    Stream(pager::StreamArgs),
+    /// Pager fault service rate and bandwidth against the kernel's mmap paging.
+    Pager(pager::PagerBenchArgs),
+    /// STREAM through a pager region backed by a memory node, sweeping workers and codecs.
+    Remote(remote::RemoteBenchArgs),
+    /// GPU paging micro-benchmarks against zero-copy, chunked copies and UVM.
+    GpuMicro(gpu_micro::GpuMicroArgs),
+    /// BFS, connected components and PageRank on GPU paging against the alternatives.
+    Graph(workloads::GraphArgs),
+    /// Zipf-skewed embedding lookups on GPU paging against the alternatives.
+    Embed(workloads::EmbedArgs),
+    /// Measure this machine's ceilings (host memory, disk O_DIRECT, PCIe, page gathers, HBM)
+    /// and cache them per host, device and driver.
+    Ceilings(measure::CeilingsArgs),
+    /// Compare two result files figure by figure (also reads older builds' result files).
+    Compare(measure::CompareArgs),
+    /// Redraw the chart of a gpu-micro, graph or embed result (also older builds' files).
+    Plot(measure::PlotArgs),
+}
+
+/// Runs one `strata bench` command.
+pub fn run(command: &BenchCommand) -> anyhow::Result<()> {
+    crate::cleanup::install();
+    match command {
+        BenchCommand::Stream(args) => pager::stream(args),
+        BenchCommand::Pager(args) => pager::bench(args),
+        BenchCommand::Remote(args) => remote::bench(args),
+        BenchCommand::GpuMicro(args) => gpu_micro::micro(args),
+        BenchCommand::Graph(args) => workloads::graph(args),
+        BenchCommand::Embed(args) => workloads::embed(args),
+        BenchCommand::Ceilings(args) => measure::ceilings(args),
+        BenchCommand::Compare(args) => measure::compare(args),
+        BenchCommand::Plot(args) => measure::plot(args),
+    }
+}

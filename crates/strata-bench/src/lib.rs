@@ -1,0 +1,26 @@
+//! Strata's benchmarks and their reporting, kept out of the libraries they measure so that a
+//! library user compiles none of it.
+//!
+//! - Measuring: [`pager`] (fault rate and bandwidth against the kernel's `mmap` paging),
+//!   [`net`] (raw store throughput, the loopback TCP ceiling), [`gpu_micro`] (GPU paging
+//!   against zero-copy, chunked copies and UVM), [`workloads`] (graph and embedding workloads).
+//! - Reporting: [`ceilings`] (the machine's own limits, probed and cached per device and
+//!   driver), [`record`] (the JSON every benchmark writes: machine, device, driver, commit,
+//!   arguments, ceilings, figures), [`plot`] (one plotting module, PNG and SVG), [`compare`]
+//!   (`strata bench compare OLD.json NEW.json`).
+//! - [`cmd`]: the `strata bench ...` commands, their arguments and their printing; the
+//!   `strata` binary only parses and calls [`cmd::run`].
+#![warn(missing_docs)]
+
+pub mod ceilings;
+pub mod cleanup;
+pub mod cmd;
+pub mod compare;
+pub mod gpu_ceilings;
+pub mod gpu_micro;
+pub mod net;
+pub mod pager;
+pub mod plot;
+pub mod record;
+pub mod sys;
+pub mod workloads;
