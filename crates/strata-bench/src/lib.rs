@@ -22,5 +22,6 @@ pub mod net;
 pub mod pager;
 pub mod plot;
 pub mod record;
+pub mod stream;
 pub mod sys;
 pub mod workloads;

@@ -72,7 +72,7 @@ use std::time::Instant;
 
 use strata_core::{FileStore, FileStoreOptions, MemoryStore, PagerConfig, Store, format_size};
 
-use strata_pager::stream::median;
+use crate::stream::median;
 use strata_pager::{EvictionPolicy, Region};
 
 /// The one-handler reference the pager issue names: faults per second of one userfaultfd

@@ -49,14 +49,13 @@
 //! `#[repr(C)]` structs checked by layout tests, `mmap`, `epoll`); [`pages`] the lock-free page
 //! and frame tables; [`region`] the safe [`Region`] API and its filler, read-ahead and evictor threads (one file
 //! per job: see its docs);
-//! [`stream`] the STREAM kernels that `strata bench stream` (and other benchmarks) run over a
-//! region; [`probe`] the userfaultfd capability probe used by `strata info`.
+//! [`probe`] the userfaultfd capability probe used by `strata info`. The STREAM kernels that
+//! `strata bench stream` runs over a region live in `strata-bench`, with the other benchmarks.
 #![warn(missing_docs)]
 
 pub mod pages;
 pub mod probe;
 pub mod region;
-pub mod stream;
 pub mod sys;
 
 pub use region::{EvictionPolicy, PagerCounters, Region, RegionBuilder, RegionError, UnmapError};

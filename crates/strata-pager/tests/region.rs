@@ -474,25 +474,6 @@ fn clock_beats_fifo_on_a_hot_set_with_a_scan() {
 }
 
 #[test]
-fn stream_kernels_validate_through_a_region() {
-    need_uffd!("stream_kernels_validate_through_a_region");
-    use strata_pager::stream::{StreamConfig, run_stream};
-    let size = 6u64 << 20;
-    let store = Arc::new(MemoryStore::new(size));
-    let mut cfg = config(16 << 10, 1 << 20, 2, 1);
-    cfg.read_ahead = 4;
-    let region = Region::new(store, size, cfg).unwrap();
-    let stream = StreamConfig::for_bytes(size, 2, 2);
-    let mut steps = 0;
-    let report = run_stream(&region, &stream, &mut |_| steps += 1).expect("STREAM validates");
-    assert_eq!(steps, 2 + 2 * 4);
-    assert_eq!(report.checked_elements, 3 * stream.elements as u64);
-    let s = region.stats();
-    assert!(s.evictions > 0 && s.writebacks > 0, "{s}");
-    assert!(region.counters().read_ahead_pages > 0);
-}
-
-#[test]
 fn read_only_region_at_a_fixed_address() {
     need_uffd!("read_only_region_at_a_fixed_address");
     let mut rng = Rng::from_time("read_only_fixed");

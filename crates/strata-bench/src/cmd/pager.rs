@@ -7,10 +7,10 @@ use std::time::Instant;
 
 use crate::pager::{self as pbench, Access, BenchPlan, ExtraStore, LimitMethod};
 use crate::record::Record;
+use crate::stream::{StreamConfig, StreamReport, run_stream, run_stream_raw};
 use anyhow::Context;
 use strata_core::config::{CodecKind, StoreConfig, StoreKind};
 use strata_core::{PagerConfig, Store, format_size, parse_size};
-use strata_pager::stream::{StreamConfig, StreamReport, run_stream, run_stream_raw};
 use strata_pager::{EvictionPolicy, Region};
 
 fn size_arg(s: &str) -> Result<u64, String> {

@@ -7,13 +7,13 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use crate::net::{PageData, Throughput, loopback_tcp_ceiling, median, page_throughput};
+use crate::stream::{Kernel, StreamConfig, run_stream, run_stream_raw};
 use anyhow::Context as _;
 use strata_codec::CompressedStore;
 use strata_core::config::{CodecKind, StoreConfig};
 use strata_core::{MemoryStore, PagerConfig, Store, format_size, parse_size};
 use strata_net::{AccessPath, MemoryNode, RemoteStore, RemoteStoreOptions, ServeOptions};
 use strata_pager::Region;
-use strata_pager::stream::{Kernel, StreamConfig, run_stream, run_stream_raw};
 
 fn size_arg(s: &str) -> Result<u64, String> {
     parse_size(s).map_err(|e| e.to_string())

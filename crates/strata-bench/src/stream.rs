@@ -8,7 +8,7 @@
 
 use std::time::Instant;
 
-use crate::Region;
+use strata_pager::Region;
 
 /// STREAM's scalar.
 pub const SCALAR: f64 = 3.0;
