@@ -855,16 +855,29 @@ template <typename T> struct Array {
         // Statistics as the pinned path counts them: one hit per group of lanes on one page.
         const unsigned mask = __activemask();
         const unsigned lane = detail::lane_id();
+        // Groups are (space, page): the page word's address names both.
         const unsigned ok = __ballot_sync(mask, done);
-        const unsigned same_space = detail::space_peers(mask, s);
-        const unsigned group = __match_any_sync(mask, page) & same_space & ok;
-        const unsigned leaders = __ballot_sync(mask, done && lane == __ffs(group) - 1) & same_space;
-        if (leaders && lane == __ffs(same_space) - 1) detail::add_hits(s, __popc(leaders));
+        const unsigned group = __match_any_sync(mask, (strata_u64)(s.page_table + page)) & ok;
+        const bool lead = done && lane == __ffs(group) - 1;
+        const unsigned leaders = __ballot_sync(mask, lead);
+        int one_space;
+        __match_all_sync(mask, (strata_u64)s.page_table, &one_space);
+        if (one_space) {
+            if (leaders && lane == __ffs(mask) - 1) detail::add_hits(s, __popc(leaders));
+        } else if (lead) {
+            detail::add_hits(s, 1);  // lanes of several spaces: each counts in its own
+        }
         // The whole warp enters the pinned path if any lane needs it, so faults are copied by
         // every lane rather than by the few that missed.
-        if (ok != mask)
-            detail::with_page(
-                s, page, false, [&](unsigned char* f) { v = detail::load_cg((const T*)(f + off)); }, !done);
+        if (ok != mask) v = read_pinned(page, off, v, !done);
+        return v;
+    }
+
+    // The pinned path of read(), out of line: it runs only on misses (which cost a fault or a
+    // wait anyway), and inlined it would cost the hit path registers.
+    __device__ __noinline__ T read_pinned(strata_u64 page, strata_u64 off, T v, bool want) const {
+        detail::with_page(
+            s, page, false, [&](unsigned char* f) { v = detail::load_cg((const T*)(f + off)); }, want);
         return v;
     }
 
