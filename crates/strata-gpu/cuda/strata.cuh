@@ -869,15 +869,9 @@ template <typename T> struct Array {
         }
         // The whole warp enters the pinned path if any lane needs it, so faults are copied by
         // every lane rather than by the few that missed.
-        if (ok != mask) v = read_pinned(page, off, v, !done);
-        return v;
-    }
-
-    // The pinned path of read(), out of line: it runs only on misses (which cost a fault or a
-    // wait anyway), and inlined it would cost the hit path registers.
-    __device__ __noinline__ T read_pinned(strata_u64 page, strata_u64 off, T v, bool want) const {
-        detail::with_page(
-            s, page, false, [&](unsigned char* f) { v = detail::load_cg((const T*)(f + off)); }, want);
+        if (ok != mask)
+            detail::with_page(
+                s, page, false, [&](unsigned char* f) { v = detail::load_cg((const T*)(f + off)); }, !done);
         return v;
     }
 

@@ -306,10 +306,11 @@ fn out_of_range_pages_are_errors_that_touch_nothing() {
         (1, u64::MAX - 40),
     ] {
         let s = seed();
+        // A cache as large as the space: after the prefetch (mode 2) every page is resident.
         let (space, mut reference) = filled(
             &strata,
             pages * 4096,
-            &opts(4096, 48 * 4096, EvictionPolicy::Clock),
+            &opts(4096, pages * 4096, EvictionPolicy::Clock),
             s,
         );
         if mode == 2 {
