@@ -855,18 +855,11 @@ template <typename T> struct Array {
         // Statistics as the pinned path counts them: one hit per group of lanes on one page.
         const unsigned mask = __activemask();
         const unsigned lane = detail::lane_id();
-        // Groups are (space, page): the page word's address names both.
         const unsigned ok = __ballot_sync(mask, done);
-        const unsigned group = __match_any_sync(mask, (strata_u64)(s.page_table + page)) & ok;
-        const bool lead = done && lane == __ffs(group) - 1;
-        const unsigned leaders = __ballot_sync(mask, lead);
-        int one_space;
-        __match_all_sync(mask, (strata_u64)s.page_table, &one_space);
-        if (one_space) {
-            if (leaders && lane == __ffs(mask) - 1) detail::add_hits(s, __popc(leaders));
-        } else if (lead) {
-            detail::add_hits(s, 1);  // lanes of several spaces: each counts in its own
-        }
+        const unsigned same_space = detail::space_peers(mask, s);
+        const unsigned group = __match_any_sync(mask, page) & same_space & ok;
+        const unsigned leaders = __ballot_sync(mask, done && lane == __ffs(group) - 1) & same_space;
+        if (leaders && lane == __ffs(same_space) - 1) detail::add_hits(s, __popc(leaders));
         // The whole warp enters the pinned path if any lane needs it, so faults are copied by
         // every lane rather than by the few that missed.
         if (ok != mask)
