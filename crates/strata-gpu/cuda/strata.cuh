@@ -15,7 +15,9 @@
 // Element access: `read(i)`, `write(i, v)`, `atomic_add(i, v)`. Bulk loops over whole pages:
 // `strata::acquire(space, page, write)` returns a pointer to the page's frame, valid until
 // `strata::release(space, ref)`; both are warp-collective over the calling lanes (lanes that pass
-// the same page share one pin).
+// the same space and page share one pin). A warp's lanes may differ in everything: space, page,
+// read or write, trip count, whether they call at all. What a kernel may hold at once, and what
+// happens beyond that (a bounded wait, then an error), is said above acquire_page.
 //
 // Self-contained on purpose: it includes no toolkit header, so NVRTC compiles it with no CUDA
 // toolkit installed (CI does exactly that). Needs sm_70 or newer (__match_any_sync, __nanosleep).
@@ -85,8 +87,9 @@ typedef unsigned int strata_u32;
 // frames. The host copy is current for any page not resident, so this needs no write-back;
 // a kernel must not write a page it reads this way while it runs.
 #define STRATA_POLICY_READ_THROUGH 0x100u
-#define STRATA_ERR_OUT_OF_RANGE 1ull
-#define STRATA_ERR_NO_FRAME 2ull
+#define STRATA_ERR_OUT_OF_RANGE 1ull       // an element index past the end (first_bad_index)
+#define STRATA_ERR_NO_FRAME 2ull           // a wait passed wait_limit_ns (no_frame_page)
+#define STRATA_ERR_PAGE_OUT_OF_RANGE 4ull  // a page index past the end (first_bad_page)
 
 #define STRATA_HIT_SHARDS 32
 #define STRATA_SHARD_STRIDE 16  // u64s between shards: one 128-byte line each
@@ -114,14 +117,18 @@ struct StrataCounters {
     strata_u64 lifetime_faults;// never reset: the clock of protected-segment ageing
     strata_u64 optimistic_retries; // optimistic reads whose page moved under them (then pinned)
     strata_u64 read_through;   // page reads served from the host copy (STRATA_POLICY_READ_THROUGH)
-    strata_u64 reserved[1];
+    strata_u64 wait_limit_ns;  // longest a warp waits for a page or frame before STRATA_ERR_NO_FRAME
+    strata_u64 first_bad_page; // first out-of-range page index seen (~0 if none)
+    strata_u64 no_frame_page;  // first page a warp gave up waiting for (~0 if none)
+    strata_u64 reserved[2];
 };
 
 // The space handle a kernel receives (by value). Pointers are device addresses.
 struct StrataSpace {
     strata_u64* page_table;      // [pages]
     StrataFrame* frames;         // [frame_count]
-    unsigned char* frame_data;   // frame_count * page_size bytes, in GPU memory
+    unsigned char* frame_data;   // (frame_count + 1) * page_size bytes, in GPU memory; the last
+                                 // page is scratch that failed accesses point at
     unsigned char* host;         // the backing copy: pinned host memory mapped into the GPU
     StrataCounters* counters;    // in GPU memory
     strata_u64 size_bytes;       // bytes addressable by kernels
@@ -133,7 +140,7 @@ struct StrataSpace {
 };
 
 static_assert(sizeof(StrataFrame) == 8, "StrataFrame layout changed: update strata_gpu::layout");
-static_assert(sizeof(StrataCounters) == 8 * (STRATA_HIT_SHARDS * STRATA_SHARD_STRIDE + 11) + 8 + 32,
+static_assert(sizeof(StrataCounters) == 8 * (STRATA_HIT_SHARDS * STRATA_SHARD_STRIDE + 11) + 8 + 64,
               "StrataCounters layout changed: update strata_gpu::layout");
 static_assert(sizeof(StrataSpace) == 72, "StrataSpace layout changed: update strata_gpu::layout");
 
@@ -214,9 +221,42 @@ __device__ __forceinline__ void retire_page_word(strata_u64* word) {
     }
 }
 
+// Error reports: a flag the host's check_errors() turns into an error, and the first index.
 __device__ __forceinline__ void report_error(const StrataSpace& s, strata_u64 flag, strata_u64 index) {
     atomicOr(&s.counters->error_flags, flag);
-    if (flag == STRATA_ERR_OUT_OF_RANGE) atomicMin(&s.counters->first_bad_index, index);
+    strata_u64* first = flag == STRATA_ERR_OUT_OF_RANGE        ? &s.counters->first_bad_index
+                        : flag == STRATA_ERR_PAGE_OUT_OF_RANGE ? &s.counters->first_bad_page
+                                                               : &s.counters->no_frame_page;
+    atomicMin(first, index);
+}
+// The scratch page after the last frame: what a failed access gets instead of a page, so a
+// kernel that ignores the error still touches only memory of its own space.
+__device__ __forceinline__ unsigned char* scratch_page(const StrataSpace& s) {
+    return s.frame_data + ((strata_u64)s.frame_count << s.page_shift);
+}
+// Pin with acquire semantics: pairs with the publisher's release (serve_fault's fence before
+// its publishing add) and with unpin_release of earlier holders, so the frame bytes read after a
+// pin that saw RESIDENT are the published ones.
+__device__ __forceinline__ strata_u64 pin_acquire(strata_u64* word) {
+    strata_u64 old;
+    asm volatile("atom.acquire.gpu.global.add.u64 %0, [%1], %2;" : "=l"(old) : "l"(word), "l"(STRATA_PIN_ONE) : "memory");
+    return old;
+}
+// The lanes of `mask` whose space is the calling lane's (all of them, nearly always: checked
+// with a broadcast and a vote before paying for a match).
+__device__ __forceinline__ unsigned space_peers(unsigned mask, const StrataSpace& s) {
+    const strata_u64 key = (strata_u64)s.page_table;
+    const strata_u64 first = __shfl_sync(mask, key, __ffs(mask) - 1);
+    if (__all_sync(mask, key == first)) return mask;
+    return __match_any_sync(mask, key);
+}
+// True (on every lane of `mask`) once this warp has waited longer than the space's wait limit
+// since `*since` (0: the wait starts now). Lanes of other spaces read their own limits; any
+// lane's expiry ends the wait for all, so the decision is warp-uniform.
+__device__ __forceinline__ bool wait_expired(const StrataSpace& s, unsigned mask, strata_u64* since) {
+    const strata_u64 t = now_ns();
+    if (*since == 0) *since = t;
+    return __any_sync(mask, t - *since > load_volatile(&s.counters->wait_limit_ns));
 }
 
 __device__ __forceinline__ void add_hits(const StrataSpace& s, strata_u64 n) {
@@ -236,7 +276,7 @@ enum PinStatus { PIN_NONE = 0, PIN_HIT = 1, PIN_BUSY = 2, PIN_CLAIMED = 3, PIN_H
 __device__ __forceinline__ int try_pin(const StrataSpace& s, strata_u64 page, bool write,
                                        strata_u32* frame, bool read_through = false) {
     strata_u64* word = &s.page_table[page];
-    strata_u64 old = atomicAdd(word, STRATA_PIN_ONE);
+    strata_u64 old = pin_acquire(word);
     strata_u64 st = state_of(old);
     if (st == STRATA_RESIDENT) {
         *frame = (strata_u32)(old & STRATA_FRAME_MASK);
@@ -290,7 +330,13 @@ __device__ strata_u32 take_frame(const StrataSpace& s, strata_u32 page, strata_u
     // warps faulting at once most of the segment is young or pinned, and a long search costs
     // more (every step is an atomic on the hand) than an early eviction.
     unsigned young_skips = 0;
+    // The last lap (steps from 2n on) takes any unpinned frame, protected or young: a sweep
+    // that finds every unpinned frame protected (warps whose pins fill the probationary
+    // segment) must still return one, or those warps would wait for ageing that only faults
+    // bring. So every fault makes progress while some frame is unpinned.
+    const strata_u64 last_lap = (strata_u64)n * 2;
     for (strata_u64 step = 0; step < max_steps; ++step) {
+        const bool last_resort = step >= last_lap;
         strata_u32 f = atomicAdd(&s.counters->clock_hand, 1u) % n;
         StrataFrame* fr = &s.frames[f];
         strata_u32 owner = load_volatile(&fr->page);
@@ -303,7 +349,7 @@ __device__ strata_u32 take_frame(const StrataSpace& s, strata_u32 page, strata_u
             continue;
         }
         strata_u32 flags = load_volatile(&fr->flags);
-        if (scan_resistant) {
+        if (scan_resistant && !last_resort) {
             const strata_u32 stamp = (flags & STRATA_STAMP_MASK) >> STRATA_STAMP_SHIFT;
             if (flags & STRATA_FRAME_PROTECTED) {
                 if (flags & STRATA_FRAME_REF) {
@@ -337,7 +383,7 @@ __device__ strata_u32 take_frame(const StrataSpace& s, strata_u32 page, strata_u
                 ++young_skips;
                 continue;
             }
-        } else if (flags & STRATA_FRAME_REF) {
+        } else if (!scan_resistant && (flags & STRATA_FRAME_REF)) {
             atomicAnd(&fr->flags, ~STRATA_FRAME_REF);  // second chance
             continue;
         }
@@ -377,8 +423,10 @@ __device__ __forceinline__ void warp_copy(unsigned char* dst, const unsigned cha
     for (; i < vecs; i += nl) __stcg(d + i, __ldcg(s + i));
 }
 
-// The whole warp serves the fault that lane `leader` claimed for `page`. Returns the frame, or
-// STRATA_NO_PAGE (the claim is undone) when no frame could be taken.
+// The whole warp serves the fault that lane `leader` claimed for `page` of the leader's space
+// (lanes of the warp may be using other spaces: every lane copies with the leader's pointers).
+// `write` and `prefetch` count on the leader. Returns the frame, or STRATA_NO_PAGE (the claim is
+// undone) when no frame could be taken.
 __device__ strata_u32 serve_fault(const StrataSpace& s, strata_u64 page, unsigned leader,
                                   unsigned lane, unsigned mask, bool write, bool prefetch) {
     strata_u32 frame = 0, victim = STRATA_NO_PAGE;
@@ -388,11 +436,22 @@ __device__ strata_u32 serve_fault(const StrataSpace& s, strata_u64 page, unsigne
     if (lane == leader) {
         t0 = now_ns();
         frame = take_frame(s, (strata_u32)page, &victim, &dirty, &victim_word);
+        // Ordering point (acquire): this fence after the leader's claims (the page's LOADING
+        // CAS in try_pin, the frame's NO_PAGE CAS or the victim's EVICTING CAS in take_frame)
+        // makes them acquire operations. It pairs with the release of whoever touched those
+        // bytes last: an evictor's fence before retiring this page (its written-back host copy,
+        // read below), and the victim's holders' unpin_release (the frame bytes written back
+        // below). The __syncwarp after it carries the order to the lanes that copy.
+        fence_acq_rel();
     }
+    __syncwarp(mask);
     frame = __shfl_sync(mask, frame, leader);
     victim = __shfl_sync(mask, victim, leader);
     dirty = __shfl_sync(mask, (int)dirty, leader) != 0;
-    const strata_u64 ps = 1ull << s.page_shift;
+    const strata_u32 shift = __shfl_sync(mask, s.page_shift, leader);
+    unsigned char* const host = (unsigned char*)__shfl_sync(mask, (strata_u64)s.host, leader);
+    unsigned char* const frame_data = (unsigned char*)__shfl_sync(mask, (strata_u64)s.frame_data, leader);
+    const strata_u64 ps = 1ull << shift;
     if (frame == STRATA_NO_PAGE) {
         if (lane == leader) {
             // Undo the claim: back to NOT_RESIDENT, drop the claim's pin.
@@ -401,9 +460,9 @@ __device__ strata_u32 serve_fault(const StrataSpace& s, strata_u64 page, unsigne
         }
         return STRATA_NO_PAGE;
     }
-    unsigned char* fdata = s.frame_data + (strata_u64)frame * ps;
+    unsigned char* fdata = frame_data + (strata_u64)frame * ps;
     if (victim != STRATA_NO_PAGE && dirty) {
-        warp_copy(s.host + ((strata_u64)victim << s.page_shift), fdata, ps, lane, mask);
+        warp_copy(host + ((strata_u64)victim << shift), fdata, ps, lane, mask);
         __syncwarp(mask);
         if (lane == leader) {
             // GPU scope is enough: only this GPU reads the host copy while kernels run (a kernel's
@@ -435,9 +494,11 @@ __device__ strata_u32 serve_fault(const StrataSpace& s, strata_u64 page, unsigne
         if (before & STRATA_FRAME_PROTECTED) atomicSub(&s.counters->protected_now, 1u);
     }
     __syncwarp(mask);
-    warp_copy(fdata, s.host + (page << s.page_shift), ps, lane, mask);
+    warp_copy(fdata, host + (page << shift), ps, lane, mask);
     __syncwarp(mask);
     if (lane == leader) {
+        // Ordering point (release): the copy-in (ordered to the leader by the __syncwarp above)
+        // before the publishing add; pairs with pin_acquire and load_acquire of readers.
         __threadfence();
         // LOADING -> RESIDENT, the frame, and the history bit (set only by publishers, so
         // adding it when clear is the same as or-ing it).
@@ -459,37 +520,63 @@ __device__ strata_u32 serve_fault(const StrataSpace& s, strata_u64 page, unsigne
 }  // namespace detail
 
 // A pinned page: what acquire() returns. `data` points at the page's frame in GPU memory, or
-// (read-through, `host`) at its bytes in the pinned host copy, with no pin held.
+// (read-through, `host`) at its bytes in the pinned host copy, with no pin held. When `ok` is
+// false the access failed (page out of range, or no frame within the wait limit): the error is
+// recorded for the host's check_errors(), nothing is pinned, and `data` points at a scratch page
+// of the space whose bytes mean nothing (writes there are lost, reads return garbage).
 struct PageRef {
     unsigned char* data;
     strata_u64 page;
     unsigned peers;   // lanes sharing this pin
     unsigned leader;  // the lane that holds it
-    bool host;        // served from the host copy: nothing to unpin
+    bool host;        // nothing to unpin: served from the host copy, or failed
+    bool ok;          // false: failed, see above
 };
 
-// Warp-collective over the calling lanes: every calling lane gets its page pinned (lanes with
-// the same page share one pin). A warp holds up to 32 pins until release, so give the cache
-// more frames than the pages all warps acquire at once (element access has no such need). Faults are served by this warp. `prefetch` only labels the
-// statistics.
+// What a kernel may hold at once (the rules that guarantee forward progress):
+//  - A warp holds the pages of at most one acquire()/acquire_page() call at a time: release
+//    them before acquiring again. One call pins at most 32 pages (one per distinct
+//    (space, page) of its lanes).
+//  - In each space, the pins that all warps running at once hold together must be fewer than
+//    the cache's frames. The scan-resistant policy needs no extra room (a sweep that finds only
+//    protected frames unpinned evicts one of them).
+//  - Element access (Array) holds no pin while it waits and needs only a cache of 2 frames.
+// Within these rules every access completes. Beyond them (more pins than frames, a warp that
+// keeps pages while acquiring more), a warp that waits longer than the space's wait limit
+// (Space::set_wait_limit, 4 s by default) gives up: STRATA_ERR_NO_FRAME is recorded with the
+// page, the access fails (PageRef::ok false; element reads return 0, writes are dropped), and
+// the host's check_errors() returns the error. No GPU wait is unbounded.
+
+// Warp-collective over the calling lanes: every calling lane gets its page pinned. Lanes with
+// the same (space, page) share one pin, which is a writing one if any of them writes. Lanes
+// may differ in space, page and write. Faults are served by this warp. `prefetch` only labels
+// the statistics. A page index past the end records STRATA_ERR_PAGE_OUT_OF_RANGE and fails.
 __device__ __forceinline__ PageRef acquire_page(const StrataSpace& s, strata_u64 page, bool write,
                                                 bool prefetch = false) {
     const unsigned mask = __activemask();
     const unsigned lane = detail::lane_id();
-    const unsigned peers = __match_any_sync(mask, page);
+    const bool in_range = page < s.pages;
+    if (!in_range) detail::report_error(s, STRATA_ERR_PAGE_OUT_OF_RANGE, page);
+    // Groups are (space, page): lanes of different spaces never share a pin or a frame.
+    const unsigned peers = __match_any_sync(mask, in_range ? page : ~0ull) & detail::space_peers(mask, s);
     const unsigned leader = __ffs(peers) - 1;
-    const bool is_leader = lane == leader;
+    const bool is_leader = in_range && lane == leader;
+    // A group pins for writing if any of its lanes writes (else the page is never marked dirty
+    // and the other lanes' writes are dropped on eviction).
+    const bool group_write = (__ballot_sync(mask, write) & peers) != 0;
     strata_u32 frame = 0;
     unsigned pending = __ballot_sync(mask, is_leader);
     unsigned sleep_ns = 64;
     unsigned idle_rounds = 0;
     unsigned hits_here = 0;
     unsigned via_host = 0;  // leaders served from the host copy (they hold no pin)
-    const bool read_through = !write && !prefetch && (s.policy & STRATA_POLICY_READ_THROUGH);
+    unsigned failed = 0;    // leaders that gave up (wait limit)
+    strata_u64 waiting_since = 0;
+    const bool read_through = !group_write && !prefetch && (s.policy & STRATA_POLICY_READ_THROUGH);
     while (pending) {
         int status = detail::PIN_NONE;
         if (is_leader && ((pending >> lane) & 1u))
-            status = detail::try_pin(s, page, write, &frame, read_through);
+            status = detail::try_pin(s, page, group_write, &frame, read_through);
         const unsigned hit = __ballot_sync(mask, status == detail::PIN_HIT);
         unsigned claimed = __ballot_sync(mask, status == detail::PIN_CLAIMED);
         const unsigned hosted = __ballot_sync(mask, status == detail::PIN_HOST);
@@ -502,7 +589,7 @@ __device__ __forceinline__ PageRef acquire_page(const StrataSpace& s, strata_u64
             const unsigned l = __ffs(claimed) - 1;
             claimed &= claimed - 1;
             const strata_u64 p = __shfl_sync(mask, page, l);
-            const strata_u32 f = detail::serve_fault(s, p, l, lane, mask, write, prefetch);
+            const strata_u32 f = detail::serve_fault(s, p, l, lane, mask, group_write, prefetch);
             if (f == STRATA_NO_PAGE) {
                 starved = true;
             } else {
@@ -523,6 +610,12 @@ __device__ __forceinline__ PageRef acquire_page(const StrataSpace& s, strata_u64
             hits_here = 0;
         }
         if (pending && (starved || !(hit | served))) {
+            if (detail::wait_expired(s, mask, &waiting_since)) {
+                // Bounded wait: the pending leaders give up and say why.
+                if (is_leader && ((pending >> lane) & 1u)) detail::report_error(s, STRATA_ERR_NO_FRAME, page);
+                failed = pending;
+                break;
+            }
             __nanosleep(sleep_ns);
             if (sleep_ns < 4096) sleep_ns *= 2;
         }
@@ -531,9 +624,15 @@ __device__ __forceinline__ PageRef acquire_page(const StrataSpace& s, strata_u64
         detail::add_hits(s, hits_here);
     if (lane == __ffs(mask) - 1 && via_host) atomicAdd(&s.counters->read_through, (strata_u64)__popc(via_host));
     frame = __shfl_sync(mask, frame, leader);
+    // Ordering point: the leader's pin_acquire (or its serve_fault, whose copy ends in a
+    // __syncwarp) is ordered before every lane's loads of the frame by this barrier.
+    __syncwarp(mask);
     PageRef r;
-    r.host = (via_host >> leader) & 1u;
-    r.data = r.host ? s.host + (page << s.page_shift) : s.frame_data + ((strata_u64)frame << s.page_shift);
+    r.ok = in_range && !((failed >> leader) & 1u);
+    r.host = !r.ok || ((via_host >> leader) & 1u);
+    r.data = !r.ok     ? detail::scratch_page(s)
+             : r.host ? s.host + (page << s.page_shift)
+                      : s.frame_data + ((strata_u64)frame << s.page_shift);
     r.page = page;
     r.peers = peers;
     r.leader = leader;
@@ -560,22 +659,26 @@ namespace detail {
 // unpins, group by group as pages become resident. Unlike acquire_page, no pin is held while
 // this warp waits for another page, so any cache of two or more frames makes progress however
 // many distinct pages a warp touches. Lanes with `want` false ask for nothing but still help
-// copy the pages the others fault on (a page copy is as fast as the lanes doing it).
+// copy the pages the others fault on (a page copy is as fast as the lanes doing it). Groups are
+// (space, page), writing if any lane writes. Returns false if this lane's access gave up (the
+// wait limit passed; STRATA_ERR_NO_FRAME recorded) and `op` did not run.
 template <typename Op>
-__device__ __forceinline__ void with_page(const StrataSpace& s, strata_u64 page, bool write, Op op,
+__device__ __forceinline__ bool with_page(const StrataSpace& s, strata_u64 page, bool write, Op op,
                                           bool want = true) {
     const unsigned mask = __activemask();
     const unsigned lane = lane_id();
-    const unsigned peers = __match_any_sync(mask, want ? page : ~0ull);
+    const unsigned peers = __match_any_sync(mask, want ? page : ~0ull) & space_peers(mask, s);
     const unsigned leader = __ffs(peers) - 1;
     const bool is_leader = want && lane == leader;
+    const bool group_write = (__ballot_sync(mask, want && write) & peers) != 0;
     unsigned pending = __ballot_sync(mask, is_leader);
     unsigned sleep_ns = 64;
     unsigned hits_here = 0;
+    strata_u64 waiting_since = 0;
     while (pending) {
         strata_u32 frame = 0;
         int status = PIN_NONE;
-        if (is_leader && ((pending >> lane) & 1u)) status = try_pin(s, page, write, &frame);
+        if (is_leader && ((pending >> lane) & 1u)) status = try_pin(s, page, group_write, &frame);
         const unsigned hit = __ballot_sync(mask, status == PIN_HIT);
         unsigned claimed = __ballot_sync(mask, status == PIN_CLAIMED);
         hits_here += __popc(hit);
@@ -583,6 +686,8 @@ __device__ __forceinline__ void with_page(const StrataSpace& s, strata_u64 page,
         // for a frame it holds no pin at all.
         frame = __shfl_sync(mask, frame, leader);
         const bool mine = (hit >> leader) & 1u;
+        // Ordering point: the leader's pin_acquire before the group's loads of the frame.
+        __syncwarp(mask);
         if (mine) op(s.frame_data + ((strata_u64)frame << s.page_shift));
         __syncwarp(mask);
         if (mine && is_leader) unpin_release(&s.page_table[page]);
@@ -592,7 +697,7 @@ __device__ __forceinline__ void with_page(const StrataSpace& s, strata_u64 page,
             const unsigned l = __ffs(claimed) - 1;
             claimed &= claimed - 1;
             const strata_u64 p = __shfl_sync(mask, page, l);
-            const strata_u32 f = serve_fault(s, p, l, lane, mask, write, false);
+            const strata_u32 f = serve_fault(s, p, l, lane, mask, group_write, false);
             if (f != STRATA_NO_PAGE) {
                 ready |= 1u << l;
                 if (leader == l) op(s.frame_data + ((strata_u64)f << s.page_shift));
@@ -602,12 +707,18 @@ __device__ __forceinline__ void with_page(const StrataSpace& s, strata_u64 page,
         }
         pending &= ~ready;
         if (pending && !ready) {
+            if (wait_expired(s, mask, &waiting_since)) {
+                if (is_leader && ((pending >> lane) & 1u)) report_error(s, STRATA_ERR_NO_FRAME, page);
+                if (lane == __ffs(mask) - 1 && hits_here) add_hits(s, hits_here);
+                return !((pending >> leader) & 1u) || !want;
+            }
             __nanosleep(sleep_ns);
             if (sleep_ns < 4096) sleep_ns *= 2;
         }
     }
     if (lane == __ffs(mask) - 1 && hits_here)
         add_hits(s, hits_here);
+    return true;
 }
 }  // namespace detail
 
@@ -638,9 +749,20 @@ struct PageView {
     bool resident;
 };
 
+// A page index past the end records STRATA_ERR_PAGE_OUT_OF_RANGE and gives a view that is not
+// resident (pointing at the scratch page), whose view_valid is false.
 __device__ __forceinline__ PageView view_page(const StrataSpace& s, strata_u64 page) {
     PageView v;
     v.page = page;
+    if (page >= s.pages) {
+        detail::report_error(s, STRATA_ERR_PAGE_OUT_OF_RANGE, page);
+        v.word = 0;
+        v.resident = false;
+        v.data = detail::scratch_page(s);
+        return v;
+    }
+    // Ordering point: an acquire load, paired with the publisher's release (serve_fault's fence
+    // before its publishing add), so the frame bytes read after it are the published ones.
     v.word = detail::load_acquire(&s.page_table[page]);
     v.resident = detail::state_of(v.word) == STRATA_RESIDENT;
     v.data = s.frame_data + ((v.word & STRATA_FRAME_MASK) << s.page_shift);
@@ -734,9 +856,10 @@ template <typename T> struct Array {
         const unsigned mask = __activemask();
         const unsigned lane = detail::lane_id();
         const unsigned ok = __ballot_sync(mask, done);
-        const unsigned group = __match_any_sync(mask, page) & ok;
-        const unsigned leaders = __ballot_sync(mask, done && lane == __ffs(group) - 1);
-        if (leaders && lane == __ffs(mask) - 1) detail::add_hits(s, __popc(leaders));
+        const unsigned same_space = detail::space_peers(mask, s);
+        const unsigned group = __match_any_sync(mask, page) & same_space & ok;
+        const unsigned leaders = __ballot_sync(mask, done && lane == __ffs(group) - 1) & same_space;
+        if (leaders && lane == __ffs(same_space) - 1) detail::add_hits(s, __popc(leaders));
         // The whole warp enters the pinned path if any lane needs it, so faults are copied by
         // every lane rather than by the few that missed.
         if (ok != mask)

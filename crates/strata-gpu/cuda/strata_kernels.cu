@@ -1,6 +1,8 @@
 // Strata's own kernels: host-driven maintenance of a space's page cache (flush, evict,
-// prefetch) and the layout probe. They run stream-ordered between user kernels, so no user
-// access races with them; prefetch reuses the fault path and is safe under any concurrency.
+// prefetch) and the layout probe. The host waits for the whole context (every stream, so user
+// kernels on their own streams and through other Strata handles too) before and after each, so
+// no user access races with them; prefetch reuses the fault path and is safe under any
+// concurrency.
 #include "strata.cuh"
 
 // Copies frame `f` (holding `page`) back to the host copy; the whole warp calls it.
@@ -101,6 +103,9 @@ extern "C" __global__ void strata_layout_probe(strata_u64* out) {
     out[i++] = (const char*)&c.first_bad_index - cb;
     out[i++] = (const char*)&c.clock_hand - cb;
     out[i++] = (const char*)&c.protected_now - cb;
+    out[i++] = (const char*)&c.wait_limit_ns - cb;
+    out[i++] = (const char*)&c.first_bad_page - cb;
+    out[i++] = (const char*)&c.no_frame_page - cb;
     out[i++] = sizeof(StrataFrame);
     out[i++] = STRATA_PIN_ONE;
     out[i++] = STRATA_DIRTY;

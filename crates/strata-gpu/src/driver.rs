@@ -175,6 +175,18 @@ impl Gpu {
         )
     }
 
+    /// Waits for everything queued in this GPU's context, on every stream: Strata's own, other
+    /// Strata handles' (they share the primary context) and users' streams. The ordering point
+    /// of host maintenance (flush, evict, prefetch, read-back) and of freeing a space.
+    pub fn synchronize_context(&self) -> Result<(), DriverError> {
+        self.bind()?;
+        check(
+            // SAFETY: the context is current on this thread (bind above) and alive (self.ctx).
+            unsafe { sys::cuCtxSynchronize() },
+            "cuCtxSynchronize",
+        )
+    }
+
     /// `sm_XY` for NVRTC.
     pub fn arch(&self) -> String {
         format!(
@@ -469,17 +481,24 @@ impl Drop for MappedHostBuffer {
     }
 }
 
-/// A loaded module (CUBIN).
+/// A loaded module (CUBIN). Its kernels ([`Function`]) keep it loaded: it is unloaded when
+/// the module and every function taken from it are dropped.
 #[derive(Debug)]
 pub struct Module {
+    loaded: Arc<LoadedModule>,
+}
+
+/// The driver's module handle, unloaded on drop (shared by a [`Module`] and its functions).
+#[derive(Debug)]
+struct LoadedModule {
     gpu: Arc<Gpu>,
     module: sys::CUmodule,
 }
 
 // SAFETY: module handles are context-wide and usable from any thread with the context current.
-unsafe impl Send for Module {}
+unsafe impl Send for LoadedModule {}
 // SAFETY: as above.
-unsafe impl Sync for Module {}
+unsafe impl Sync for LoadedModule {}
 
 impl Module {
     /// Loads a CUBIN image.
@@ -492,35 +511,40 @@ impl Module {
             "cuModuleLoadData",
         )?;
         Ok(Module {
-            gpu: gpu.clone(),
-            module,
+            loaded: Arc::new(LoadedModule {
+                gpu: gpu.clone(),
+                module,
+            }),
         })
     }
 
     /// Looks up an `extern "C"` kernel.
     pub fn function(&self, name: &str) -> Result<Function, DriverError> {
-        self.gpu.bind()?;
+        self.loaded.gpu.bind()?;
         let cname = CString::new(name).map_err(|_| DriverError::NoSuchKernel(name.into()))?;
         let mut f: sys::CUfunction = std::ptr::null_mut();
         // SAFETY: module alive; valid out-pointer and C string.
-        let rc = unsafe { sys::cuModuleGetFunction(&raw mut f, self.module, cname.as_ptr()) };
+        let rc =
+            unsafe { sys::cuModuleGetFunction(&raw mut f, self.loaded.module, cname.as_ptr()) };
         if rc == sys::CUresult::CUDA_ERROR_NOT_FOUND {
             return Err(DriverError::NoSuchKernel(name.into()));
         }
         check(rc, "cuModuleGetFunction")?;
         Ok(Function {
-            gpu: self.gpu.clone(),
+            gpu: self.loaded.gpu.clone(),
+            _module: self.loaded.clone(),
             f,
             name: name.into(),
         })
     }
 }
 
-impl Drop for Module {
+impl Drop for LoadedModule {
     fn drop(&mut self) {
-        if self.gpu.bind().is_ok() {
-            // SAFETY: loaded by us, unloaded once; Functions hold an Arc<Gpu>, not the module,
-            // so callers keep the Module alive while launching (documented on Function).
+        // Kernels already queued from it must finish before it is unloaded.
+        if self.gpu.synchronize_context().is_ok() {
+            // SAFETY: loaded by us and unloaded once, when the last Module or Function holding
+            // it is dropped, so no launch can name one of its functions afterwards.
             unsafe {
                 sys::cuModuleUnload(self.module);
             }
@@ -528,10 +552,11 @@ impl Drop for Module {
     }
 }
 
-/// A kernel in a loaded [`Module`]; keep the module alive while you use it.
+/// A kernel in a loaded [`Module`]; it keeps the module loaded.
 #[derive(Debug, Clone)]
 pub struct Function {
     gpu: Arc<Gpu>,
+    _module: Arc<LoadedModule>,
     f: sys::CUfunction,
     name: String,
 }

@@ -34,8 +34,10 @@ pub const POLICY_READ_THROUGH: u32 = 0x100;
 pub const NO_PAGE: u32 = 0xFFFF_FFFF;
 /// Error flag: an index outside the space.
 pub const ERR_OUT_OF_RANGE: u64 = 1;
-/// Error flag: no frame could be taken.
+/// Error flag: a warp waited past the wait limit for a page or frame and gave up.
 pub const ERR_NO_FRAME: u64 = 2;
+/// Error flag: a kernel named a page index past the end (acquire, acquire_page, view_page).
+pub const ERR_PAGE_OUT_OF_RANGE: u64 = 4;
 /// Hit counter shards.
 pub const HIT_SHARDS: usize = 32;
 /// u64s between hit shards.
@@ -126,8 +128,18 @@ pub struct DeviceCounters {
     /// Page reads served from the host copy by read-through.
     pub read_through: u64,
     /// Reserved.
-    pub reserved: [u64; 1],
+    /// Longest a warp waits for a page or a frame before it gives up with `ERR_NO_FRAME`, ns.
+    pub wait_limit_ns: u64,
+    /// First out-of-range page index seen (`u64::MAX` if none).
+    pub first_bad_page: u64,
+    /// First page a warp gave up waiting for (`u64::MAX` if none).
+    pub no_frame_page: u64,
+    /// Unused.
+    pub reserved: [u64; 2],
 }
+
+/// The wait limit new spaces start with (see `Space::set_wait_limit`).
+pub const DEFAULT_WAIT_LIMIT_NS: u64 = 4_000_000_000;
 
 impl DeviceCounters {
     /// Counters at rest: zero, with no bad index recorded.
@@ -150,15 +162,22 @@ impl DeviceCounters {
             lifetime_faults: 0,
             optimistic_retries: 0,
             read_through: 0,
-            reserved: [0; 1],
+            wait_limit_ns: DEFAULT_WAIT_LIMIT_NS,
+            first_bad_page: u64::MAX,
+            no_frame_page: u64::MAX,
+            reserved: [0; 2],
         }
     }
 }
 
 /// The space handle kernels receive (`StrataSpace`), passed by value.
+///
+/// It borrows its space: the space's memory outlives every handle (and dropping a space waits
+/// for every kernel queued on its GPU, so a kernel launched with a handle finishes first).
+/// Only a [`crate::Space`] makes one.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SpaceHandle {
+pub struct SpaceHandle<'space> {
     /// Page table (device).
     pub page_table: u64,
     /// Frame table (device).
@@ -181,39 +200,44 @@ pub struct SpaceHandle {
     pub policy: u32,
     /// Most frames the protected segment holds.
     pub protected_quota: u32,
+    /// The borrow of the space (zero-sized; also keeps handles from being made outside).
+    pub(crate) space: std::marker::PhantomData<&'space ()>,
 }
 
 // SAFETY: SpaceHandle is #[repr(C)], Copy, all plain integers laid out as StrataSpace.
-unsafe impl crate::driver::KernelParam for SpaceHandle {}
+unsafe impl crate::driver::KernelParam for SpaceHandle<'_> {}
 
 const _: () = assert!(size_of::<FrameEntry>() == 8);
-const _: () = assert!(size_of::<SpaceHandle>() == 72);
-const _: () = assert!(offset_of!(SpaceHandle, size_bytes) == 40);
-const _: () = assert!(offset_of!(SpaceHandle, frame_count) == 56);
-const _: () = assert!(offset_of!(SpaceHandle, protected_quota) == 68);
-const _: () = assert!(size_of::<DeviceCounters>() == 8 * (HIT_SHARDS * SHARD_STRIDE + 11) + 8 + 32);
+const _: () = assert!(size_of::<SpaceHandle<'static>>() == 72);
+const _: () = assert!(offset_of!(SpaceHandle<'static>, size_bytes) == 40);
+const _: () = assert!(offset_of!(SpaceHandle<'static>, frame_count) == 56);
+const _: () = assert!(offset_of!(SpaceHandle<'static>, protected_quota) == 68);
+const _: () = assert!(size_of::<DeviceCounters>() == 8 * (HIT_SHARDS * SHARD_STRIDE + 11) + 8 + 64);
 
 /// The layout as Rust sees it, in the order `strata_layout_probe` writes it.
 pub fn host_layout() -> Vec<u64> {
     let v = [
-        size_of::<SpaceHandle>(),
-        offset_of!(SpaceHandle, page_table),
-        offset_of!(SpaceHandle, frames),
-        offset_of!(SpaceHandle, frame_data),
-        offset_of!(SpaceHandle, host),
-        offset_of!(SpaceHandle, counters),
-        offset_of!(SpaceHandle, size_bytes),
-        offset_of!(SpaceHandle, pages),
-        offset_of!(SpaceHandle, frame_count),
-        offset_of!(SpaceHandle, page_shift),
-        offset_of!(SpaceHandle, policy),
-        offset_of!(SpaceHandle, protected_quota),
+        size_of::<SpaceHandle<'static>>(),
+        offset_of!(SpaceHandle<'static>, page_table),
+        offset_of!(SpaceHandle<'static>, frames),
+        offset_of!(SpaceHandle<'static>, frame_data),
+        offset_of!(SpaceHandle<'static>, host),
+        offset_of!(SpaceHandle<'static>, counters),
+        offset_of!(SpaceHandle<'static>, size_bytes),
+        offset_of!(SpaceHandle<'static>, pages),
+        offset_of!(SpaceHandle<'static>, frame_count),
+        offset_of!(SpaceHandle<'static>, page_shift),
+        offset_of!(SpaceHandle<'static>, policy),
+        offset_of!(SpaceHandle<'static>, protected_quota),
         size_of::<DeviceCounters>(),
         offset_of!(DeviceCounters, faults),
         offset_of!(DeviceCounters, error_flags),
         offset_of!(DeviceCounters, first_bad_index),
         offset_of!(DeviceCounters, clock_hand),
         offset_of!(DeviceCounters, protected_now),
+        offset_of!(DeviceCounters, wait_limit_ns),
+        offset_of!(DeviceCounters, first_bad_page),
+        offset_of!(DeviceCounters, no_frame_page),
         size_of::<FrameEntry>(),
     ];
     let mut out: Vec<u64> = v.iter().map(|&x| x as u64).collect();
@@ -238,9 +262,9 @@ pub fn static_check_source() -> String {
          static_assert(STRATA_NO_PAGE == {}u, \"no page\");\n\
          static_assert(STRATA_RESIDENT == {}ull && STRATA_LOADING == {}ull && STRATA_EVICTING == {}ull, \"states\");\n\
          static_assert(STRATA_HIT_SHARDS == {} && STRATA_SHARD_STRIDE == {}, \"shards\");\n\
-         static_assert(STRATA_ERR_OUT_OF_RANGE == {}ull, \"error flag\");\n\
+         static_assert(STRATA_ERR_OUT_OF_RANGE == {}ull && STRATA_ERR_NO_FRAME == {}ull && STRATA_ERR_PAGE_OUT_OF_RANGE == {}ull, \"error flags\");\n\
          extern \"C\" __global__ void strata_static_layout_check() {{}}\n",
-        size_of::<SpaceHandle>(),
+        size_of::<SpaceHandle<'static>>(),
         size_of::<DeviceCounters>(),
         size_of::<FrameEntry>(),
         PIN_ONE,
@@ -255,6 +279,8 @@ pub fn static_check_source() -> String {
         HIT_SHARDS,
         SHARD_STRIDE,
         ERR_OUT_OF_RANGE,
+        ERR_NO_FRAME,
+        ERR_PAGE_OUT_OF_RANGE,
     )
 }
 
@@ -309,7 +335,7 @@ mod tests {
 
     #[test]
     fn host_layout_lists_every_probe_field() {
-        assert_eq!(host_layout().len(), 21);
+        assert_eq!(host_layout().len(), 24);
         assert_eq!(host_layout()[0], 72);
     }
 }

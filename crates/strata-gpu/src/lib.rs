@@ -41,7 +41,15 @@
 //! `strata::Array<T>(space)` with `read(i)`, `write(i, v)`, `atomic_add(i, v)` for 4/8-byte
 //! integers and floats; `strata::acquire(space, page, write)` / `strata::release(space, ref)`
 //! for bulk loops over a page's bytes (`ref.data`). All are warp-collective over the calling
-//! lanes, which coalesce on equal pages.
+//! lanes, which coalesce on equal (space, page); a group pins for writing if any lane writes.
+//! Lanes may differ in everything. `strata.cuh` says what a kernel may hold at once; beyond
+//! that a warp waits at most [`Space::set_wait_limit`] and the access fails with
+//! [`SpaceError::NoFrame`]. Page indices past the end fail with [`SpaceError::PageOutOfRange`]
+//! and touch nothing. Every error surfaces through [`Space::check_errors`].
+//!
+//! Host maintenance (`flush`, `evict`, `prefetch`, `read_back`) waits for every kernel queued
+//! in the GPU's context (any stream, any `Strata` handle) before it runs, and so does dropping
+//! a space; a [`layout::SpaceHandle`] borrows its space; kernels keep their module loaded.
 //!
 //! Reads need no atomic on a hit: `read(i)` (and `strata::view_page` / `strata::view_valid`
 //! for bulk reads) reads the page word, the bytes from its frame, and the word again, and keeps

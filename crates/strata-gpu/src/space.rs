@@ -49,6 +49,33 @@ pub enum SpaceError {
         /// Element size assumed.
         elem: u64,
     },
+    /// A kernel named a page index past the end (`acquire`, `acquire_page`, `view_page`).
+    #[error(
+        "a kernel acquired page {page} of a space of {pages} pages ({page_size}-byte pages); nothing was touched and the call got a scratch page: check the kernel's page arithmetic (pages run 0..{pages})"
+    )]
+    PageOutOfRange {
+        /// First bad page index seen.
+        page: u64,
+        /// Pages in the space.
+        pages: u64,
+        /// Page size in bytes.
+        page_size: u64,
+    },
+    /// A warp waited past the space's wait limit for a frame (or a page others were moving)
+    /// and gave up.
+    #[error(
+        "a kernel waited more than {limit_ms} ms for a frame for page {page} of a space of {pages} pages whose cache has {frames} frames, and gave up (that access was dropped: reads got 0, writes were lost). Every frame stayed pinned: a warp may hold the pages of one acquire (at most 32) at a time, and the warps running at once must together hold fewer pins than the cache has frames. Give a larger cache (STRATA_CACHE_SIZE), release pages before acquiring more, or launch fewer warps (or raise the limit with Space::set_wait_limit if the kernel is merely slow)"
+    )]
+    NoFrame {
+        /// First page a warp gave up on.
+        page: u64,
+        /// Pages in the space.
+        pages: u64,
+        /// Frames in the cache.
+        frames: u32,
+        /// The wait limit, ms.
+        limit_ms: u64,
+    },
     /// A host-side range outside the space.
     #[error("range {start}..{end} is outside the space of {size} bytes")]
     Range {
@@ -250,6 +277,13 @@ impl Strata {
 }
 
 /// A space: see the crate docs.
+///
+/// Host maintenance (`flush`, `evict`, `prefetch`, `read_back`, the fills, statistics and error
+/// checks) first waits for every kernel queued on the GPU's context, whatever stream or Strata
+/// handle launched it, and runs its own kernels to completion: a kernel queued before the call
+/// is never raced. (Kernels that another thread queues while such a call runs are that
+/// thread's race to avoid, as with any memory those kernels share.) Dropping a space waits the
+/// same way before its memory is freed, and the space keeps Strata's kernels loaded.
 #[derive(Debug)]
 pub struct Space {
     gpu: Arc<Gpu>,
@@ -260,10 +294,21 @@ pub struct Space {
     host: MappedHostBuffer,
     page_table: DeviceBuffer,
     frames: DeviceBuffer,
-    frame_data: DeviceBuffer,
+    /// Owns the frames and the scratch page (kernels reach them through `handle`).
+    _frame_data: DeviceBuffer,
     counters: DeviceBuffer,
-    handle: SpaceHandle,
+    handle: SpaceHandle<'static>,
     options: SpaceOptions,
+}
+
+impl Drop for Space {
+    fn drop(&mut self) {
+        // Kernels queued with this space's handle (on any stream) must finish before its
+        // buffers are freed; nothing can be done about a failure here but carry on.
+        if let Err(e) = self.gpu.synchronize_context() {
+            tracing::warn!("dropping a space: waiting for the GPU failed: {e}");
+        }
+    }
 }
 
 fn fmt(bytes: u64) -> String {
@@ -287,7 +332,8 @@ impl Space {
         let page_table = DeviceBuffer::zeroed(&gpu, to_usize(pages * 8)?)?;
         let frames_buf = DeviceBuffer::zeroed(&gpu, to_usize(frames * 8)?)?;
         frames_buf.fill_bytes(0xFF)?;
-        let frame_data = DeviceBuffer::zeroed(&gpu, to_usize(frame_bytes)?)?;
+        // One page more than the frames: the scratch page failed device accesses point at.
+        let frame_data = DeviceBuffer::zeroed(&gpu, to_usize(frame_bytes + ps)?)?;
         let counters = DeviceBuffer::zeroed(&gpu, std::mem::size_of::<DeviceCounters>())?;
         counters.upload(0, std::slice::from_ref(&DeviceCounters::initial()))?;
         let frame_count = u32::try_from(frames)
@@ -320,6 +366,7 @@ impl Space {
                 0
             },
             protected_quota,
+            space: std::marker::PhantomData,
         };
         let mut space = Space {
             gpu,
@@ -330,7 +377,7 @@ impl Space {
             host,
             page_table,
             frames: frames_buf,
-            frame_data,
+            _frame_data: frame_data,
             counters,
             handle,
             options: options.clone(),
@@ -339,9 +386,35 @@ impl Space {
         Ok(space)
     }
 
-    /// The handle to pass to kernels (`StrataSpace` by value).
-    pub fn handle(&self) -> SpaceHandle {
+    /// The handle to pass to kernels (`StrataSpace` by value). It borrows the space, and
+    /// dropping the space waits for kernels launched with it.
+    ///
+    /// A handle cannot outlive its space:
+    ///
+    /// ```compile_fail
+    /// # fn f(strata: &strata_gpu::Strata) {
+    /// let handle = {
+    ///     let space = strata.space(1 << 20, &Default::default()).unwrap();
+    ///     space.handle() // `space` does not live long enough
+    /// };
+    /// # let _ = handle;
+    /// # }
+    /// ```
+    pub fn handle(&self) -> SpaceHandle<'_> {
         self.handle
+    }
+
+    /// Sets how long a warp waits for a frame or a page before it gives up with
+    /// [`SpaceError::NoFrame`] (4 s at first; at least 1 ms). Waits end sooner whenever the
+    /// kernel keeps to the rules in `strata.cuh` (what a kernel may hold at once).
+    pub fn set_wait_limit(&self, limit: std::time::Duration) -> Result<(), SpaceError> {
+        let ns = u64::try_from(limit.as_nanos())
+            .unwrap_or(u64::MAX)
+            .max(1_000_000);
+        let mut c = self.counters()?;
+        c.wait_limit_ns = ns;
+        self.counters.upload(0, std::slice::from_ref(&c))?;
+        Ok(())
     }
 
     /// Bytes addressable.
@@ -389,14 +462,23 @@ impl Space {
     }
 
     /// Copies `data` into the space at byte `offset`.
-    pub fn fill_from_slice<T: Copy>(&mut self, offset: u64, data: &[T]) -> Result<(), SpaceError> {
+    ///
+    /// `T` is plain data ([`bytemuck::Pod`]): no padding, and every byte pattern valid, so
+    /// types like `bool` or references are refused at compile time:
+    ///
+    /// ```compile_fail
+    /// # fn f(space: &mut strata_gpu::Space) {
+    /// space.fill_from_slice(0, &[true, false]).unwrap(); // bool is not Pod
+    /// # }
+    /// ```
+    pub fn fill_from_slice<T: bytemuck::Pod>(
+        &mut self,
+        offset: u64,
+        data: &[T],
+    ) -> Result<(), SpaceError> {
         let bytes = std::mem::size_of_val(data) as u64;
         self.check_range(&(offset..offset.saturating_add(bytes)))?;
-        // SAFETY: `data` is valid for `bytes` bytes; T: Copy has no drop or interior pointers
-        // the byte copy could break.
-        let src = unsafe {
-            std::slice::from_raw_parts(data.as_ptr().cast::<u8>(), std::mem::size_of_val(data))
-        };
+        let src: &[u8] = bytemuck::cast_slice(data);
         let start = usize::try_from(offset).unwrap_or(usize::MAX);
         self.with_host_mut(|h| h[start..start + src.len()].copy_from_slice(src))
     }
@@ -423,22 +505,36 @@ impl Space {
 
     /// Writes every dirty cached page back to the host copy (pages stay cached, now clean).
     pub fn flush(&self) -> Result<(), SpaceError> {
+        self.gpu.synchronize_context()?;
         self.flush_fn
             .launch(self.grid, &Args::new().arg(self.handle))?;
         self.gpu.synchronize()?;
         self.check_errors()
     }
 
-    /// Copies `out.len()` elements from byte `offset` into `out`, after a flush.
-    pub fn read_back<T: Copy>(&self, offset: u64, out: &mut [T]) -> Result<(), SpaceError> {
+    /// Copies `out.len()` elements from byte `offset` into `out`, after a flush (which waits
+    /// for every kernel queued on the GPU, on any stream).
+    ///
+    /// `T` is plain data ([`bytemuck::Pod`]): any bytes are a valid `T`, so `bool`, `char` or
+    /// references are refused at compile time:
+    ///
+    /// ```compile_fail
+    /// # fn f(space: &strata_gpu::Space) {
+    /// let mut out = [false; 8];
+    /// space.read_back(0, &mut out).unwrap(); // bool is not Pod
+    /// # }
+    /// ```
+    pub fn read_back<T: bytemuck::Pod>(
+        &self,
+        offset: u64,
+        out: &mut [T],
+    ) -> Result<(), SpaceError> {
         let bytes = std::mem::size_of_val(out) as u64;
         self.check_range(&(offset..offset.saturating_add(bytes)))?;
         self.flush()?;
         let start = usize::try_from(offset).unwrap_or(usize::MAX);
         let len = usize::try_from(bytes).unwrap_or(usize::MAX);
-        // SAFETY: `out` is valid for `len` bytes of writes; T: Copy, and the caller asked for
-        // these bytes reinterpreted as T (plain numeric element types).
-        let dst = unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr().cast::<u8>(), len) };
+        let dst: &mut [u8] = bytemuck::cast_slice_mut(out);
         dst.copy_from_slice(&self.host.as_slice()[start..start + len]);
         Ok(())
     }
@@ -452,6 +548,7 @@ impl Space {
     /// Brings the pages of byte range `r` into the cache (as far as it holds them).
     pub fn prefetch(&self, r: Range<u64>) -> Result<(), SpaceError> {
         let (first, last) = self.page_range(&r)?;
+        self.gpu.synchronize_context()?;
         self.prefetch_fn.launch(
             self.grid,
             &Args::new().arg(self.handle).arg(first).arg(last),
@@ -463,6 +560,7 @@ impl Space {
     /// Drops the pages of byte range `r` from the cache, writing dirty ones back first.
     pub fn evict(&self, r: Range<u64>) -> Result<(), SpaceError> {
         let (first, last) = self.page_range(&r)?;
+        self.gpu.synchronize_context()?;
         self.evict_fn.launch(
             self.grid,
             &Args::new().arg(self.handle).arg(first).arg(last),
@@ -472,28 +570,54 @@ impl Space {
     }
 
     fn counters(&self) -> Result<DeviceCounters, SpaceError> {
-        self.gpu.synchronize()?;
+        self.gpu.synchronize_context()?;
         let mut c = [DeviceCounters::initial()];
         self.counters.download(0, &mut c)?;
         Ok(c[0])
     }
 
-    /// Returns the out-of-range error a kernel reported, if any, and clears it.
+    /// Returns the error a kernel reported (after waiting for every kernel queued on the
+    /// GPU), if any, and clears every reported error: an element or page index out of range
+    /// ([`SpaceError::OutOfRange`], [`SpaceError::PageOutOfRange`]) or a wait that gave up
+    /// ([`SpaceError::NoFrame`]), in that order when several were reported.
     pub fn check_errors(&self) -> Result<(), SpaceError> {
+        use crate::layout::{ERR_NO_FRAME, ERR_OUT_OF_RANGE, ERR_PAGE_OUT_OF_RANGE};
         let c = self.counters()?;
-        if c.error_flags & crate::layout::ERR_OUT_OF_RANGE != 0 {
-            let mut fresh = c;
-            fresh.error_flags = 0;
-            fresh.first_bad_index = u64::MAX;
-            self.counters.upload(0, std::slice::from_ref(&fresh))?;
-            let elem = self.options.element.size();
-            return Err(SpaceError::OutOfRange {
+        if c.error_flags == 0 {
+            return Ok(());
+        }
+        let mut fresh = c;
+        fresh.error_flags = 0;
+        fresh.first_bad_index = u64::MAX;
+        fresh.first_bad_page = u64::MAX;
+        fresh.no_frame_page = u64::MAX;
+        self.counters.upload(0, std::slice::from_ref(&fresh))?;
+        let elem = self.options.element.size();
+        Err(if c.error_flags & ERR_OUT_OF_RANGE != 0 {
+            SpaceError::OutOfRange {
                 index: c.first_bad_index,
                 elements: self.size() / elem,
                 elem,
-            });
-        }
-        Ok(())
+            }
+        } else if c.error_flags & ERR_PAGE_OUT_OF_RANGE != 0 {
+            SpaceError::PageOutOfRange {
+                page: c.first_bad_page,
+                pages: self.handle.pages,
+                page_size: self.page_size(),
+            }
+        } else if c.error_flags & ERR_NO_FRAME != 0 {
+            SpaceError::NoFrame {
+                page: c.no_frame_page,
+                pages: self.handle.pages,
+                frames: self.handle.frame_count,
+                limit_ms: c.wait_limit_ns / 1_000_000,
+            }
+        } else {
+            SpaceError::Invalid(format!(
+                "a kernel reported unknown error flags {:#x}: the header and this crate disagree",
+                c.error_flags
+            ))
+        })
     }
 
     /// Statistics kept on the device.
@@ -522,6 +646,9 @@ impl Space {
         let mut fresh = DeviceCounters::initial();
         fresh.error_flags = c.error_flags;
         fresh.first_bad_index = c.first_bad_index;
+        fresh.first_bad_page = c.first_bad_page;
+        fresh.no_frame_page = c.no_frame_page;
+        fresh.wait_limit_ns = c.wait_limit_ns;
         fresh.clock_hand = c.clock_hand;
         fresh.protected_now = c.protected_now;
         fresh.lifetime_faults = c.lifetime_faults;
@@ -531,7 +658,7 @@ impl Space {
 
     /// Reads the raw page table (for tests and debugging).
     pub fn page_table(&self) -> Result<Vec<u64>, SpaceError> {
-        self.gpu.synchronize()?;
+        self.gpu.synchronize_context()?;
         let mut out = vec![0u64; usize::try_from(self.handle.pages).unwrap_or(0)];
         self.page_table.download(0, &mut out)?;
         Ok(out)
@@ -539,7 +666,7 @@ impl Space {
 
     /// Reads the raw frame table (for tests and debugging).
     pub fn frame_table(&self) -> Result<Vec<FrameEntry>, SpaceError> {
-        self.gpu.synchronize()?;
+        self.gpu.synchronize_context()?;
         let n = self.handle.frame_count as usize;
         let mut out = vec![FrameEntry { page: 0, flags: 0 }; n];
         self.frames.download(0, &mut out)?;
@@ -557,9 +684,9 @@ impl Space {
         self.host.host_mut_ptr()
     }
 
-    /// Bytes of GPU memory the frames take.
+    /// Bytes of GPU memory the frames take (not counting the scratch page).
     pub fn cache_bytes(&self) -> u64 {
-        self.frame_data.len() as u64
+        u64::from(self.handle.frame_count) << self.handle.page_shift
     }
 }
 
@@ -700,11 +827,14 @@ impl SpacePlan {
         })
     }
 
-    /// Bytes of GPU memory the space takes: frames, page table, frame table, counters.
+    /// Bytes of GPU memory the space takes: frames, and the rest (page table, frame table,
+    /// counters, the scratch page failed accesses get).
     pub fn gpu_bytes(&self) -> (u64, u64) {
         let frame_bytes = self.frames * self.page.bytes();
-        let table_bytes =
-            self.pages * 8 + self.frames * 8 + std::mem::size_of::<DeviceCounters>() as u64;
+        let table_bytes = self.pages * 8
+            + self.frames * 8
+            + std::mem::size_of::<DeviceCounters>() as u64
+            + self.page.bytes();
         (frame_bytes, table_bytes)
     }
 

@@ -4,51 +4,12 @@
 #![allow(clippy::cast_possible_truncation)] // test code on 64-bit targets only
 
 use strata_gpu::driver::{Args, DeviceBuffer, Grid};
-use strata_gpu::{ElementType, EvictionPolicy, SpaceError, SpaceOptions, Strata};
+use strata_gpu::{ElementType, EvictionPolicy, SpaceError};
+
+mod common;
+use common::{mix, opts, random_words, seed, strata_or_skip};
 
 const KERNELS: &str = include_str!("gpu_kernels.cu");
-
-fn strata_or_skip() -> Option<Strata> {
-    if !strata_gpu::probe::driver_present() {
-        eprintln!("skipped: no CUDA driver");
-        return None;
-    }
-    Some(Strata::new(0).expect("a CUDA driver is present but Strata could not start on GPU 0"))
-}
-
-fn seed() -> u64 {
-    let s = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64;
-    eprintln!("seed {s:#x}");
-    s
-}
-
-fn mix(mut x: u64) -> u64 {
-    x ^= x >> 33;
-    x = x.wrapping_mul(0xff51afd7ed558ccd);
-    x ^= x >> 33;
-    x = x.wrapping_mul(0xc4ceb9fe1a85ec53);
-    x ^= x >> 33;
-    x
-}
-
-fn random_words(n: usize, seed: u64) -> Vec<u64> {
-    (0..n as u64)
-        .map(|i| mix(i ^ seed.rotate_left(17)))
-        .collect()
-}
-
-fn opts(page: u64, cache: u64, policy: EvictionPolicy) -> SpaceOptions {
-    SpaceOptions {
-        page_size: page,
-        cache_bytes: cache,
-        element: ElementType::U64,
-        policy,
-        read_through: false,
-    }
-}
 
 #[test]
 fn layout_matches_on_the_device() {
