@@ -115,6 +115,43 @@ step_gpu_micro() {
     log gpu-micro timeout 240 "$CARRY/strata" bench gpu-micro --out "$OUT/gpu-micro" $GPU_MICRO_ARGS
 }
 
+# Before/after: when a release binary of an earlier commit sits at .carry-before/strata-before,
+# run gpu-micro, graph and embed with it and with the new binary, alternated, and compare.
+# Not in the default STEPS; name it: `run before_after`. BEFORE_AFTER_ROUNDS (default 2).
+step_before_after() {
+    local old="$ROOT/.carry-before/strata-before" new="$CARRY/strata" rc=0 i v bin
+    [ -x "$old" ] || { echo "no $old: skipped" >"$OUT/before-after.log"; return 0; }
+    local micro=(--ratios 1,4 --reps 5 --skip-uvm --patterns cold-4k,stream-read,stream-rmw,gather-uniform,gather-zipf)
+    : >"$OUT/before-after.log"
+    for i in $(seq "${BEFORE_AFTER_ROUNDS:-2}"); do
+        for v in old new; do
+            bin=$new; [ $v = old ] && bin=$old
+            echo "=== gpu-micro $v round $i" >>"$OUT/before-after.log"
+            STRATA_KERNEL_CACHE=/tmp/kc-$v timeout 240 "$bin" bench gpu-micro "${micro[@]}" \
+                --out "$OUT/micro-$v-$i" >>"$OUT/before-after.log" 2>&1 || rc=1
+        done
+    done
+    for v in old new; do
+        bin=$new; [ $v = old ] && bin=$old
+        echo "=== graph/embed $v" >>"$OUT/before-after.log"
+        STRATA_KERNEL_CACHE=/tmp/kc-$v timeout 240 "$bin" bench graph --scale 21 --algorithms bfs,pagerank \
+            --oversubscription 2,4 --reps 3 --json "$OUT/graph-$v.json" --svg "$OUT/graph-$v.svg" \
+            >>"$OUT/before-after.log" 2>&1 || rc=1
+        STRATA_KERNEL_CACHE=/tmp/kc-$v timeout 240 "$bin" bench embed --rows 2097152 --lookups 4194304 \
+            --oversubscription 2,4 --reps 3 --json "$OUT/embed-$v.json" --svg "$OUT/embed-$v.svg" \
+            >>"$OUT/before-after.log" 2>&1 || rc=1
+    done
+    {
+        for i in $(seq "${BEFORE_AFTER_ROUNDS:-2}"); do
+            echo "== gpu-micro round $i"; "$new" bench compare "$OUT/micro-old-$i.json" "$OUT/micro-new-$i.json"
+        done
+        echo "== graph"; "$new" bench compare "$OUT/graph-old.json" "$OUT/graph-new.json"
+        echo "== embed"; "$new" bench compare "$OUT/embed-old.json" "$OUT/embed-new.json"
+    } >"$OUT/compare.txt" 2>&1 || rc=1
+    SUMMARY+=("$(printf '%-28s %-6s %s' before-after "$([ $rc -eq 0 ] && echo ok || echo FAIL)" "see compare.txt")")
+    return $rc
+}
+
 run() {
     mkdir -p "$OUT"
     export STRATA_KERNEL_CACHE="${STRATA_KERNEL_CACHE:-/tmp/strata-kernel-cache}"
