@@ -70,8 +70,8 @@ typedef struct strata_space_handle_t {
 #define STRATA_ELEM_F32 4
 #define STRATA_ELEM_F64 5
 
-#define STRATA_POLICY_CLOCK 0
-#define STRATA_POLICY_SCAN_RESISTANT 1
+#define STRATA_POLICY_CLOCK 0u
+#define STRATA_POLICY_SCAN_RESISTANT 1u
 
 typedef struct strata_space_options_t {
     uint64_t page_size;        /* power of two, 4 KiB to 2 MiB */
