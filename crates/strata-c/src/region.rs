@@ -72,8 +72,8 @@ pub fn open_region(size: u64, spec: &RegionSpec) -> Result<Region, Error> {
         spec.page_bytes
     };
     let buffer = if spec.buffer_bytes == 0 {
-        // A whole number of pages, at least two, at most the region.
-        DEFAULT_BUFFER.min(size.div_ceil(page).max(2) * page)
+        // A whole number of pages, at least the four the pager needs, at most the region.
+        DEFAULT_BUFFER.min(size.div_ceil(page).max(4) * page)
     } else {
         spec.buffer_bytes
     };
