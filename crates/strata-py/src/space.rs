@@ -158,11 +158,8 @@ impl PySpace {
         address: usize,
         nbytes: usize,
     ) -> PyResult<()> {
-        if nbytes == 0 {
+        if !host_buffer_given(address, nbytes)? {
             return Ok(());
-        }
-        if address == 0 {
-            return Err(InvalidArgumentError::new_err("address is NULL"));
         }
         // SAFETY: the Python wrapper passes the data pointer and byte length of a C-contiguous
         // NumPy array it holds a reference to for the whole call.
@@ -180,11 +177,8 @@ impl PySpace {
         address: usize,
         nbytes: usize,
     ) -> PyResult<()> {
-        if nbytes == 0 {
+        if !host_buffer_given(address, nbytes)? {
             return Ok(());
-        }
-        if address == 0 {
-            return Err(InvalidArgumentError::new_err("address is NULL"));
         }
         // SAFETY: the Python wrapper passes the data pointer and byte length of a writable
         // C-contiguous NumPy array it holds a reference to for the whole call.
@@ -260,6 +254,16 @@ impl PySpace {
             module,
             runtime: Arc::clone(&self.runtime),
         })
+    }
+}
+
+/// Whether a host buffer of `nbytes` at `address` needs copying: false for an empty one, an
+/// error for a null address with bytes.
+fn host_buffer_given(address: usize, nbytes: usize) -> PyResult<bool> {
+    match (address, nbytes) {
+        (_, 0) => Ok(false),
+        (0, _) => Err(InvalidArgumentError::new_err("address is NULL")),
+        _ => Ok(true),
     }
 }
 

@@ -51,3 +51,26 @@ def test_space_round_trip_and_kernel(rng):
     buf = bytearray(16)
     s.read(buf, offset=8)
     assert bytes(buf) == (want * 2)[1:3].tobytes()
+
+
+def test_host_buffers_are_taken_without_copies_where_possible(rng):
+    from strata.space import _host_array
+
+    b = bytearray(rng.bytes(64))
+    view = _host_array(b, writable=True)
+    assert view.nbytes == 64 and np.shares_memory(view, np.frombuffer(b, np.uint8))
+    a = rng.standard_normal((8, 8))
+    assert _host_array(a, writable=False) is a
+    strided = _host_array(a[:, ::2], writable=False)  # made contiguous for reading
+    assert strided.flags.c_contiguous
+    np.testing.assert_array_equal(strided, a[:, ::2])
+    with pytest.raises(strata.InvalidArgumentError, match="not C-contiguous"):
+        _host_array(a[:, ::2], writable=True)
+    with pytest.raises(strata.InvalidArgumentError, match="read-only"):
+        _host_array(bytes(8), writable=True)
+
+    class DeviceOnly:
+        __cuda_array_interface__ = {"shape": (4,), "typestr": "<f4", "data": (0, False), "version": 3}
+
+    with pytest.raises(strata.InvalidArgumentError, match="cuda_array_interface"):
+        _host_array(DeviceOnly(), writable=False)
