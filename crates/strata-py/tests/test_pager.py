@@ -131,3 +131,23 @@ def test_unreachable_remote_store_raises(rng):
 def test_file_in_missing_directory_raises(tmp_path):
     with pytest.raises(strata.StrataError, match="no-such-dir"):
         pager.array(1000, store=f"file:{tmp_path}/no-such-dir/x.bin")
+
+
+@pytest.mark.parametrize("codec", ["none", "lz4"])
+def test_remote_store_round_trip(rng, memory_node, codec):
+    address, token = memory_node
+    shape = (513, 700)
+    want = rng.integers(-1000, 1000, size=shape, dtype=np.int32)
+    a = pager.array(shape, np.int32, store=f"remote:{address}", codec=codec, token=token,
+                    buffer=8 * 65536)
+    a[...] = want
+    a.flush()
+    a.evict()
+    np.testing.assert_array_equal(a, want)
+    assert a.stats()["writebacks"] > 0
+
+
+def test_remote_store_with_wrong_token_raises(memory_node):
+    address, _ = memory_node
+    with pytest.raises(strata.StrataError, match="token"):
+        pager.array(1000, store=f"remote:{address}", token="wrong")
