@@ -8,15 +8,16 @@ import pytest
 @pytest.fixture
 def rng(request):
     """A NumPy generator with a fresh seed, printed so a failure can be replayed
-    (STRATA_TEST_SEED=N reuses one)."""
-    seed = int(os.environ.get("STRATA_TEST_SEED", random.SystemRandom().randrange(2**63)))
+    (PYSTRATA_SEED=N reuses one)."""
+    seed = int(os.environ.get("PYSTRATA_SEED", random.SystemRandom().randrange(2**63)))
     print(f"{request.node.name}: seed {seed}")
     return np.random.default_rng(seed)
 
 
 def _strata_binary():
-    """The `strata` CLI: $STRATA_BIN, else the workspace's debug build, else None."""
-    path = os.environ.get("STRATA_BIN")
+    """The `strata` CLI (the variable is not named STRATA_*: the CLI refuses unknown STRATA_*
+    variables, and the memory node inherits this environment): $PYSTRATA_BIN, else the workspace's debug build, else None."""
+    path = os.environ.get("PYSTRATA_BIN")
     if path:
         return path
     here = os.path.dirname(os.path.abspath(__file__))
@@ -33,8 +34,8 @@ def memory_node():
     binary = _strata_binary()
     if binary is None or not os.path.exists(binary):
         if os.environ.get("CI"):
-            pytest.fail(f"the strata binary is missing ({binary}): set STRATA_BIN")
-        pytest.skip("no strata binary (set STRATA_BIN) to start a memory node")
+            pytest.fail(f"the strata binary is missing ({binary}): set PYSTRATA_BIN")
+        pytest.skip("no strata binary (set PYSTRATA_BIN) to start a memory node")
     token = "pytest-" + os.urandom(8).hex()
     proc = subprocess.Popen(
         [binary, "serve", "--listen", "127.0.0.1:0", "--capacity", "256MiB", "--token", token],
@@ -43,15 +44,16 @@ def memory_node():
         text=True,
     )
     try:
-        address = None
+        address, seen = None, []
         for _ in range(20):
             line = proc.stdout.readline()
             if not line:
                 break
+            seen.append(line)
             if line.startswith("memory node listening on "):
                 address = line.split()[4]
                 break
-        assert address, "the memory node did not report its address"
+        assert address, "the memory node did not report its address:\n" + "".join(seen)
         yield address, token
     finally:
         proc.terminate()
