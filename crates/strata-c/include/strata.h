@@ -8,6 +8,10 @@
  * Pager regions: CPU memory whose pages live in a store (memory, file, remote memory nodes,
  * optionally compressed) and come in on demand through userfaultfd (strata_region_open).
  *
+ * Streams: the space calls run Strata's maintenance kernels on Strata's own (non-blocking) stream
+ * and return when they are done; they do not wait for your kernels, so synchronize yours
+ * (cudaDeviceSynchronize or cudaStreamSynchronize) before reading, filling or flushing a space.
+ *
  * Errors: every int-returning call returns STRATA_OK (0) or a STRATA_E_* code and leaves a
  * message in a thread-local string, strata_last_error() ("" after a successful call; valid until
  * the next Strata call on the same thread).
@@ -126,7 +130,7 @@ typedef struct strata_region_options_t {
     const char* token;     /* memory nodes' token (remote stores); NULL otherwise */
     int32_t grow;          /* non-zero: extend a file shorter than the region */
     uint64_t page_bytes;   /* multiple of 4 KiB up to 2 MiB; 0: 64 KiB */
-    uint64_t buffer_bytes; /* resident-set budget; 0: 64 MiB capped at the region */
+    uint64_t buffer_bytes; /* resident-set budget, at least 4 pages; 0: 64 MiB capped at the region */
     uint32_t fillers;      /* filler threads; 0: default */
     uint32_t evictors;     /* evictor threads; 0: default */
 } strata_region_options_t;

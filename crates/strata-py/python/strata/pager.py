@@ -94,7 +94,8 @@ def array(
 ):
     """A :class:`PagedArray` of ``shape`` and ``dtype`` over a new pager region.
 
-    ``buffer``: resident-set budget in bytes (default 64 MiB, capped at the array's size);
+    ``buffer``: resident-set budget in bytes, at least 4 pages (default 64 MiB, capped at the
+    array's size);
     ``page_size``: bytes per page (a multiple of 4096 up to 2 MiB, default 65536). A new memory
     store reads as zeros; a file store reads the file's bytes (zeros past its end).
     """
