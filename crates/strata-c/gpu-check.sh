@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Checks libstrata and the strata Python package on a GPU machine (the parts CI cannot run):
+# the C API test's GPU branch, the nvcc example through its Makefile and through CMake with the
+# installed pkg-config/CMake files, and pytest including the GPU round trip and kernel launch.
+#
+#   crates/strata-c/gpu-check.sh build   # here: release libstrata.so + wheel into .carry-py/
+#   crates/strata-c/gpu-check.sh run     # there (nvcc, numpy, pytest, nvidia-cuda-nvrtc present)
+set -u -o pipefail
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+carry="$root/.carry-py"
+case "${1:-}" in
+build)
+    set -e
+    cd "$root"
+    cargo build --release -p strata-c
+    mkdir -p "$carry"
+    cp target/release/libstrata.so "$carry/" && strip "$carry/libstrata.so"
+    python3 -m pip install -q 'maturin>=1.9,<2'
+    rm -f "$carry"/strata-*.whl
+    maturin build --release --manifest-path crates/strata-py/Cargo.toml --out "$carry"
+    ls -la "$carry"
+    ;;
+run)
+    cd "$root"
+    nvrtc=$(python3 -c 'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], "cu13", "lib"))' 2>/dev/null)
+    export LD_LIBRARY_PATH="$nvrtc:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    prefix=$(mktemp -d)/prefix
+    work=$(mktemp -d)
+    status=0
+    step() { echo "== $1"; shift; "$@" || { echo "FAILED: $*"; status=1; }; }
+    step install bash crates/strata-c/install.sh "$prefix" "$carry"
+    export PKG_CONFIG_PATH="$prefix/lib/pkgconfig"
+    # shellcheck disable=SC2046 # pkg-config prints several flags
+    step "C api_test (build)" gcc -std=c11 -Wall -Wextra -Werror -O1 -o "$work/api_test" \
+        crates/strata-c/tests/c/api_test.c $(pkg-config --cflags --libs strata)
+    step "C api_test (GPU branch)" timeout 120 "$work/api_test" "$RANDOM$RANDOM" "$work"
+    step "nvcc example (Makefile)" make -C examples/gpu-space STRATA_PREFIX="$prefix" ARCH=sm_90
+    step "nvcc example (run)" timeout 300 examples/gpu-space/scale 64
+    step "nvcc example (CMake configure)" cmake -S examples/gpu-space -B "$work/build" \
+        -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_CUDA_ARCHITECTURES=90
+    step "nvcc example (CMake build)" cmake --build "$work/build"
+    step "nvcc example (CMake run)" timeout 300 "$work/build/scale" 16
+    step "venv" python3 -m venv --system-site-packages "$work/venv"
+    step "wheel" "$work/venv/bin/pip" install -q --no-deps --no-index "$carry"/strata-*.whl
+    (cd "$work" && step pytest timeout 300 "$work/venv/bin/python" -m pytest -q -p no:cacheprovider \
+        "$root/crates/strata-py/tests") || status=1
+    exit $status
+    ;;
+*)
+    echo "usage: gpu-check.sh build|run" >&2
+    exit 2
+    ;;
+esac

@@ -1,0 +1,362 @@
+//! `strata._strata.Space` and `KernelModule`: GPU spaces (create, fill from and read into host
+//! memory, prefetch, evict, flush, statistics, the 72-byte `StrataSpace` handle) and user
+//! kernels compiled with NVRTC and launched with arguments from Python. One `Strata` runtime
+//! per GPU is shared by every space and module on it.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+use pyo3::exceptions::PyTypeError;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyTuple};
+use strata::gpu::{CSpaceOptions, space_options};
+use strata_gpu::driver::{Args, Grid};
+use strata_gpu::{KernelModule, Space, Strata};
+
+use crate::errors::{InvalidArgumentError, py_err};
+
+/// The runtime of GPU `ordinal`, opened (and Strata's kernels loaded) at first use.
+fn runtime(ordinal: usize) -> Result<Arc<Strata>, strata::Error> {
+    static RUNTIMES: OnceLock<Mutex<HashMap<usize, Arc<Strata>>>> = OnceLock::new();
+    let mut map = RUNTIMES
+        .get_or_init(|| Mutex::new(HashMap::new()))
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    if let Some(s) = map.get(&ordinal) {
+        return Ok(Arc::clone(s));
+    }
+    let s = Arc::new(Strata::new(ordinal)?);
+    map.insert(ordinal, Arc::clone(&s));
+    Ok(s)
+}
+
+fn element_code(dtype: &str) -> PyResult<u32> {
+    Ok(match dtype {
+        "int32" | "i32" => 0,
+        "uint32" | "u32" => 1,
+        "int64" | "i64" => 2,
+        "uint64" | "u64" => 3,
+        "float32" | "f32" => 4,
+        "float64" | "f64" => 5,
+        other => {
+            return Err(InvalidArgumentError::new_err(format!(
+                "element type {other:?} is not supported: use int32, uint32, int64, uint64, float32 or float64"
+            )));
+        }
+    })
+}
+
+/// A GPU space: a byte range larger than GPU memory, paged by the GPU.
+#[derive(Debug)]
+#[pyclass(module = "strata._strata", name = "Space", frozen, subclass)]
+pub struct PySpace {
+    space: Mutex<Space>,
+    runtime: Arc<Strata>,
+}
+
+impl PySpace {
+    fn lock(&self) -> MutexGuard<'_, Space> {
+        self.space.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+#[pymethods]
+impl PySpace {
+    /// Creates a zero-filled space of `size` bytes on GPU `device`.
+    #[new]
+    #[pyo3(signature = (size, page_size = 65536, cache_bytes = 1 << 30, dtype = "uint64",
+                        policy = "clock", protected_fraction = 0.5, read_through = false,
+                        device = 0))]
+    #[allow(clippy::too_many_arguments)] // mirrors the keyword arguments Python callers see
+    fn new(
+        py: Python<'_>,
+        size: u64,
+        page_size: u64,
+        cache_bytes: u64,
+        dtype: &str,
+        policy: &str,
+        protected_fraction: f64,
+        read_through: bool,
+        device: usize,
+    ) -> PyResult<Self> {
+        let policy = match policy {
+            "clock" => 0,
+            "scan-resistant" | "scan_resistant" => 1,
+            other => {
+                return Err(InvalidArgumentError::new_err(format!(
+                    "eviction policy {other:?} is unknown: use \"clock\" or \"scan-resistant\""
+                )));
+            }
+        };
+        let options = space_options(&CSpaceOptions {
+            page_size,
+            cache_bytes,
+            element: element_code(dtype)?,
+            policy,
+            protected_fraction,
+            read_through: u32::from(read_through),
+        })
+        .map_err(py_err)?;
+        let (space, runtime) = py
+            .detach(|| -> Result<_, strata::Error> {
+                let rt = runtime(device)?;
+                let space = rt.space(size, &options)?;
+                Ok((space, rt))
+            })
+            .map_err(py_err)?;
+        Ok(PySpace {
+            space: Mutex::new(space),
+            runtime,
+        })
+    }
+
+    /// Size in bytes.
+    #[getter]
+    fn size(&self) -> u64 {
+        self.lock().size()
+    }
+
+    /// Page size in bytes.
+    #[getter]
+    fn page_size(&self) -> u64 {
+        self.lock().page_size()
+    }
+
+    /// Frames in the GPU page cache.
+    #[getter]
+    fn frames(&self) -> u32 {
+        self.lock().frames()
+    }
+
+    /// The `StrataSpace` handle kernels take by value: 72 bytes, as in `strata.cuh`.
+    fn handle<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        let space = self.lock();
+        let h = space.handle();
+        let mut b = Vec::with_capacity(72);
+        for w in [
+            h.page_table,
+            h.frames,
+            h.frame_data,
+            h.host,
+            h.counters,
+            h.size_bytes,
+            h.pages,
+        ] {
+            b.extend_from_slice(&w.to_ne_bytes());
+        }
+        for w in [h.frame_count, h.page_shift, h.policy, h.protected_quota] {
+            b.extend_from_slice(&w.to_ne_bytes());
+        }
+        PyBytes::new(py, &b)
+    }
+
+    /// Copies `nbytes` from host address `address` into the space at `offset`. Internal:
+    /// `strata.Space.fill` passes a NumPy array's buffer, which it keeps alive for the call.
+    fn _fill_from_address(
+        &self,
+        py: Python<'_>,
+        offset: u64,
+        address: usize,
+        nbytes: usize,
+    ) -> PyResult<()> {
+        if !host_buffer_given(address, nbytes)? {
+            return Ok(());
+        }
+        // SAFETY: the Python wrapper passes the data pointer and byte length of a C-contiguous
+        // NumPy array it holds a reference to for the whole call.
+        let data = unsafe { std::slice::from_raw_parts(address as *const u8, nbytes) };
+        py.detach(|| self.lock().fill_from_slice(offset, data))
+            .map_err(py_err)
+    }
+
+    /// Copies `nbytes` of the space at `offset` to host address `address` (dirty pages are
+    /// flushed first). Internal: `strata.Space.read` passes a writable NumPy array's buffer.
+    fn _read_to_address(
+        &self,
+        py: Python<'_>,
+        offset: u64,
+        address: usize,
+        nbytes: usize,
+    ) -> PyResult<()> {
+        if !host_buffer_given(address, nbytes)? {
+            return Ok(());
+        }
+        // SAFETY: the Python wrapper passes the data pointer and byte length of a writable
+        // C-contiguous NumPy array it holds a reference to for the whole call.
+        let out = unsafe { std::slice::from_raw_parts_mut(address as *mut u8, nbytes) };
+        py.detach(|| self.lock().read_back(offset, out))
+            .map_err(py_err)
+    }
+
+    /// Zeroes the whole space.
+    fn fill_zero(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| self.lock().fill_zero()).map_err(py_err)
+    }
+
+    /// Brings the pages of `[offset, offset+length)` into the GPU cache.
+    fn prefetch(&self, py: Python<'_>, offset: u64, length: u64) -> PyResult<()> {
+        let end = checked_end(offset, length)?;
+        py.detach(|| self.lock().prefetch(offset..end))
+            .map_err(py_err)
+    }
+
+    /// Drops the pages of `[offset, offset+length)` from the GPU cache (dirty ones written
+    /// back).
+    fn evict(&self, py: Python<'_>, offset: u64, length: u64) -> PyResult<()> {
+        let end = checked_end(offset, length)?;
+        py.detach(|| self.lock().evict(offset..end)).map_err(py_err)
+    }
+
+    /// Writes every dirty cached page back to the host copy.
+    fn flush(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| self.lock().flush()).map_err(py_err)
+    }
+
+    /// Raises if a kernel accessed an element outside the space.
+    fn check_errors(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| self.lock().check_errors()).map_err(py_err)
+    }
+
+    /// The space's counters.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = py.detach(|| self.lock().stats()).map_err(py_err)?;
+        let d = PyDict::new(py);
+        d.set_item("hits", s.hits)?;
+        d.set_item("faults", s.faults)?;
+        d.set_item("evictions", s.evictions)?;
+        d.set_item("writebacks", s.writebacks)?;
+        d.set_item("prefetched", s.prefetched)?;
+        d.set_item("bytes_in", s.bytes_in)?;
+        d.set_item("bytes_out", s.bytes_out)?;
+        d.set_item("fault_ns_total", s.fault_ns_total)?;
+        d.set_item("fault_ns_max", s.fault_ns_max)?;
+        Ok(d)
+    }
+
+    /// Zeroes the counters.
+    fn reset_stats(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| self.lock().reset_stats()).map_err(py_err)
+    }
+
+    /// Compiles CUDA source that may `#include "strata.cuh"` for this space's GPU (NVRTC,
+    /// cached on disk). Compile errors raise `StrataError` with NVRTC's log.
+    #[pyo3(signature = (source, name = "kernel.cu", options = Vec::new()))]
+    fn compile(
+        &self,
+        py: Python<'_>,
+        source: &str,
+        name: &str,
+        options: Vec<String>,
+    ) -> PyResult<PyKernelModule> {
+        let module = py
+            .detach(|| self.runtime.compile_with(source, name, &options))
+            .map_err(py_err)?;
+        Ok(PyKernelModule {
+            module,
+            runtime: Arc::clone(&self.runtime),
+        })
+    }
+}
+
+/// Whether a host buffer of `nbytes` at `address` needs copying: false for an empty one, an
+/// error for a null address with bytes.
+fn host_buffer_given(address: usize, nbytes: usize) -> PyResult<bool> {
+    match (address, nbytes) {
+        (_, 0) => Ok(false),
+        (0, _) => Err(InvalidArgumentError::new_err("address is NULL")),
+        _ => Ok(true),
+    }
+}
+
+fn checked_end(offset: u64, length: u64) -> PyResult<u64> {
+    offset
+        .checked_add(length)
+        .ok_or_else(|| InvalidArgumentError::new_err(format!("range {offset}+{length} overflows")))
+}
+
+/// Compiled user kernels.
+#[derive(Debug)]
+#[pyclass(module = "strata._strata", name = "KernelModule", frozen)]
+pub struct PyKernelModule {
+    module: KernelModule,
+    runtime: Arc<Strata>,
+}
+
+/// Appends one Python kernel argument: a `Space` (its handle), a `(type, value)` tuple with
+/// type `i32`/`u32`/`i64`/`u64`/`f32`/`f64`, an `int` (as `u64`, or `i64` when negative), or a
+/// `float` (as `f64`).
+fn push_arg(args: Args, arg: &Bound<'_, PyAny>) -> PyResult<Args> {
+    if let Ok(space) = arg.cast::<PySpace>() {
+        return Ok(args.arg(space.get().lock().handle()));
+    }
+    if let Ok(t) = arg.cast::<PyTuple>() {
+        let (ty, v): (String, Bound<'_, PyAny>) = t.extract()?;
+        return Ok(match ty.as_str() {
+            "i32" => args.arg(v.extract::<i32>()?),
+            "u32" => args.arg(v.extract::<u32>()?),
+            "i64" => args.arg(v.extract::<i64>()?),
+            "u64" | "ptr" => args.arg(v.extract::<u64>()?),
+            "f32" => args.arg(v.extract::<f32>()?),
+            "f64" => args.arg(v.extract::<f64>()?),
+            other => {
+                return Err(InvalidArgumentError::new_err(format!(
+                    "argument type {other:?} is unknown: use i32, u32, i64, u64, ptr, f32 or f64"
+                )));
+            }
+        });
+    }
+    if arg.is_instance_of::<pyo3::types::PyBool>() {
+        return Err(PyTypeError::new_err(
+            "a bool kernel argument is ambiguous: pass (\"i32\", int(b))",
+        ));
+    }
+    if let Ok(v) = arg.extract::<u64>() {
+        return Ok(args.arg(v));
+    }
+    if let Ok(v) = arg.extract::<i64>() {
+        return Ok(args.arg(v));
+    }
+    if let Ok(v) = arg.extract::<f64>() {
+        return Ok(args.arg(v));
+    }
+    Err(PyTypeError::new_err(format!(
+        "cannot pass {} to a kernel: use a Space, an int, a float or a (type, value) tuple",
+        arg.get_type().name()?
+    )))
+}
+
+#[pymethods]
+impl PyKernelModule {
+    /// Launches kernel `name` on `blocks` blocks of `threads` threads (`blocks=0`: enough
+    /// resident blocks to fill the GPU) and, with `synchronize`, waits for it.
+    #[pyo3(signature = (name, args, blocks = 0, threads = 256, synchronize = true))]
+    fn launch(
+        &self,
+        py: Python<'_>,
+        name: &str,
+        args: Vec<Bound<'_, PyAny>>,
+        blocks: u32,
+        threads: u32,
+        synchronize: bool,
+    ) -> PyResult<()> {
+        let f = self.module.function(name).map_err(py_err)?;
+        let mut a = Args::new();
+        for arg in &args {
+            a = push_arg(a, arg)?;
+        }
+        let grid = if blocks == 0 {
+            f.full_grid(threads)
+                .map_err(|e| py_err(strata_gpu::SpaceError::from(e)))?
+        } else {
+            Grid { blocks, threads }
+        };
+        py.detach(|| -> Result<(), strata_gpu::SpaceError> {
+            f.launch(grid, &a)?;
+            if synchronize {
+                self.runtime.gpu().synchronize()?;
+            }
+            Ok(())
+        })
+        .map_err(py_err)
+    }
+}
