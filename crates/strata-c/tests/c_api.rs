@@ -6,12 +6,15 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// The directory holding `libstrata.so` (the test binary lives in its `deps/`).
+/// The directory holding the `libstrata.so` cargo built for this test run: `deps/` beside the
+/// test binary (where `cargo test` leaves it) or the profile directory (after `cargo build`).
 fn lib_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
-    exe.parent()
-        .and_then(|deps| deps.parent())
-        .expect("target/<profile>/deps")
+    let deps = exe.parent().expect("target/<profile>/deps");
+    [deps, deps.parent().expect("target/<profile>")]
+        .into_iter()
+        .find(|d| d.join("libstrata.so").exists())
+        .expect("cargo builds libstrata.so for this test run")
         .to_path_buf()
 }
 
