@@ -363,6 +363,12 @@ impl Pinned {
         self.cpu.is_some()
     }
 
+    /// The CPU address of the pinned start when the backend maps device memory into the
+    /// process (dma-buf), else `None`.
+    pub fn cpu_mapping(&self) -> Option<*mut u8> {
+        self.cpu.as_ref().map(|m| self.cpu_ptr(m, 0))
+    }
+
     /// Maps the range for copies (a borrow: unmapping is dropping the [`Mapping`]).
     pub fn map(&self) -> Result<Mapping<'_>, CopyError> {
         self.copier.check_pid()?;
