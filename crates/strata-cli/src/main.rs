@@ -38,6 +38,8 @@ enum Bench {
     Graph(cmd::workloads::GraphArgs),
     /// Zipf-skewed embedding lookups on GPU paging against the alternatives.
     Embed(cmd::workloads::EmbedArgs),
+    /// Small CPU<->GPU copies (copylat, copybw, pplat, apiperf) against cudaMemcpy.
+    Copy(cmd::copy::CopyBenchArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -58,6 +60,7 @@ fn main() -> anyhow::Result<()> {
             Bench::GpuMicro(args) => cmd::gpu::micro(&args),
             Bench::Graph(args) => cmd::workloads::graph(&args),
             Bench::Embed(args) => cmd::workloads::embed(&args),
+            Bench::Copy(args) => cmd::copy::bench(&args),
         },
     }
 }

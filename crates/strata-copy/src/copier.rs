@@ -460,7 +460,10 @@ impl Pinned {
     /// stream): after work queued there before, before work queued after. Earlier copies of
     /// this copier land first. Returns once `data` has been captured (the driver stages
     /// pageable memory; for page-locked `data` this waits for the copy). Copy-engine cost.
-    pub fn copy_to_on_stream(
+    ///
+    /// # Safety
+    /// `stream` must be null or a live stream of this copier's GPU context.
+    pub unsafe fn copy_to_on_stream(
         &self,
         stream: cudarc::driver::sys::CUstream,
         offset: u64,
@@ -476,14 +479,18 @@ impl Pinned {
         // it after returning (page-locked memory), so it is never read after we return.
         unsafe { sys::memcpy_htod_async(ctx, dev, data.as_ptr(), data.len(), stream)? };
         if host_is_page_locked(data.as_ptr()) {
-            sys::stream_synchronize(ctx, stream)?;
+            // SAFETY: the caller vouches for `stream`.
+            unsafe { sys::stream_synchronize(ctx, stream)? };
         }
         Ok(())
     }
 
     /// Fills `out` from `offset` ordered on `stream`: after the work queued there before.
     /// Returns when `out` holds the bytes (it waits for the stream up to this copy).
-    pub fn copy_from_on_stream(
+    ///
+    /// # Safety
+    /// `stream` must be null or a live stream of this copier's GPU context.
+    pub unsafe fn copy_from_on_stream(
         &self,
         stream: cudarc::driver::sys::CUstream,
         offset: u64,
@@ -497,7 +504,8 @@ impl Pinned {
         let ctx = &self.copier.inner.ctx;
         // SAFETY: `out` stays borrowed until the stream synchronisation below completes.
         unsafe { sys::memcpy_dtoh_async(ctx, out.as_mut_ptr(), dev, out.len(), stream)? };
-        sys::stream_synchronize(ctx, stream)
+        // SAFETY: the caller vouches for `stream`.
+        unsafe { sys::stream_synchronize(ctx, stream) }
     }
 }
 

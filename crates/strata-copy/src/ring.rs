@@ -97,6 +97,11 @@ pub fn slot_of(seq: u64, nslots: u32) -> usize {
     usize::try_from((seq - 1) % u64::from(nslots)).unwrap_or(0)
 }
 
+/// The 32-bit tag of request `seq` (its low half).
+pub fn tag_of(seq: u64) -> u32 {
+    u32::try_from(seq & 0xFFFF_FFFF).unwrap_or(0)
+}
+
 fn word(tag: u32, data: u32) -> u64 {
     (u64::from(tag) << 32) | u64::from(data)
 }
@@ -119,7 +124,7 @@ pub fn encode(
     out: &mut [u64; SLOT_WORDS],
 ) -> usize {
     assert!(len <= MAX_REQUEST_LEN && inline.len() <= INLINE_MAX);
-    let tag = seq as u32;
+    let tag = tag_of(seq);
     let len24 = u32::try_from(len).unwrap_or(0);
     out[0] = word(tag, (u32::from(op as u8) << 24) | len24);
     out[1] = word(tag, low(dev));
@@ -148,7 +153,7 @@ pub fn words_for(op: Op, len: usize) -> usize {
 /// tag of `seq` (the slot is not fully written yet, or holds an older request). On success the
 /// inline payload (if any) is copied into `inline` and the request returned.
 pub fn decode(seq: u64, words: &[u64; SLOT_WORDS], inline: &mut [u8]) -> Option<Request> {
-    let tag = seq as u32;
+    let tag = tag_of(seq);
     let tagged = |w: u64| (w >> 32) as u32 == tag;
     if !words[..HEADER_WORDS].iter().all(|&w| tagged(w)) {
         return None;

@@ -137,7 +137,10 @@ impl Service {
     /// first request.
     pub fn new(ctx: &Context, cfg: ServiceConfig) -> Result<Service, CopyError> {
         use cudarc::driver::sys::CUdevice_attribute as A;
-        if cfg.nslots == 0 || cfg.stage_slot < ring::INLINE_MAX || cfg.stage_slot % 16 != 0 {
+        if cfg.nslots == 0
+            || cfg.stage_slot < ring::INLINE_MAX
+            || !cfg.stage_slot.is_multiple_of(16)
+        {
             return Err(CopyError::Invalid(
                 "service config: need at least one slot and a 16-byte multiple staging slot of at least 240 bytes".into(),
             ));

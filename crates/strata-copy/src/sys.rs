@@ -108,8 +108,8 @@ impl Context {
 /// The driver's CUDA version, e.g. 13000.
 pub fn driver_version() -> Result<i32, CopyError> {
     let mut v = 0;
-    // SAFETY: valid out-pointer.
     check(
+        // SAFETY: valid out-pointer.
         unsafe { sys::cuDriverGetVersion(&raw mut v) },
         "cuDriverGetVersion",
     )?;
@@ -140,8 +140,8 @@ impl HostMem {
             flags |= sys::CU_MEMHOSTALLOC_WRITECOMBINED;
         }
         let mut p: *mut c_void = std::ptr::null_mut();
-        // SAFETY: valid out-pointer; the context is current.
         check(
+            // SAFETY: valid out-pointer; the context is current.
             unsafe { sys::cuMemHostAlloc(&raw mut p, len, flags) },
             "cuMemHostAlloc",
         )?;
@@ -173,8 +173,8 @@ impl HostMem {
     pub fn device_ptr(&self) -> Result<u64, CopyError> {
         self.ctx.bind()?;
         let mut d: sys::CUdeviceptr = 0;
-        // SAFETY: `ptr` is a live cuMemHostAlloc allocation made with DEVICEMAP.
         check(
+            // SAFETY: `ptr` is a live cuMemHostAlloc allocation made with DEVICEMAP.
             unsafe { sys::cuMemHostGetDevicePointer_v2(&raw mut d, self.ptr.cast(), 0) },
             "cuMemHostGetDevicePointer",
         )?;
@@ -208,8 +208,8 @@ impl Stream {
     pub fn new(ctx: &Context) -> Result<Stream, CopyError> {
         ctx.bind()?;
         let mut raw: sys::CUstream = std::ptr::null_mut();
-        // SAFETY: valid out-pointer, context current.
         check(
+            // SAFETY: valid out-pointer, context current.
             unsafe {
                 sys::cuStreamCreate(
                     &raw mut raw,
@@ -231,7 +231,8 @@ impl Stream {
 
     /// Waits for all queued work.
     pub fn synchronize(&self) -> Result<(), CopyError> {
-        stream_synchronize(&self.ctx, self.raw)
+        // SAFETY: our own live stream.
+        unsafe { stream_synchronize(&self.ctx, self.raw) }
     }
 
     /// `Ok(true)` when idle, `Ok(false)` while busy, `Err` if queued work failed.
@@ -256,7 +257,10 @@ impl Drop for Stream {
 }
 
 /// Waits for a (possibly foreign) stream.
-pub fn stream_synchronize(ctx: &Context, stream: sys::CUstream) -> Result<(), CopyError> {
+///
+/// # Safety
+/// `stream` must be null (the legacy default stream) or a live stream of `ctx`.
+pub unsafe fn stream_synchronize(ctx: &Context, stream: sys::CUstream) -> Result<(), CopyError> {
     ctx.bind()?;
     // SAFETY: the caller passes a live stream of this context (or null, the default stream).
     check(
@@ -283,8 +287,8 @@ impl Kernel {
     pub fn load(ctx: &Context, cubin: &[u8], name: &str) -> Result<Kernel, CopyError> {
         ctx.bind()?;
         let mut module: sys::CUmodule = std::ptr::null_mut();
-        // SAFETY: `cubin` is a complete ELF image that lives across the call.
         check(
+            // SAFETY: `cubin` is a complete ELF image that lives across the call.
             unsafe { sys::cuModuleLoadData(&raw mut module, cubin.as_ptr().cast()) },
             "cuModuleLoadData",
         )?;
@@ -426,8 +430,8 @@ pub fn pointer_info(ctx: &Context, addr: u64) -> Result<PointerInfo, CopyError> 
     use sys::CUpointer_attribute as A;
     ctx.bind()?;
     let mut mem_type: u32 = 0;
-    // SAFETY: out-pointer of the attribute's documented type (unsigned int).
     check(
+        // SAFETY: out-pointer of the attribute's documented type (unsigned int).
         unsafe {
             sys::cuPointerGetAttribute(
                 (&raw mut mem_type).cast(),
@@ -443,8 +447,8 @@ pub fn pointer_info(ctx: &Context, addr: u64) -> Result<PointerInfo, CopyError> 
         )));
     }
     let mut managed: u32 = 0;
-    // SAFETY: out-pointer of type unsigned int (bool attribute).
     check(
+        // SAFETY: out-pointer of type unsigned int (bool attribute).
         unsafe {
             sys::cuPointerGetAttribute(
                 (&raw mut managed).cast(),
@@ -460,8 +464,8 @@ pub fn pointer_info(ctx: &Context, addr: u64) -> Result<PointerInfo, CopyError> 
         ));
     }
     let mut buffer_id: u64 = 0;
-    // SAFETY: BUFFER_ID is an unsigned long long.
     check(
+        // SAFETY: BUFFER_ID is an unsigned long long.
         unsafe {
             sys::cuPointerGetAttribute(
                 (&raw mut buffer_id).cast(),
@@ -472,8 +476,8 @@ pub fn pointer_info(ctx: &Context, addr: u64) -> Result<PointerInfo, CopyError> 
         "cuPointerGetAttribute(BUFFER_ID)",
     )?;
     let mut ordinal: i32 = -1;
-    // SAFETY: DEVICE_ORDINAL is an int.
     check(
+        // SAFETY: DEVICE_ORDINAL is an int.
         unsafe {
             sys::cuPointerGetAttribute(
                 (&raw mut ordinal).cast(),
@@ -484,8 +488,8 @@ pub fn pointer_info(ctx: &Context, addr: u64) -> Result<PointerInfo, CopyError> 
         "cuPointerGetAttribute(DEVICE_ORDINAL)",
     )?;
     let (mut base, mut size): (sys::CUdeviceptr, usize) = (0, 0);
-    // SAFETY: valid out-pointers.
     check(
+        // SAFETY: valid out-pointers.
         unsafe { sys::cuMemGetAddressRange_v2(&raw mut base, &raw mut size, addr) },
         "cuMemGetAddressRange",
     )?;
@@ -532,8 +536,8 @@ impl DeviceAlloc {
     pub fn new(ctx: &Context, len: usize) -> Result<DeviceAlloc, CopyError> {
         ctx.bind()?;
         let mut ptr: sys::CUdeviceptr = 0;
-        // SAFETY: valid out-pointer, context current.
         check(
+            // SAFETY: valid out-pointer, context current.
             unsafe { sys::cuMemAlloc_v2(&raw mut ptr, len) },
             "cuMemAlloc",
         )?;
@@ -558,8 +562,8 @@ impl DeviceAlloc {
         prop.location.id = device;
         prop.allocFlags.gpuDirectRDMACapable = 1;
         let mut gran: usize = 0;
-        // SAFETY: valid pointers.
         check(
+            // SAFETY: valid pointers.
             unsafe {
                 sys::cuMemGetAllocationGranularity(
                     &raw mut gran,
@@ -571,8 +575,8 @@ impl DeviceAlloc {
         )?;
         let size = len.div_ceil(gran.max(1)) * gran.max(1);
         let mut handle: sys::CUmemGenericAllocationHandle = 0;
-        // SAFETY: valid pointers; size is a granularity multiple.
         check(
+            // SAFETY: valid pointers; size is a granularity multiple.
             unsafe { sys::cuMemCreate(&raw mut handle, size, &raw const prop, 0) },
             "cuMemCreate",
         )?;
@@ -592,8 +596,8 @@ impl DeviceAlloc {
                 sys::cuMemRelease(handle);
             }
         };
-        // SAFETY: the reservation and handle have the same size.
         if let Err(e) = check(
+            // SAFETY: the reservation and handle have the same size.
             unsafe { sys::cuMemMap(ptr, size, 0, handle, 0) },
             "cuMemMap",
         ) {
@@ -604,8 +608,8 @@ impl DeviceAlloc {
             location: prop.location,
             flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
         };
-        // SAFETY: one valid descriptor for the mapped range.
         if let Err(e) = check(
+            // SAFETY: one valid descriptor for the mapped range.
             unsafe { sys::cuMemSetAccess(ptr, size, &raw const access, 1) },
             "cuMemSetAccess",
         ) {
@@ -663,8 +667,8 @@ impl Drop for DeviceAlloc {
 pub fn dmabuf_export(ctx: &Context, addr: u64, len: usize) -> Result<i32, CopyError> {
     ctx.bind()?;
     let mut fd: i32 = -1;
-    // SAFETY: the handle type DMA_BUF_FD writes an int fd into the out-pointer.
     check(
+        // SAFETY: the handle type DMA_BUF_FD writes an int fd into the out-pointer.
         unsafe {
             sys::cuMemGetHandleForAddressRange(
                 (&raw mut fd).cast(),
@@ -751,8 +755,8 @@ pub fn nvrtc_compile(source: &str, name: &str, arch: &str) -> Result<Vec<u8>, Co
         }
     };
     let mut prog: n::nvrtcProgram = std::ptr::null_mut();
-    // SAFETY: live C strings; no headers.
     ok(
+        // SAFETY: live C strings; no headers.
         unsafe {
             n::nvrtcCreateProgram(
                 &raw mut prog,
@@ -786,8 +790,8 @@ pub fn nvrtc_compile(source: &str, name: &str, arch: &str) -> Result<Vec<u8>, Co
             )));
         }
         let mut size = 0usize;
-        // SAFETY: compiled program, valid out-pointer.
         ok(
+            // SAFETY: compiled program, valid out-pointer.
             unsafe { n::nvrtcGetCUBINSize(prog, &raw mut size) },
             "nvrtcGetCUBINSize",
         )?;
@@ -797,8 +801,8 @@ pub fn nvrtc_compile(source: &str, name: &str, arch: &str) -> Result<Vec<u8>, Co
             )));
         }
         let mut cubin = vec![0u8; size];
-        // SAFETY: `cubin` has the reported size.
         ok(
+            // SAFETY: `cubin` has the reported size.
             unsafe { n::nvrtcGetCUBIN(prog, cubin.as_mut_ptr().cast()) },
             "nvrtcGetCUBIN",
         )?;

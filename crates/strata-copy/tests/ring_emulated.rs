@@ -3,6 +3,8 @@
 //! it needs carries the request's tag, serve it, publish `done`), reading words in a random
 //! order while the producer writes, so torn slots are exercised.
 
+#![allow(clippy::cast_possible_truncation)] // Sizes and offsets here are small by construction.
+
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;

@@ -1,5 +1,6 @@
 //! One module per area; each owns its arguments and calls its library.
 
+pub mod copy;
 pub mod gpu;
 pub mod info;
 pub mod pager;
