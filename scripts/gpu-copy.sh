@@ -28,6 +28,7 @@ for line in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m.get("profile", {}).get("test"):
         print(m["target"]["name"], m["executable"])' |
         while read -r name exe; do cp "$exe" "$dir/test_$name"; done
+    cargo build --release -p strata-gdr
     cp "$target/release/libstrata_gdr.so" "$dir/"
     cc -std=c11 -Wall -Wextra -Werror -O2 -I crates/strata-copy/gdr/include \
         crates/strata-copy/gdr/tests/gdr_program.c -o "$dir/gdr_program" \
@@ -46,7 +47,8 @@ run() {
     log="$out/gpu-copy.log"
     : >"$log"
     local nvrtc
-    nvrtc=$(python3 -c 'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], "cu13", "lib"))' 2>/dev/null || true)
+    # NVRTC from the nvidia-cuda-nvrtc wheel, wherever its lib directory is.
+    nvrtc=$(python3 -c 'import nvidia, glob, os; print(next(iter(sorted(os.path.dirname(p) for p in glob.glob(os.path.join(list(nvidia.__path__)[0], "**", "libnvrtc.so*"), recursive=True))), ""))' 2>/dev/null || true)
     if [ -n "$nvrtc" ] && [ -d "$nvrtc" ]; then
         export LD_LIBRARY_PATH="$nvrtc${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     fi

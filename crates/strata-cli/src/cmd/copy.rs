@@ -73,6 +73,22 @@ fn time_ops(
     Ok(stats(ns))
 }
 
+/// Times only `op`, running untimed `setup` before each.
+fn time_split(
+    iters: usize,
+    mut setup: impl FnMut() -> anyhow::Result<()>,
+    mut op: impl FnMut() -> anyhow::Result<()>,
+) -> anyhow::Result<Stats> {
+    let mut ns = Vec::with_capacity(iters);
+    for _ in 0..iters {
+        setup()?;
+        let t = Instant::now();
+        op()?;
+        ns.push(u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX));
+    }
+    Ok(stats(ns))
+}
+
 #[derive(Debug, serde::Serialize)]
 struct Row {
     test: &'static str,
@@ -368,21 +384,20 @@ pub fn bench(args: &CopyBenchArgs) -> anyhow::Result<()> {
         time_ops(10, 200, |_| Ok(p.copy_to(0, &[1u8; 8])?))?,
     );
     ap(
-        "stop_service",
-        time_ops(0, 20, |_| {
-            p.copy_to(0, &[1u8; 8])?;
-            let t = Instant::now();
-            copier.stop_service()?;
-            std::hint::black_box(t);
-            Ok(())
-        })?,
+        "stop_service (running, idle)",
+        time_split(
+            20,
+            || Ok(p.copy_to(0, &[1u8; 8])?),
+            || Ok(copier.stop_service()?),
+        )?,
     );
     ap(
         "first copy_to 8 B (starts the service)",
-        time_ops(0, 20, |_| {
-            copier.stop_service()?;
-            Ok(p.copy_to(0, &[1u8; 8])?)
-        })?,
+        time_split(
+            20,
+            || Ok(copier.stop_service()?),
+            || Ok(p.copy_to(0, &[1u8; 8])?),
+        )?,
     );
     ap(
         "cudaMemcpy H2D 8 B (reference)",
