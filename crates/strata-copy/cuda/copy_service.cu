@@ -92,8 +92,9 @@ strata_copy_service(const unsigned long long* ring, unsigned nslots, const unsig
                     unsigned char* d2h, unsigned long long stage_slot,
                     unsigned long long* status, unsigned long long start_seq,
                     unsigned long long epoch, unsigned long long hot_ns,
-                    unsigned max_backoff_ns) {
+                    unsigned max_backoff_ns, unsigned pollers, unsigned stagger_ns) {
     __shared__ unsigned long long s_words[SLOT_WORDS];
+    __shared__ int s_found;
     const unsigned tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const unsigned full = 0xffffffffu;
     unsigned long long seq = start_seq;
@@ -102,11 +103,21 @@ strata_copy_service(const unsigned long long* ring, unsigned nslots, const unsig
         const unsigned slot_index = (unsigned)((seq - 1) % nslots);
         const unsigned long long* slot = ring + (unsigned long long)slot_index * SLOT_WORDS;
         const unsigned tag = (unsigned)seq;
-        if (warp == 0) {
+        if (tid == 0) s_found = 0;
+        __syncthreads();
+        // Warps below `pollers` poll; while hot, warp k starts k * stagger_ns late, so their
+        // round trips overlap and a new request is seen sooner. Cold, only warp 0 polls.
+        if (warp < pollers) {
             unsigned backoff = 0;
             unsigned long long a = 0, b = 0;
+            if (warp > 0) __nanosleep(warp * stagger_ns);
             for (;;) {
+                if (*(volatile int*)&s_found) break;
                 const bool hot = strata_now_ns() - last_active < hot_ns;
+                if (!hot && warp > 0) {
+                    __nanosleep(max_backoff_ns);
+                    continue;
+                }
                 if (hot || lane < 2) strata_load2(slot + 2 * lane, a, b);
                 const bool head_ok =
                     __all_sync(full, lane >= 2 || (strata_tagged(a, tag) && strata_tagged(b, tag)));
@@ -125,8 +136,13 @@ strata_copy_service(const unsigned long long* ring, unsigned nslots, const unsig
                             if (!ok) strata_load2(slot + 2 * lane, a, b);
                         }
                     }
-                    s_words[2 * lane] = a;
-                    s_words[2 * lane + 1] = b;
+                    int claimed = 0;
+                    if (lane == 0) claimed = atomicCAS(&s_found, 0, 1) == 0;
+                    claimed = __shfl_sync(full, claimed, 0);
+                    if (claimed) {
+                        s_words[2 * lane] = a;
+                        s_words[2 * lane + 1] = b;
+                    }
                     break;
                 }
                 if (!hot) {

@@ -34,6 +34,10 @@ pub struct ServiceConfig {
     pub max_backoff_ns: u32,
     /// Stop the kernel after this long without requests (`None`: keep it until drop).
     pub idle_stop: Option<Duration>,
+    /// Warps polling the ring while hot (1 to 8), their polls staggered by `poll_stagger_ns`.
+    pub pollers: u32,
+    /// Delay between the polling warps' starts (ns).
+    pub poll_stagger_ns: u32,
 }
 
 impl Default for ServiceConfig {
@@ -45,6 +49,8 @@ impl Default for ServiceConfig {
             hot_ns: 2_000_000,
             max_backoff_ns: 2_000,
             idle_stop: Some(Duration::from_millis(100)),
+            pollers: 1,
+            poll_stagger_ns: 400,
         }
     }
 }
@@ -97,7 +103,9 @@ impl Engine for Device {
         let mut ep = epoch;
         let mut hot = self.cfg.hot_ns;
         let mut backoff = self.cfg.max_backoff_ns.max(64);
-        let mut params: [*mut c_void; 10] = [
+        let mut pollers = self.cfg.pollers.clamp(1, 8);
+        let mut stagger = self.cfg.poll_stagger_ns;
+        let mut params: [*mut c_void; 12] = [
             (&raw mut ring_p).cast(),
             (&raw mut nslots).cast(),
             (&raw mut h2d).cast(),
@@ -108,6 +116,8 @@ impl Engine for Device {
             (&raw mut ep).cast(),
             (&raw mut hot).cast(),
             (&raw mut backoff).cast(),
+            (&raw mut pollers).cast(),
+            (&raw mut stagger).cast(),
         ];
         // SAFETY: the parameters match strata_copy_service's signature in order and type
         // (pointers as u64, unsigned as u32, unsigned long long as u64); the memory they name

@@ -408,7 +408,13 @@ pub fn bench(args: &CopyBenchArgs) -> anyhow::Result<()> {
 
     // Tuning: what each choice buys (same sizes, one knob changed per line).
     let tune_buf = copier.alloc(1 << 20)?;
-    let variants: [(&str, CopyConfig); 3] = [
+    let pollers = |n: u32, stagger: u32| {
+        let mut c = CopyConfig::default();
+        c.service.pollers = n;
+        c.service.poll_stagger_ns = stagger;
+        c
+    };
+    let variants: [(&str, CopyConfig); 5] = [
         (
             "default (hot full-slot polling, liveness check)",
             CopyConfig::default(),
@@ -425,30 +431,13 @@ pub fn bench(args: &CopyBenchArgs) -> anyhow::Result<()> {
                 ..CopyConfig::default()
             },
         ),
+        ("2 polling warps, staggered 400 ns", pollers(2, 400)),
+        ("4 polling warps, staggered 200 ns", pollers(4, 200)),
     ];
     for (name, mut cfg) in variants {
         cfg.force_service = true;
-        let c = Copier::open_with(args.gpu, cfg)?;
-        let p = c.pin(tune_buf.ptr(), 1 << 20)?;
-        for &n in &[8usize, 240, 241, 4096] {
-            let data = vec![7u8; n];
-            let mut out = vec![0u8; n];
-            let r = row(
-                "tune",
-                format!("H2D {name}"),
-                n,
-                time_ops(args.warmup, args.iters, |_| Ok(p.copy_to(0, &data)?))?,
-            );
-            print_row(&r);
-            rows.push(r);
-            let r = row(
-                "tune",
-                format!("D2H {name}"),
-                n,
-                time_ops(args.warmup, args.iters, |_| Ok(p.copy_from(0, &mut out)?))?,
-            );
-            print_row(&r);
-            rows.push(r);
+        if let Err(e) = tune_variant(args, name, cfg, &tune_buf, &mut rows) {
+            println!("tune     {name}: failed: {e:#}");
         }
     }
     // Batching: 16 small writes posted then one flush, per write, against 16 waited writes.
@@ -494,6 +483,39 @@ pub fn bench(args: &CopyBenchArgs) -> anyhow::Result<()> {
     std::fs::write(&svg_path, svg(&report.rows))
         .with_context(|| format!("writing {}", svg_path.display()))?;
     println!("wrote {} and {}", args.json.display(), svg_path.display());
+    Ok(())
+}
+
+/// One tuning variant: the small sizes both ways on a fresh service with config `cfg`.
+fn tune_variant(
+    args: &CopyBenchArgs,
+    name: &str,
+    cfg: CopyConfig,
+    buf: &sys::DeviceAlloc,
+    rows: &mut Vec<Row>,
+) -> anyhow::Result<()> {
+    let c = Copier::open_with(args.gpu, cfg)?;
+    let p = c.pin(buf.ptr(), 1 << 20)?;
+    for &n in &[8usize, 240, 241, 4096] {
+        let data = vec![7u8; n];
+        let mut out = vec![0u8; n];
+        let r = row(
+            "tune",
+            format!("H2D {name}"),
+            n,
+            time_ops(args.warmup, args.iters, |_| Ok(p.copy_to(0, &data)?))?,
+        );
+        print_row(&r);
+        rows.push(r);
+        let r = row(
+            "tune",
+            format!("D2H {name}"),
+            n,
+            time_ops(args.warmup, args.iters, |_| Ok(p.copy_from(0, &mut out)?))?,
+        );
+        print_row(&r);
+        rows.push(r);
+    }
     Ok(())
 }
 
