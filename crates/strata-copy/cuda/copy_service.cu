@@ -92,7 +92,8 @@ strata_copy_service(const unsigned long long* ring, unsigned nslots, const unsig
                     unsigned char* d2h, unsigned long long stage_slot,
                     unsigned long long* status, unsigned long long start_seq,
                     unsigned long long epoch, unsigned long long hot_ns,
-                    unsigned max_backoff_ns, unsigned pollers, unsigned stagger_ns) {
+                    unsigned max_backoff_ns, unsigned pollers, unsigned stagger_ns,
+                    unsigned sys_fence_all) {
     __shared__ unsigned long long s_words[SLOT_WORDS];
     __shared__ int s_found;
     const unsigned tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -178,7 +179,11 @@ strata_copy_service(const unsigned long long* ring, unsigned nslots, const unsig
         // Every thread's writes, then one system-scope fence, then the completion word.
         __syncthreads();
         if (tid == 0) {
-            __threadfence_system();
+            // Device-memory writes (H2D) need only reach the GPU's L2 before `done`: anything
+            // the host starts after seeing `done` reads them there. Host-memory writes (D2H)
+            // must reach the host first: a system-scope fence.
+            if (op == OP_D2H || sys_fence_all) __threadfence_system();
+            else __threadfence();
             if (fault) {
                 strata_store_sys(status + STATUS_FAULT, seq);
             } else {

@@ -84,6 +84,8 @@ struct Inner {
     cfg: CopyConfig,
     service: OnceLock<Service>,
     service_init: Mutex<()>,
+    /// Stream of the copy-engine path (large copies), created on first use.
+    copy_stream: OnceLock<sys::Stream>,
 }
 
 /// One GPU opened for small copies. Cheap to clone; shareable across threads.
@@ -153,6 +155,7 @@ impl Copier {
                 cfg,
                 service: OnceLock::new(),
                 service_init: Mutex::new(()),
+                copy_stream: OnceLock::new(),
             }),
         })
     }
@@ -197,6 +200,49 @@ impl Copier {
         }
         let s = Service::new(&self.inner.ctx, self.inner.cfg.service.clone())?;
         Ok(self.inner.service.get_or_init(|| s))
+    }
+
+    /// Copy-engine copy host to device, complete on return. `cuMemcpyHtoD` from pageable
+    /// memory may return before the DMA lands, so queue it on our stream and wait for that.
+    fn engine_htod(&self, dev: u64, data: &[u8]) -> Result<(), CopyError> {
+        self.flush()?;
+        let stream = self.copy_stream()?;
+        // SAFETY: `data` stays borrowed until the stream synchronisation below.
+        unsafe {
+            sys::memcpy_htod_async(
+                &self.inner.ctx,
+                dev,
+                data.as_ptr(),
+                data.len(),
+                stream.raw(),
+            )?
+        };
+        stream.synchronize()
+    }
+
+    /// Copy-engine copy device to host, complete on return.
+    fn engine_dtoh(&self, out: &mut [u8], dev: u64) -> Result<(), CopyError> {
+        self.flush()?;
+        let stream = self.copy_stream()?;
+        // SAFETY: `out` stays borrowed until the stream synchronisation below.
+        unsafe {
+            sys::memcpy_dtoh_async(
+                &self.inner.ctx,
+                out.as_mut_ptr(),
+                dev,
+                out.len(),
+                stream.raw(),
+            )?
+        };
+        stream.synchronize()
+    }
+
+    fn copy_stream(&self) -> Result<&sys::Stream, CopyError> {
+        if let Some(s) = self.inner.copy_stream.get() {
+            return Ok(s);
+        }
+        let s = sys::Stream::new(&self.inner.ctx)?;
+        Ok(self.inner.copy_stream.get_or_init(|| s))
     }
 
     /// Waits until every posted copy landed.
@@ -418,8 +464,7 @@ impl Pinned {
             return Ok(());
         }
         if data.len() >= self.copier.inner.cfg.large_threshold {
-            self.copier.flush()?;
-            return sys::memcpy_htod(&self.copier.inner.ctx, dev, data);
+            return self.copier.engine_htod(dev, data);
         }
         self.copier.service()?.h2d(dev, data)
     }
@@ -450,8 +495,7 @@ impl Pinned {
             return Ok(());
         }
         if out.len() >= self.copier.inner.cfg.large_threshold {
-            self.copier.flush()?;
-            return sys::memcpy_dtoh(&self.copier.inner.ctx, out, dev);
+            return self.copier.engine_dtoh(out, dev);
         }
         self.copier.service()?.d2h(dev, out)
     }

@@ -38,6 +38,9 @@ pub struct ServiceConfig {
     pub pollers: u32,
     /// Delay between the polling warps' starts (ns).
     pub poll_stagger_ns: u32,
+    /// Fence at system scope after host-to-device copies too (they need only GPU scope: what
+    /// the host starts after seeing `done` reads device memory through the GPU's L2).
+    pub sys_fence_h2d: bool,
 }
 
 impl Default for ServiceConfig {
@@ -51,6 +54,7 @@ impl Default for ServiceConfig {
             idle_stop: Some(Duration::from_millis(100)),
             pollers: 1,
             poll_stagger_ns: 400,
+            sys_fence_h2d: false,
         }
     }
 }
@@ -105,7 +109,8 @@ impl Engine for Device {
         let mut backoff = self.cfg.max_backoff_ns.max(64);
         let mut pollers = self.cfg.pollers.clamp(1, 8);
         let mut stagger = self.cfg.poll_stagger_ns;
-        let mut params: [*mut c_void; 12] = [
+        let mut sys_fence = u32::from(self.cfg.sys_fence_h2d);
+        let mut params: [*mut c_void; 13] = [
             (&raw mut ring_p).cast(),
             (&raw mut nslots).cast(),
             (&raw mut h2d).cast(),
@@ -118,6 +123,7 @@ impl Engine for Device {
             (&raw mut backoff).cast(),
             (&raw mut pollers).cast(),
             (&raw mut stagger).cast(),
+            (&raw mut sys_fence).cast(),
         ];
         // SAFETY: the parameters match strata_copy_service's signature in order and type
         // (pointers as u64, unsigned as u32, unsigned long long as u64); the memory they name

@@ -39,6 +39,14 @@ const SIZES: &[usize] = &[
 ];
 const OFFSETS: &[u64] = &[0, 1, 2, 3, 4, 5, 6, 7, 11, 129, 1023, 4 * 1023, 65536 + 3];
 
+/// cuMemcpyHtoD from pageable memory may return before the DMA lands: wait for the legacy
+/// stream it runs on (the copy service's stream is non-blocking, so this does not wait for it).
+fn htod_complete(c: &Copier, dev: u64, data: &[u8]) {
+    sys::memcpy_htod(c.context(), dev, data).unwrap();
+    // SAFETY: null is the legacy default stream.
+    unsafe { sys::stream_synchronize(c.context(), std::ptr::null_mut()).unwrap() };
+}
+
 fn validate(c: &Copier, alloc: &sys::DeviceAlloc, rng: &mut StdRng) {
     let pinned = c.pin(alloc.ptr(), alloc.len() as u64).unwrap();
     let map = pinned.map().unwrap();
@@ -53,7 +61,7 @@ fn validate(c: &Copier, alloc: &sys::DeviceAlloc, rng: &mut StdRng) {
             sys::memcpy_dtoh(c.context(), &mut check, alloc.ptr() + off).unwrap();
             assert_eq!(check, data, "copy_to: size {n} offset {off}");
             let data: Vec<u8> = (0..n).map(|_| rng.random()).collect();
-            sys::memcpy_htod(c.context(), alloc.ptr() + off, &data).unwrap();
+            htod_complete(c, alloc.ptr() + off, &data);
             let mut back = vec![0xEEu8; n];
             map.copy_from(off, &mut back).unwrap();
             assert_eq!(back, data, "copy_from: size {n} offset {off}");

@@ -148,7 +148,10 @@ extern "C" __global__ void strata_bench_echo(volatile unsigned* flag, volatile u
                                              unsigned long long timeout_ns) {
     unsigned long long start, now;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-    unsigned last = *flag;
+    // Start from 0 and say so: the host's first write may land before this kernel starts.
+    unsigned last = 0;
+    *host = 0xfffffffeu;
+    __threadfence_system();
     for (;;) {
         unsigned v = *flag;
         asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
@@ -296,6 +299,7 @@ pub fn bench(args: &CopyBenchArgs) -> anyhow::Result<()> {
         // both buffers outlive the kernel, which is stopped (flag = 0xffffffff) below.
         unsafe { echo.launch(echo_stream.raw(), 1, 1, &mut params)? };
     }
+    wait_echo(0xffff_fffe).context("waiting for the echo kernel to start")?;
     let mut counter = 0u32;
     let mut next = || {
         counter = counter.wrapping_add(1) % 0xffff_fff0 + 1;
@@ -380,6 +384,13 @@ pub fn bench(args: &CopyBenchArgs) -> anyhow::Result<()> {
         })?,
     );
     ap(
+        "liveness check of a pin (one driver query)",
+        time_ops(10, 200, |_| {
+            std::hint::black_box(p.check(0, 8)?);
+            Ok(())
+        })?,
+    );
+    ap(
         "copy_to 8 B, service already running",
         time_ops(10, 200, |_| Ok(p.copy_to(0, &[1u8; 8])?))?,
     );
@@ -414,7 +425,7 @@ pub fn bench(args: &CopyBenchArgs) -> anyhow::Result<()> {
         c.service.poll_stagger_ns = stagger;
         c
     };
-    let variants: [(&str, CopyConfig); 5] = [
+    let variants: [(&str, CopyConfig); 6] = [
         (
             "default (hot full-slot polling, liveness check)",
             CopyConfig::default(),
@@ -431,6 +442,11 @@ pub fn bench(args: &CopyBenchArgs) -> anyhow::Result<()> {
                 ..CopyConfig::default()
             },
         ),
+        ("system-scope fence after H2D too", {
+            let mut c = CopyConfig::default();
+            c.service.sys_fence_h2d = true;
+            c
+        }),
         ("2 polling warps, staggered 400 ns", pollers(2, 400)),
         ("4 polling warps, staggered 200 ns", pollers(4, 200)),
     ];

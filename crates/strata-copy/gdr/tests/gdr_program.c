@@ -28,6 +28,7 @@ typedef int (*cu_alloc_t)(unsigned long long *, size_t);
 typedef int (*cu_free_t)(unsigned long long);
 typedef int (*cu_htod_t)(unsigned long long, const void *, size_t);
 typedef int (*cu_dtoh_t)(void *, unsigned long long, size_t);
+typedef int (*cu_sync_t)(void *);
 
 static unsigned long long rng_state;
 static unsigned char next_byte(void) {
@@ -80,6 +81,9 @@ int main(int argc, char **argv) {
     cu_free_t cu_free = (cu_free_t)dlsym(cuda, "cuMemFree_v2");
     cu_htod_t cu_htod = (cu_htod_t)dlsym(cuda, "cuMemcpyHtoD_v2");
     cu_dtoh_t cu_dtoh = (cu_dtoh_t)dlsym(cuda, "cuMemcpyDtoH_v2");
+    /* cuMemcpyHtoD from pageable memory may return before the DMA lands: wait for the legacy
+     * stream before reading through the mapping. */
+    cu_sync_t cu_stream_sync = (cu_sync_t)dlsym(cuda, "cuStreamSynchronize");
     int dev;
     void *ctx;
     CHECK(cu_init(0) == 0 && cu_dev_get(&dev, 0) == 0 && cu_retain(&ctx, dev) == 0 && cu_set(ctx) == 0);
@@ -114,7 +118,7 @@ int main(int argc, char **argv) {
                 return 1;
             }
             for (size_t i = 0; i < n; i++) src[i] = next_byte();
-            CHECK(cu_htod(aligned + off, src, n) == 0);
+            CHECK(cu_htod(aligned + off, src, n) == 0 && cu_stream_sync(NULL) == 0);
             memset(dst, 0xEE, n);
             CHECK(gdr_copy_from_mapping(mh, dst, m + off, n) == 0);
             if (memcmp(dst, src, n) != 0) {
