@@ -41,6 +41,10 @@ run)
     step "nvcc example (CMake build)" cmake --build "$work/build"
     step "nvcc example (CMake run)" timeout 300 "$work/build/scale" 16
     step "venv" python3 -m venv --system-site-packages "$work/venv"
+    # pytest and its needs travel as wheels in $carry/deps when the machine has none.
+    if [ -d "$carry/deps" ]; then
+        step "test deps" "$work/venv/bin/pip" install -q --no-deps --no-index "$carry"/deps/*.whl
+    fi
     step "wheel" "$work/venv/bin/pip" install -q --no-deps --no-index "$carry"/strata-*.whl
     (cd "$work" && step pytest timeout 300 "$work/venv/bin/python" -m pytest -q -p no:cacheprovider \
         "$root/crates/strata-py/tests") || status=1

@@ -1,6 +1,7 @@
 //! The `strata bench ...` commands: each owns its arguments (parsed by the `strata` binary)
 //! and its printing, and calls the measuring modules of this crate.
 
+pub mod copy;
 pub mod gpu_micro;
 pub mod measure;
 pub mod pager;
@@ -22,6 +23,8 @@ pub enum BenchCommand {
     Graph(workloads::GraphArgs),
     /// Zipf-skewed embedding lookups on GPU paging against the alternatives.
     Embed(workloads::EmbedArgs),
+    /// Small CPU<->GPU copies (copylat, copybw, pplat, apiperf) against cudaMemcpy.
+    Copy(copy::CopyBenchArgs),
     /// Measure this machine's ceilings (host memory, disk O_DIRECT, PCIe, page gathers, HBM)
     /// and cache them per host, device and driver.
     Ceilings(measure::CeilingsArgs),
@@ -41,6 +44,7 @@ pub fn run(command: &BenchCommand) -> anyhow::Result<()> {
         BenchCommand::GpuMicro(args) => gpu_micro::micro(args),
         BenchCommand::Graph(args) => workloads::graph(args),
         BenchCommand::Embed(args) => workloads::embed(args),
+        BenchCommand::Copy(args) => copy::bench(args),
         BenchCommand::Ceilings(args) => measure::ceilings(args),
         BenchCommand::Compare(args) => measure::compare(args),
         BenchCommand::Plot(args) => measure::plot(args),

@@ -22,6 +22,7 @@ struct Report {
     gpus: Result<Vec<strata_gpu::probe::GpuInfo>, String>,
     nvrtc: bool,
     ucx: Result<String, String>,
+    small_copies: Option<Result<strata_copy::BackendReport, String>>,
 }
 
 /// Runs `strata info`.
@@ -48,7 +49,12 @@ pub fn run(args: &InfoArgs) -> anyhow::Result<()> {
         gpus: strata_gpu::probe::gpus(),
         nvrtc: strata_gpu::probe::nvrtc_present(),
         ucx: strata_ucx::probe::probe().map(str::to_string),
+        small_copies: None,
     };
+    let mut report = report;
+    if report.gpus.as_ref().is_ok_and(|g| !g.is_empty()) {
+        report.small_copies = Some(strata_copy::probe(0));
+    }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
@@ -110,6 +116,14 @@ fn print_table(r: &Report) {
             "not found (GPU kernels cannot be compiled)"
         }
     );
+    match &r.small_copies {
+        Some(Ok(c)) => println!(
+            "{:<14} {} (gpu 0; dma-buf mmap: {}; {})",
+            "small copies", c.backend, c.dmabuf, c.gdrdrv
+        ),
+        Some(Err(e)) => println!("{:<14} unavailable: {e}", "small copies"),
+        None => {}
+    }
     match &r.ucx {
         Ok(lib) => println!("{:<14} found ({lib})", "ucx"),
         Err(e) => println!("{:<14} not found ({e}); remote memory needs libucx0", "ucx"),

@@ -1,0 +1,598 @@
+//! `strata bench copy`: small CPU<->GPU copies through strata-copy next to cudaMemcpy and
+//! cudaMemcpyAsync + sync (driver-API equivalents) in the same run, after GDRCopy's copylat,
+//! copybw, pplat and apiperf; plus what each tuning choice of the copy service buys.
+//! Percentiles over per-operation timings after a warm-up; JSON and an SVG plot.
+
+use std::ffi::c_void;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use strata_copy::sys::{self, HostMem, Kernel, Stream};
+use strata_copy::{Copier, CopyConfig};
+
+/// Arguments of `strata bench copy`.
+#[derive(Debug, clap::Args)]
+pub struct CopyBenchArgs {
+    /// GPU ordinal.
+    #[arg(long, default_value_t = 0)]
+    gpu: usize,
+    /// Timed operations per small size (fewer for large sizes).
+    #[arg(long, default_value_t = 2000)]
+    iters: usize,
+    /// Untimed operations first.
+    #[arg(long, default_value_t = 200)]
+    warmup: usize,
+    /// Largest copylat size in bytes (powers of two from 1 B).
+    #[arg(long, default_value_t = 16 << 20)]
+    max_size: usize,
+    /// Write results here (JSON) and next to it with .svg (plot of copylat p50).
+    #[arg(long, default_value = "copy-bench.json")]
+    json: PathBuf,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+struct Stats {
+    iters: usize,
+    min_us: f64,
+    p50_us: f64,
+    p90_us: f64,
+    p99_us: f64,
+    mean_us: f64,
+}
+
+#[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+fn stats(mut ns: Vec<u64>) -> Stats {
+    ns.sort_unstable();
+    let us = |v: u64| v as f64 / 1000.0;
+    let pick = |q: f64| us(ns[((ns.len() - 1) as f64 * q).round() as usize]);
+    Stats {
+        iters: ns.len(),
+        min_us: us(ns[0]),
+        p50_us: pick(0.5),
+        p90_us: pick(0.9),
+        p99_us: pick(0.99),
+        mean_us: ns.iter().sum::<u64>() as f64 / ns.len() as f64 / 1000.0,
+    }
+}
+
+fn time_ops(
+    warmup: usize,
+    iters: usize,
+    mut op: impl FnMut(usize) -> anyhow::Result<()>,
+) -> anyhow::Result<Stats> {
+    for i in 0..warmup {
+        op(i)?;
+    }
+    let mut ns = Vec::with_capacity(iters);
+    for i in 0..iters {
+        let t = Instant::now();
+        op(i)?;
+        ns.push(u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX));
+    }
+    Ok(stats(ns))
+}
+
+/// Times only `op`, running untimed `setup` before each.
+fn time_split(
+    iters: usize,
+    mut setup: impl FnMut() -> anyhow::Result<()>,
+    mut op: impl FnMut() -> anyhow::Result<()>,
+) -> anyhow::Result<Stats> {
+    let mut ns = Vec::with_capacity(iters);
+    for _ in 0..iters {
+        setup()?;
+        let t = Instant::now();
+        op()?;
+        ns.push(u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX));
+    }
+    Ok(stats(ns))
+}
+
+#[derive(Debug, serde::Serialize)]
+struct Row {
+    test: &'static str,
+    method: String,
+    size: usize,
+    #[serde(flatten)]
+    stats: Stats,
+    gb_per_s: f64,
+}
+
+fn row(test: &'static str, method: impl Into<String>, size: usize, stats: Stats) -> Row {
+    let gb_per_s = if stats.p50_us > 0.0 {
+        size as f64 / stats.p50_us / 1000.0
+    } else {
+        0.0
+    };
+    Row {
+        test,
+        method: method.into(),
+        size,
+        stats,
+        gb_per_s,
+    }
+}
+
+fn print_row(r: &Row) {
+    println!(
+        "{:<8} {:<34} {:>9} {:>7} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>8.2}",
+        r.test,
+        r.method,
+        r.size,
+        r.stats.iters,
+        r.stats.min_us,
+        r.stats.p50_us,
+        r.stats.p90_us,
+        r.stats.p99_us,
+        r.gb_per_s
+    );
+}
+
+fn header() {
+    println!(
+        "{:<8} {:<34} {:>9} {:>7} {:>9} {:>9} {:>9} {:>9} {:>8}",
+        "test", "method", "bytes", "iters", "min us", "p50 us", "p90 us", "p99 us", "GB/s@p50"
+    );
+}
+
+#[derive(Debug, serde::Serialize)]
+struct Report {
+    gpu: String,
+    backend: strata_copy::BackendReport,
+    rows: Vec<Row>,
+}
+
+const ECHO_CU: &str = r#"
+extern "C" __global__ void strata_bench_echo(volatile unsigned* flag, volatile unsigned* host,
+                                             unsigned long long timeout_ns) {
+    unsigned long long start, now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+    // Start from 0 and say so: the host's first write may land before this kernel starts.
+    unsigned last = 0;
+    *host = 0xfffffffeu;
+    __threadfence_system();
+    for (;;) {
+        unsigned v = *flag;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+        if (v != last) {
+            last = v;
+            *host = v;
+            __threadfence_system();
+            if (v == 0xffffffffu) return;
+            start = now;
+        } else if (now - start > timeout_ns) {
+            return;
+        }
+    }
+}
+"#;
+
+/// Runs the benchmark.
+pub fn bench(args: &CopyBenchArgs) -> anyhow::Result<()> {
+    if args.iters == 0 || args.max_size == 0 {
+        anyhow::bail!("--iters and --max-size must be positive");
+    }
+    let copier = Copier::open(args.gpu).context("opening the GPU for copies")?;
+    let ctx = copier.context().clone();
+    println!("gpu {}: {}", args.gpu, copier.gpu_name());
+    println!("backend: {}", copier.report().backend);
+    println!("  gdrdrv: {}", copier.report().gdrdrv);
+    println!("  dma-buf mmap: {}", copier.report().dmabuf);
+    let max = args.max_size.next_power_of_two();
+    let dev = copier.alloc(max.max(1 << 20))?;
+    let pinned = copier.pin(dev.ptr(), dev.len() as u64)?;
+    let map = pinned.map()?;
+    let stream = Stream::new(&ctx)?;
+    let host_pinned = HostMem::new(&ctx, max.max(1 << 20), false)?;
+    let mut pageable = vec![0x5Au8; max.max(1 << 20)];
+    let mut rows = Vec::new();
+    header();
+
+    // copylat / copybw.
+    let mut size = 1usize;
+    while size <= max {
+        let iters = (args.iters).min(((256usize << 20) / size).max(20));
+        let warm = args.warmup.min(iters);
+        let n = size;
+        let mut push = |r: Row| {
+            print_row(&r);
+            rows.push(r);
+        };
+        let data = pageable[..n].to_vec();
+        push(row(
+            "copylat",
+            "strata copy_to (H2D)",
+            n,
+            time_ops(warm, iters, |_| Ok(map.copy_to(0, &data)?))?,
+        ));
+        push(row(
+            "copylat",
+            "cudaMemcpy H2D (pageable)",
+            n,
+            time_ops(warm, iters, |_| {
+                Ok(sys::memcpy_htod(&ctx, dev.ptr(), &data)?)
+            })?,
+        ));
+        push(row(
+            "copylat",
+            "cudaMemcpyAsync+sync H2D (pinned)",
+            n,
+            time_ops(warm, iters, |_| {
+                // SAFETY: the pinned buffer outlives the copy, which is waited for at once.
+                unsafe {
+                    sys::memcpy_htod_async(&ctx, dev.ptr(), host_pinned.ptr(), n, stream.raw())?
+                };
+                Ok(stream.synchronize()?)
+            })?,
+        ));
+        let out = &mut pageable[..n];
+        push(row(
+            "copylat",
+            "strata copy_from (D2H)",
+            n,
+            time_ops(warm, iters, |_| Ok(map.copy_from(0, out)?))?,
+        ));
+        push(row(
+            "copylat",
+            "cudaMemcpy D2H (pageable)",
+            n,
+            time_ops(warm, iters, |_| Ok(sys::memcpy_dtoh(&ctx, out, dev.ptr())?))?,
+        ));
+        push(row(
+            "copylat",
+            "cudaMemcpyAsync+sync D2H (pinned)",
+            n,
+            time_ops(warm, iters, |_| {
+                // SAFETY: as above.
+                unsafe {
+                    sys::memcpy_dtoh_async(&ctx, host_pinned.ptr(), dev.ptr(), n, stream.raw())?
+                };
+                Ok(stream.synchronize()?)
+            })?,
+        ));
+        size *= 2;
+    }
+
+    // pplat: CPU writes a 4-byte flag to device memory; a GPU kernel polling it echoes the value
+    // into pinned host memory; the CPU spins on that.
+    let echo_stream = Stream::new(&ctx)?;
+    let arch = {
+        use cudarc::driver::sys::CUdevice_attribute as A;
+        format!(
+            "sm_{}{}",
+            ctx.attribute(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+            ctx.attribute(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?
+        )
+    };
+    let echo = Kernel::load(
+        &ctx,
+        &sys::nvrtc_compile(ECHO_CU, "echo.cu", &arch)?,
+        "strata_bench_echo",
+    )?;
+    let echo_host = HostMem::new(&ctx, 64, false)?;
+    let flag_dev = copier.alloc(4096)?;
+    let flag = copier.pin(flag_dev.ptr(), 4)?;
+    flag.copy_to(0, &0u32.to_le_bytes())?;
+    let host_word = echo_host.ptr().cast::<u32>();
+    let wait_echo = |v: u32| -> anyhow::Result<()> {
+        let t = Instant::now();
+        // SAFETY: a live, aligned word of pinned memory the echo kernel writes.
+        while unsafe { host_word.read_volatile() } != v {
+            std::hint::spin_loop();
+            if t.elapsed() > Duration::from_secs(2) {
+                anyhow::bail!("the echo kernel did not answer within 2 s");
+            }
+        }
+        Ok(())
+    };
+    {
+        let mut flag_ptr = flag_dev.ptr();
+        let mut host_dev = echo_host.device_ptr()?;
+        let mut timeout: u64 = 30_000_000_000;
+        let mut params: [*mut c_void; 3] = [
+            (&raw mut flag_ptr).cast(),
+            (&raw mut host_dev).cast(),
+            (&raw mut timeout).cast(),
+        ];
+        // SAFETY: parameters match strata_bench_echo(unsigned*, unsigned*, unsigned long long);
+        // both buffers outlive the kernel, which is stopped (flag = 0xffffffff) below.
+        unsafe { echo.launch(echo_stream.raw(), 1, 1, &mut params)? };
+    }
+    wait_echo(0xffff_fffe).context("waiting for the echo kernel to start")?;
+    let mut counter = 0u32;
+    let mut next = || {
+        counter = counter.wrapping_add(1) % 0xffff_fff0 + 1;
+        counter
+    };
+    let pp_iters = args.iters.max(20);
+    let mut pp = |name: &str, r: Stats| {
+        let r = row("pplat", name, 4, r);
+        print_row(&r);
+        rows.push(r);
+    };
+    pp(
+        "strata post_to + GPU echo",
+        time_ops(args.warmup, pp_iters, |_| {
+            let v = next();
+            flag.post_to(0, &v.to_le_bytes())?;
+            wait_echo(v)
+        })?,
+    );
+    pp(
+        "strata copy_to + GPU echo",
+        time_ops(args.warmup, pp_iters, |_| {
+            let v = next();
+            flag.copy_to(0, &v.to_le_bytes())?;
+            wait_echo(v)
+        })?,
+    );
+    pp(
+        "cudaMemcpy H2D + GPU echo",
+        time_ops(args.warmup, pp_iters, |_| {
+            let v = next();
+            sys::memcpy_htod(&ctx, flag_dev.ptr(), &v.to_le_bytes())?;
+            wait_echo(v)
+        })?,
+    );
+    let staging = host_pinned.ptr().cast::<u32>();
+    pp(
+        "cudaMemcpyAsync+sync H2D + GPU echo",
+        time_ops(args.warmup, pp_iters, |_| {
+            let v = next();
+            // SAFETY: aligned word of our pinned buffer; the copy below is waited for.
+            unsafe { staging.write_volatile(v) };
+            // SAFETY: as above.
+            unsafe {
+                sys::memcpy_htod_async(&ctx, flag_dev.ptr(), host_pinned.ptr(), 4, stream.raw())?
+            };
+            stream.synchronize()?;
+            wait_echo(v)
+        })?,
+    );
+    flag.copy_to(0, &u32::MAX.to_le_bytes())?;
+    echo_stream.synchronize()?;
+
+    // apiperf.
+    let api_size = 64usize << 10;
+    let api_buf = copier.alloc(api_size)?;
+    let mut ap = |name: &str, r: Stats| {
+        let r = row("apiperf", name, api_size, r);
+        print_row(&r);
+        rows.push(r);
+    };
+    ap(
+        "Copier::open (probes backends)",
+        time_ops(1, 5, |_| {
+            Copier::open(args.gpu)?;
+            Ok(())
+        })?,
+    );
+    ap(
+        "pin",
+        time_ops(10, 200, |_| {
+            std::hint::black_box(copier.pin(api_buf.ptr(), api_size as u64)?);
+            Ok(())
+        })?,
+    );
+    let p = copier.pin(api_buf.ptr(), api_size as u64)?;
+    ap(
+        "map + unmap",
+        time_ops(10, 200, |_| {
+            std::hint::black_box(p.map()?);
+            Ok(())
+        })?,
+    );
+    ap(
+        "liveness check of a pin (one driver query)",
+        time_ops(10, 200, |_| {
+            std::hint::black_box(p.check(0, 8)?);
+            Ok(())
+        })?,
+    );
+    ap(
+        "copy_to 8 B, service already running",
+        time_ops(10, 200, |_| Ok(p.copy_to(0, &[1u8; 8])?))?,
+    );
+    ap(
+        "stop_service (running, idle)",
+        time_split(
+            20,
+            || Ok(p.copy_to(0, &[1u8; 8])?),
+            || Ok(copier.stop_service()?),
+        )?,
+    );
+    ap(
+        "first copy_to 8 B (starts the service)",
+        time_split(
+            20,
+            || Ok(copier.stop_service()?),
+            || Ok(p.copy_to(0, &[1u8; 8])?),
+        )?,
+    );
+    ap(
+        "cudaMemcpy H2D 8 B (reference)",
+        time_ops(10, 200, |_| {
+            Ok(sys::memcpy_htod(&ctx, api_buf.ptr(), &[1u8; 8])?)
+        })?,
+    );
+
+    // Tuning: what each choice buys (same sizes, one knob changed per line).
+    let tune_buf = copier.alloc(1 << 20)?;
+    let pollers = |n: u32, stagger: u32| {
+        let mut c = CopyConfig::default();
+        c.service.pollers = n;
+        c.service.poll_stagger_ns = stagger;
+        c
+    };
+    let variants: [(&str, CopyConfig); 6] = [
+        (
+            "default (hot full-slot polling, liveness check)",
+            CopyConfig::default(),
+        ),
+        ("no hot window (poll header, back-off)", {
+            let mut c = CopyConfig::default();
+            c.service.hot_ns = 0;
+            c
+        }),
+        (
+            "no per-copy liveness check",
+            CopyConfig {
+                check_liveness: false,
+                ..CopyConfig::default()
+            },
+        ),
+        ("system-scope fence after H2D too", {
+            let mut c = CopyConfig::default();
+            c.service.sys_fence_h2d = true;
+            c
+        }),
+        ("2 polling warps, staggered 400 ns", pollers(2, 400)),
+        ("4 polling warps, staggered 200 ns", pollers(4, 200)),
+    ];
+    for (name, mut cfg) in variants {
+        cfg.force_service = true;
+        if let Err(e) = tune_variant(args, name, cfg, &tune_buf, &mut rows) {
+            println!("tune     {name}: failed: {e:#}");
+        }
+    }
+    // Batching: 16 small writes posted then one flush, per write, against 16 waited writes.
+    let p = copier.pin(tune_buf.ptr(), 1 << 20)?;
+    let data = [3u8; 64];
+    let batched = time_ops(args.warmup / 16, args.iters / 16, |_| {
+        for k in 0..16u64 {
+            p.post_to(k * 64, &data)?;
+        }
+        Ok(copier.flush()?)
+    })?;
+    let r = row(
+        "tune",
+        "16 x 64 B: post_to x16 + flush (per batch)",
+        64 * 16,
+        batched,
+    );
+    print_row(&r);
+    rows.push(r);
+    let waited = time_ops(args.warmup / 16, args.iters / 16, |_| {
+        for k in 0..16u64 {
+            p.copy_to(k * 64, &data)?;
+        }
+        Ok(())
+    })?;
+    let r = row(
+        "tune",
+        "16 x 64 B: copy_to x16 (per batch)",
+        64 * 16,
+        waited,
+    );
+    print_row(&r);
+    rows.push(r);
+
+    let report = Report {
+        gpu: copier.gpu_name(),
+        backend: copier.report().clone(),
+        rows,
+    };
+    std::fs::write(&args.json, serde_json::to_string_pretty(&report)?)
+        .with_context(|| format!("writing {}", args.json.display()))?;
+    let svg_path = args.json.with_extension("svg");
+    std::fs::write(&svg_path, svg(&report.rows))
+        .with_context(|| format!("writing {}", svg_path.display()))?;
+    println!("wrote {} and {}", args.json.display(), svg_path.display());
+    Ok(())
+}
+
+/// One tuning variant: the small sizes both ways on a fresh service with config `cfg`.
+fn tune_variant(
+    args: &CopyBenchArgs,
+    name: &str,
+    cfg: CopyConfig,
+    buf: &sys::DeviceAlloc,
+    rows: &mut Vec<Row>,
+) -> anyhow::Result<()> {
+    let c = Copier::open_with(args.gpu, cfg)?;
+    let p = c.pin(buf.ptr(), 1 << 20)?;
+    for &n in &[8usize, 240, 241, 4096] {
+        let data = vec![7u8; n];
+        let mut out = vec![0u8; n];
+        let r = row(
+            "tune",
+            format!("H2D {name}"),
+            n,
+            time_ops(args.warmup, args.iters, |_| Ok(p.copy_to(0, &data)?))?,
+        );
+        print_row(&r);
+        rows.push(r);
+        let r = row(
+            "tune",
+            format!("D2H {name}"),
+            n,
+            time_ops(args.warmup, args.iters, |_| Ok(p.copy_from(0, &mut out)?))?,
+        );
+        print_row(&r);
+        rows.push(r);
+    }
+    Ok(())
+}
+
+/// Log-log plot of copylat p50 against size, one line per method.
+fn svg(rows: &[Row]) -> String {
+    let lat: Vec<&Row> = rows.iter().filter(|r| r.test == "copylat").collect();
+    let mut methods: Vec<&str> = lat.iter().map(|r| r.method.as_str()).collect();
+    methods.dedup();
+    methods.sort_unstable();
+    methods.dedup();
+    let (w, h, ml, mb, mt, mr) = (900.0, 560.0, 70.0, 50.0, 30.0, 330.0);
+    let max_size = lat.iter().map(|r| r.size).max().unwrap_or(1).max(2) as f64;
+    let (ymin, ymax) = lat.iter().fold((f64::MAX, 0.0f64), |(lo, hi), r| {
+        (lo.min(r.stats.p50_us), hi.max(r.stats.p50_us))
+    });
+    let (ly0, ly1) = (
+        ymin.max(0.01).log10().floor(),
+        ymax.max(0.02).log10().ceil(),
+    );
+    let x = |s: usize| ml + (s as f64).log2() / max_size.log2() * (w - ml - mr);
+    let y = |v: f64| h - mb - (v.max(0.01).log10() - ly0) / (ly1 - ly0).max(1.0) * (h - mb - mt);
+    let colors = [
+        "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
+    ];
+    let mut s = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\"{ml}\" y=\"18\">copylat: p50 latency (us, log) against copy size (bytes, log2)</text>\n"
+    );
+    let mut d = ly0;
+    while d <= ly1 {
+        let v = 10f64.powf(d);
+        s.push_str(&format!(
+            "<line x1=\"{ml}\" x2=\"{}\" y1=\"{y0:.1}\" y2=\"{y0:.1}\" stroke=\"#ddd\"/><text x=\"5\" y=\"{y0:.1}\">{v} us</text>\n",
+            w - mr,
+            y0 = y(v)
+        ));
+        d += 1.0;
+    }
+    let mut size = 1usize;
+    while (size as f64) <= max_size {
+        s.push_str(&format!(
+            "<text x=\"{:.1}\" y=\"{}\" font-size=\"9\">{}</text>\n",
+            x(size) - 6.0,
+            h - mb + 15.0,
+            strata_core::format_size(size as u64)
+        ));
+        size *= 16;
+    }
+    for (i, m) in methods.iter().enumerate() {
+        let color = colors[i % colors.len()];
+        let pts: Vec<String> = lat
+            .iter()
+            .filter(|r| r.method == *m)
+            .map(|r| format!("{:.1},{:.1}", x(r.size), y(r.stats.p50_us)))
+            .collect();
+        s.push_str(&format!(
+            "<polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"2\" points=\"{}\"/>\n<text x=\"{}\" y=\"{}\" fill=\"{color}\">{m}</text>\n",
+            pts.join(" "),
+            w - mr + 10.0,
+            mt + 20.0 + 18.0 * i as f64
+        ));
+    }
+    s.push_str("</svg>\n");
+    s
+}

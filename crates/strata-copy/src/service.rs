@@ -1,0 +1,321 @@
+//! The kernel-free backend: a persistent one-block GPU kernel on its own stream that serves the
+//! doorbell ring ([`crate::ring`]). Started on first use, stopped cleanly on drop and, after an
+//! idle period, by a reaper thread (so a long-lived idle service never holds up work such as
+//! `cuMemFree` that may wait for running kernels).
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crate::error::CopyError;
+use crate::ring::{self, Engine, Producer, RingMemory};
+use crate::sys::{self, Context, HostMem, Kernel, Stream};
+
+/// The service kernel's source.
+pub const SERVICE_CU: &str = include_str!("../cuda/copy_service.cu");
+/// The service kernel's name.
+pub const SERVICE_KERNEL: &str = "strata_copy_service";
+
+/// Tuning of the service.
+#[derive(Debug, Clone)]
+pub struct ServiceConfig {
+    /// Ring slots (requests in flight at most).
+    pub nslots: u32,
+    /// Staging bytes per slot (largest single request).
+    pub stage_slot: usize,
+    /// Threads of the service block.
+    pub threads: u32,
+    /// After a request, poll whole slots with no sleep for this long (ns).
+    pub hot_ns: u64,
+    /// Cap of the exponential polling back-off once cold (ns).
+    pub max_backoff_ns: u32,
+    /// Stop the kernel after this long without requests (`None`: keep it until drop).
+    pub idle_stop: Option<Duration>,
+    /// Warps polling the ring while hot (1 to 8), their polls staggered by `poll_stagger_ns`.
+    pub pollers: u32,
+    /// Delay between the polling warps' starts (ns).
+    pub poll_stagger_ns: u32,
+    /// Fence at system scope after host-to-device copies too (they need only GPU scope: what
+    /// the host starts after seeing `done` reads device memory through the GPU's L2).
+    pub sys_fence_h2d: bool,
+}
+
+impl Default for ServiceConfig {
+    fn default() -> Self {
+        ServiceConfig {
+            nslots: 64,
+            stage_slot: 64 << 10,
+            threads: 256,
+            hot_ns: 2_000_000,
+            max_backoff_ns: 2_000,
+            idle_stop: Some(Duration::from_millis(100)),
+            pollers: 1,
+            poll_stagger_ns: 400,
+            sys_fence_h2d: false,
+        }
+    }
+}
+
+/// Compiles (once per process and architecture) the service kernel.
+pub fn service_cubin(arch: &str) -> Result<Vec<u8>, CopyError> {
+    static CACHE: OnceLock<Mutex<HashMap<String, Vec<u8>>>> = OnceLock::new();
+    let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
+    if let Some(c) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(arch) {
+        return Ok(c.clone());
+    }
+    let cubin = sys::nvrtc_compile(SERVICE_CU, "copy_service.cu", arch)?;
+    cache
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(arch.to_string(), cubin.clone());
+    Ok(cubin)
+}
+
+#[derive(Debug)]
+struct Device {
+    kernel: Kernel,
+    stream: Stream,
+    ring_dev: u64,
+    h2d_dev: u64,
+    d2h_dev: u64,
+    status_dev: u64,
+    cfg: ServiceConfig,
+    // Owners of the shared memory; dropped after the kernel stopped.
+    _ring: HostMem,
+    _h2d: HostMem,
+    _d2h: HostMem,
+    _status: HostMem,
+}
+
+// SAFETY: all fields are handles or owned allocations usable from any thread.
+unsafe impl Send for Device {}
+// SAFETY: as above; mutation of the shared memory goes through the Producer mutex.
+unsafe impl Sync for Device {}
+
+impl Engine for Device {
+    fn launch(&self, start_seq: u64, epoch: u64) -> Result<(), CopyError> {
+        let mut ring_p = self.ring_dev;
+        let mut nslots = self.cfg.nslots;
+        let mut h2d = self.h2d_dev;
+        let mut d2h = self.d2h_dev;
+        let mut stage = self.cfg.stage_slot as u64;
+        let mut status = self.status_dev;
+        let mut start = start_seq;
+        let mut ep = epoch;
+        let mut hot = self.cfg.hot_ns;
+        let mut backoff = self.cfg.max_backoff_ns.max(64);
+        let mut pollers = self.cfg.pollers.clamp(1, 8);
+        let mut stagger = self.cfg.poll_stagger_ns;
+        let mut sys_fence = u32::from(self.cfg.sys_fence_h2d);
+        let mut params: [*mut c_void; 13] = [
+            (&raw mut ring_p).cast(),
+            (&raw mut nslots).cast(),
+            (&raw mut h2d).cast(),
+            (&raw mut d2h).cast(),
+            (&raw mut stage).cast(),
+            (&raw mut status).cast(),
+            (&raw mut start).cast(),
+            (&raw mut ep).cast(),
+            (&raw mut hot).cast(),
+            (&raw mut backoff).cast(),
+            (&raw mut pollers).cast(),
+            (&raw mut stagger).cast(),
+            (&raw mut sys_fence).cast(),
+        ];
+        // SAFETY: the parameters match strata_copy_service's signature in order and type
+        // (pointers as u64, unsigned as u32, unsigned long long as u64); the memory they name
+        // is owned by `self` and outlives the kernel, which is stopped before `self` drops.
+        unsafe {
+            self.kernel
+                .launch(self.stream.raw(), 1, self.cfg.threads, &mut params)
+        }
+    }
+
+    fn health(&self) -> Result<(), CopyError> {
+        self.stream.query().map(|_| ())
+    }
+}
+
+/// A running (or startable) copy service on one GPU.
+#[derive(Debug)]
+pub struct Service {
+    dev: Arc<Device>,
+    producer: Arc<Mutex<Producer>>,
+    reaper_stop: Arc<AtomicBool>,
+    reaper: Option<JoinHandle<()>>,
+}
+
+impl Service {
+    /// Compiles the kernel, allocates the ring and staging memory. The kernel starts on the
+    /// first request.
+    pub fn new(ctx: &Context, cfg: ServiceConfig) -> Result<Service, CopyError> {
+        use cudarc::driver::sys::CUdevice_attribute as A;
+        if cfg.nslots == 0
+            || cfg.stage_slot < ring::INLINE_MAX
+            || !cfg.stage_slot.is_multiple_of(16)
+        {
+            return Err(CopyError::Invalid(
+                "service config: need at least one slot and a 16-byte multiple staging slot of at least 240 bytes".into(),
+            ));
+        }
+        let arch = format!(
+            "sm_{}{}",
+            ctx.attribute(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+            ctx.attribute(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?
+        );
+        let kernel = Kernel::load(ctx, &service_cubin(&arch)?, SERVICE_KERNEL)?;
+        let stream = Stream::new(ctx)?;
+        let n = usize::try_from(cfg.nslots).unwrap_or(usize::MAX);
+        let ring_mem = HostMem::new(ctx, n * ring::SLOT_BYTES, true)?;
+        let h2d = HostMem::new(ctx, n * cfg.stage_slot, true)?;
+        let d2h = HostMem::new(ctx, n * cfg.stage_slot, false)?;
+        let status = HostMem::new(ctx, ring::STATUS_WORDS * 8, false)?;
+        let mem = RingMemory {
+            ring: ring_mem.ptr().cast(),
+            h2d_stage: h2d.ptr(),
+            d2h_stage: d2h.ptr(),
+            status: status.ptr().cast(),
+            nslots: cfg.nslots,
+            stage_slot: cfg.stage_slot,
+        };
+        let dev = Arc::new(Device {
+            ring_dev: ring_mem.device_ptr()?,
+            h2d_dev: h2d.device_ptr()?,
+            d2h_dev: d2h.device_ptr()?,
+            status_dev: status.device_ptr()?,
+            kernel,
+            stream,
+            cfg: cfg.clone(),
+            _ring: ring_mem,
+            _h2d: h2d,
+            _d2h: d2h,
+            _status: status,
+        });
+        // SAFETY: the memory was just allocated zeroed with the sizes RingMemory documents and
+        // lives in `dev`, which the producer's users keep alive alongside it.
+        let producer = Arc::new(Mutex::new(unsafe { Producer::new(mem) }));
+        let reaper_stop = Arc::new(AtomicBool::new(false));
+        let reaper = cfg.idle_stop.map(|idle| {
+            let (dev, producer, stop) = (dev.clone(), producer.clone(), reaper_stop.clone());
+            std::thread::Builder::new()
+                .name("strata-copy-reaper".into())
+                .spawn(move || reap(&dev, &producer, &stop, idle))
+        });
+        let reaper = match reaper {
+            Some(r) => Some(r.map_err(|source| CopyError::Os {
+                call: "spawning the copy service reaper thread",
+                source,
+            })?),
+            None => None,
+        };
+        Ok(Service {
+            dev,
+            producer,
+            reaper_stop,
+            reaper,
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Producer> {
+        self.producer.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Largest single request.
+    pub fn stage_slot(&self) -> usize {
+        self.dev.cfg.stage_slot
+    }
+
+    /// Copies `data` to device address `dev` and returns once it is in device memory, visible
+    /// to any kernel launched afterwards.
+    pub fn h2d(&self, dev: u64, data: &[u8]) -> Result<(), CopyError> {
+        let mut p = self.lock();
+        let mut last = None;
+        for (i, chunk) in data.chunks(self.stage_slot()).enumerate() {
+            last = Some(p.post_h2d(&*self.dev, dev + (i * self.stage_slot()) as u64, chunk)?);
+        }
+        match last {
+            Some(seq) => p.wait(&*self.dev, seq),
+            None => Ok(()),
+        }
+    }
+
+    /// Posts `data` for device address `dev` and returns before it arrives; it arrives in ring
+    /// order (before any later request of this service completes). [`Self::flush`] waits.
+    pub fn post_h2d(&self, dev: u64, data: &[u8]) -> Result<u64, CopyError> {
+        let mut p = self.lock();
+        let mut last = 0;
+        for (i, chunk) in data.chunks(self.stage_slot()).enumerate() {
+            last = p.post_h2d(&*self.dev, dev + (i * self.stage_slot()) as u64, chunk)?;
+        }
+        Ok(last)
+    }
+
+    /// Copies `out.len()` bytes from device address `dev`, after every earlier request.
+    pub fn d2h(&self, dev: u64, out: &mut [u8]) -> Result<(), CopyError> {
+        let mut p = self.lock();
+        let stage = self.stage_slot();
+        let window = usize::try_from(self.dev.cfg.nslots).unwrap_or(1).max(1);
+        let chunks: Vec<(usize, usize)> = (0..out.len())
+            .step_by(stage)
+            .map(|s| (s, (s + stage).min(out.len())))
+            .collect();
+        // Keep up to `nslots` reads in flight, collect them in order.
+        for group in chunks.chunks(window) {
+            let mut seqs = Vec::with_capacity(group.len());
+            for &(s, e) in group {
+                seqs.push(p.post_d2h(&*self.dev, dev + s as u64, e - s)?);
+            }
+            for (&(s, e), &seq) in group.iter().zip(&seqs) {
+                p.wait(&*self.dev, seq)?;
+                p.read_d2h(seq, &mut out[s..e]);
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits for every posted request.
+    pub fn flush(&self) -> Result<(), CopyError> {
+        self.lock().flush(&*self.dev)
+    }
+
+    /// Stops the kernel now (the next request restarts it).
+    pub fn stop(&self) -> Result<(), CopyError> {
+        self.lock().stop(&*self.dev)
+    }
+
+    /// Whether the kernel is running.
+    pub fn running(&self) -> bool {
+        self.lock().running()
+    }
+}
+
+fn reap(dev: &Arc<Device>, producer: &Mutex<Producer>, stop: &AtomicBool, idle: Duration) {
+    let tick = (idle / 4).max(Duration::from_millis(1));
+    while !stop.load(Ordering::Acquire) {
+        std::thread::park_timeout(tick);
+        let mut p = producer.lock().unwrap_or_else(|e| e.into_inner());
+        if p.running() && p.last_use.elapsed() >= idle {
+            // A failure here surfaces on the next request (health check); nothing to report to.
+            let _ = p.stop(&**dev);
+        }
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        self.reaper_stop.store(true, Ordering::Release);
+        if let Some(r) = self.reaper.take() {
+            r.thread().unpark();
+            let _ = r.join();
+        }
+        let mut p = self.lock();
+        if p.stop(&*self.dev).is_err() && self.dev.stream.query().is_ok_and(|idle| !idle) {
+            // The kernel is still running but did not answer: leak its memory rather than free
+            // it under a live kernel, and rather than hang here waiting for it.
+            std::mem::forget(self.dev.clone());
+        }
+    }
+}
