@@ -21,7 +21,7 @@ enum Command {
     #[command(subcommand)]
     Bench(Box<Bench>),
     /// Run a memory node that lends this machine's memory to Strata clients over UCX.
-    Serve(cmd::remote::ServeArgs),
+    Serve(cmd::serve::ServeArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -50,7 +50,7 @@ fn main() -> anyhow::Result<()> {
         .init();
     match Cli::parse().command {
         Command::Info(args) => cmd::info::run(&args),
-        Command::Serve(args) => cmd::remote::serve(&args),
+        Command::Serve(args) => cmd::serve::serve(&args),
         Command::Bench(bench) => match *bench {
             Bench::Stream(args) => cmd::pager::stream(&args),
             Bench::Pager(args) => cmd::pager::bench(&args),

@@ -1,4 +1,4 @@
-//! `strata serve` (a memory node) and `strata bench remote`. Thin: the node, the store and
+//! `strata bench remote`. Thin: the node, the store and
 //! the raw measurements live in `strata_net`, the pager and STREAM in `strata_pager`.
 
 use std::net::SocketAddr;
@@ -12,93 +12,14 @@ use strata_codec::CompressedStore;
 use strata_core::config::{CodecKind, StoreConfig};
 use strata_core::{MemoryStore, PagerConfig, Store, format_size, parse_size};
 use strata_net::bench::{PageData, Throughput, loopback_tcp_ceiling, median, page_throughput};
-use strata_net::server::{install_shutdown_signals, shutdown_signalled};
 use strata_net::{AccessPath, MemoryNode, RemoteStore, RemoteStoreOptions, ServeOptions};
 use strata_pager::Region;
+
+use super::serve::TokenOf as _;
 use strata_pager::stream::{Kernel, StreamConfig, run_stream, run_stream_raw};
 
 fn size_arg(s: &str) -> Result<u64, String> {
     parse_size(s).map_err(|e| e.to_string())
-}
-
-/// Arguments of `strata serve`.
-#[derive(Debug, clap::Args)]
-pub struct ServeArgs {
-    /// Address to listen on (use a routable address to serve other hosts).
-    #[arg(long, default_value = "127.0.0.1:7400")]
-    listen: SocketAddr,
-    /// Most memory lent to all clients together.
-    #[arg(long, default_value = "1GiB", value_parser = size_arg)]
-    capacity: u64,
-    /// Secret clients must present (default: STRATA_REMOTE_TOKEN, else a random one that is
-    /// printed).
-    #[arg(long)]
-    token: Option<String>,
-    /// UCX transports, such as `tcp` or `rc,tcp` (default: UCX's choice / UCX_TLS).
-    #[arg(long)]
-    transports: Option<String>,
-}
-
-fn random_token() -> anyhow::Result<String> {
-    let mut bytes = [0u8; 16];
-    std::io::Read::read_exact(
-        &mut std::fs::File::open("/dev/urandom").context("open /dev/urandom for a token")?,
-        &mut bytes,
-    )?;
-    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
-}
-
-/// Runs `strata serve` until SIGINT or SIGTERM.
-pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
-    let env_token = StoreConfig::builder().with_env()?.build_token();
-    let (token, generated) = match (&args.token, env_token) {
-        (Some(t), _) => (t.clone(), false),
-        (None, Some(t)) => (t, false),
-        (None, None) => (random_token()?, true),
-    };
-    install_shutdown_signals();
-    let node = MemoryNode::start(ServeOptions {
-        listen: args.listen,
-        capacity: args.capacity,
-        token: token.clone(),
-        transports: args.transports.clone(),
-    })?;
-    println!(
-        "memory node listening on {} lending up to {}",
-        node.address(),
-        format_size(args.capacity)
-    );
-    if generated {
-        println!("token (give it to clients as STRATA_REMOTE_TOKEN): {token}");
-    }
-    println!("stop with Ctrl-C or SIGTERM");
-    while !shutdown_signalled() {
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let c = node.counters();
-    println!(
-        "shutting down: {} clients, {} lent, {} read, {} written, {} requests refused",
-        c.clients.load(Ordering::Relaxed),
-        format_size(c.lent_bytes.load(Ordering::Relaxed)),
-        format_size(c.bytes_read.load(Ordering::Relaxed)),
-        format_size(c.bytes_written.load(Ordering::Relaxed)),
-        c.refused.load(Ordering::Relaxed)
-    );
-    node.shutdown();
-    println!("memory node stopped");
-    Ok(())
-}
-
-trait TokenOf {
-    fn build_token(self) -> Option<String>;
-}
-
-impl TokenOf for strata_core::config::StoreConfigBuilder {
-    /// The token from the environment, if any (the rest of the store config is irrelevant
-    /// to a server).
-    fn build_token(self) -> Option<String> {
-        self.build().ok().and_then(|c| c.token)
-    }
 }
 
 /// Arguments of `strata bench remote`.
