@@ -23,7 +23,7 @@
 
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, mpsc};
@@ -37,9 +37,8 @@ use strata_ucx::{
     WorkerWaker,
 };
 
-use crate::protocol::{
-    AM_REPLY, AM_REQUEST, Op, PROTOCOL_VERSION, ReplyHeader, RequestHeader, Status,
-};
+use crate::handshake::{self, HandshakeError, Session, Welcome};
+use crate::protocol::{AM_REPLY, AM_REQUEST, Op, ReplyHeader, RequestHeader, Status};
 
 /// How reads and writes reach a node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -504,6 +503,8 @@ enum ReplyData {
 
 struct Node {
     name: String,
+    /// The capability the node's handshake issued; every request carries it.
+    session: Session,
     endpoint: Option<Endpoint>,
     remote_key: Option<RemoteKey>,
     region: u64,
@@ -584,7 +585,7 @@ impl IoLoop {
         let first = options.nodes[0].as_str();
         let context = Context::new(&ContextOptions {
             transports: options.transports.clone(),
-            rma: true,
+            rma: options.access == AccessPath::OneSided,
         })
         .map_err(ucx(first))?;
         let worker = Worker::new(&context).map_err(ucx(first))?;
@@ -626,10 +627,22 @@ impl IoLoop {
             pace_receive: pacer(options.link_bytes_per_sec),
             control: HashMap::new(),
         };
+        let own_address = io.worker.address().map_err(ucx(first))?;
         for (name, address) in options.nodes.iter().zip(addresses) {
-            let endpoint = io.worker.connect(*address).map_err(ucx(name))?;
+            let welcome = front_door(
+                name,
+                *address,
+                &options.token,
+                &own_address,
+                options.timeout,
+            )?;
+            let endpoint = io
+                .worker
+                .connect_worker(&welcome.node_address)
+                .map_err(ucx(name))?;
             io.nodes.push(Node {
                 name: name.clone(),
+                session: welcome.session,
                 endpoint: Some(endpoint),
                 remote_key: None,
                 region: 0,
@@ -646,17 +659,9 @@ impl IoLoop {
         }
         for index in 0..io.nodes.len() {
             let name = io.nodes[index].name.clone();
-            let hello = RequestHeader {
-                op: Op::Hello,
-                id: 0,
-                region: 0,
-                offset: PROTOCOL_VERSION,
-                length: 0,
-            };
-            let reply = io.control_call(index, hello, options.token.as_bytes())?;
-            expect_ok(&name, &reply)?;
             let alloc = RequestHeader {
                 op: Op::Alloc,
+                session: io.nodes[index].session,
                 id: 0,
                 region: 0,
                 offset: 0,
@@ -677,6 +682,12 @@ impl IoLoop {
             node.base = header.base;
             node.size = header.size;
             if io.access == AccessPath::OneSided {
+                if key.is_empty() {
+                    return Err(RemoteOpenError::Refused {
+                        node: name,
+                        reason: "the node does not offer one-sided access (it needs `strata serve --one-sided` on InfiniBand/RoCE transports); use the messages access path",
+                    });
+                }
                 let endpoint = node.endpoint.as_ref().expect("connected above");
                 node.remote_key = Some(endpoint.unpack_remote_key(&key).map_err(ucx(&name))?);
             }
@@ -988,6 +999,7 @@ impl IoLoop {
                     awaiting_reply = true;
                     let header = RequestHeader {
                         op: if write { Op::Write } else { Op::Read },
+                        session: node.session,
                         id,
                         region: node.region,
                         offset: piece.remote_offset,
@@ -1225,6 +1237,7 @@ impl IoLoop {
             self.nodes[index].remote_key = None;
             let free = RequestHeader {
                 op: Op::Free,
+                session: self.nodes[index].session,
                 id: 0,
                 region: self.nodes[index].region,
                 offset: 0,
@@ -1254,6 +1267,37 @@ impl IoLoop {
             self.release(reply.data);
         }
     }
+}
+
+/// Passes a node's front door (TCP handshake) and returns its session and worker address.
+fn front_door(
+    node: &str,
+    address: SocketAddr,
+    token: &str,
+    own_address: &[u8],
+    timeout: Duration,
+) -> Result<Welcome, RemoteOpenError> {
+    let connection = |reason: String| RemoteOpenError::Connection {
+        node: node.to_string(),
+        reason,
+    };
+    let deadline = Instant::now() + timeout;
+    let mut stream =
+        TcpStream::connect_timeout(&address, timeout).map_err(|e| connection(e.to_string()))?;
+    let _ = stream.set_nodelay(true);
+    handshake::client_side(&mut stream, token.as_bytes(), own_address, deadline).map_err(
+        |e| match e {
+            HandshakeError::Denied => RemoteOpenError::Refused {
+                node: node.to_string(),
+                reason: Status::Denied.explain(),
+            },
+            HandshakeError::Deadline => RemoteOpenError::Timeout {
+                node: node.to_string(),
+                timeout,
+            },
+            other => connection(other.to_string()),
+        },
+    )
 }
 
 fn lost_error(node: &str, reason: &str) -> StoreError {

@@ -39,6 +39,7 @@
 
 pub mod bench;
 pub mod client;
+pub mod handshake;
 pub mod protocol;
 pub mod server;
 

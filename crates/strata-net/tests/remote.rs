@@ -13,15 +13,13 @@ use rand::rngs::StdRng;
 use rand::{Rng, RngCore, SeedableRng};
 use strata_core::config::{CodecKind, StoreConfig, StoreKind};
 use strata_core::store::{ReadRequest, Store, StoreError};
-use strata_net::protocol::{
-    AM_REPLY, AM_REQUEST, Op, PROTOCOL_VERSION, ReplyHeader, RequestHeader, Status,
-};
+use strata_net::protocol::{AM_REPLY, AM_REQUEST, Op, ReplyHeader, RequestHeader, Status};
 use strata_net::{
     AccessPath, MemoryNode, RemoteOpenError, RemoteStore, RemoteStoreOptions, ServeOptions,
 };
 use strata_ucx::{AmAction, Context, ContextOptions, Worker};
 
-const TOKEN: &str = "test-token-\u{1F511}";
+const TOKEN: &str = "test-token-0123456789-\u{1F511}";
 const TLS: &str = "tcp";
 
 fn rng(test: &str) -> StdRng {
@@ -34,13 +32,10 @@ fn rng(test: &str) -> StdRng {
 }
 
 fn node(capacity: u64) -> MemoryNode {
-    MemoryNode::start(ServeOptions {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        capacity,
-        token: TOKEN.into(),
-        transports: Some(TLS.into()),
-    })
-    .expect("start a memory node on 127.0.0.1 (is UCX installed? apt-get install libucx0)")
+    let mut o = ServeOptions::new("127.0.0.1:0".parse().unwrap(), capacity, TOKEN);
+    o.transports = Some(TLS.into());
+    MemoryNode::start(o)
+        .expect("start a memory node on 127.0.0.1 (is UCX installed? apt-get install libucx0)")
 }
 
 fn options(nodes: &[SocketAddr], access: AccessPath) -> RemoteStoreOptions {
@@ -143,11 +138,10 @@ fn several_clients_read_and_write_random_pages_on_striped_nodes() {
             let seed = seed_rng.random::<u64>();
             std::thread::spawn(move || {
                 let mut rng = StdRng::seed_from_u64(seed);
-                // Clients 0-1 stripe over both nodes; 2 uses node 0; 3 uses one-sided access.
+                // Clients 0, 1 and 3 stripe over both nodes; 2 uses node 0.
                 let (targets, access) = match client {
-                    0 | 1 => (&addresses[..], AccessPath::Messages),
                     2 => (&addresses[..1], AccessPath::Messages),
-                    _ => (&addresses[..], AccessPath::OneSided),
+                    _ => (&addresses[..], AccessPath::Messages),
                 };
                 let size = 3 << 20; // not a multiple of the stripe times the node count
                 let store =
@@ -185,10 +179,20 @@ fn wrong_token_and_too_little_capacity_are_refused() {
     let e = RemoteStore::connect(1 << 20, o).unwrap_err();
     assert!(matches!(e, RemoteOpenError::Refused { .. }), "{e}");
     assert!(e.to_string().contains("refused the token"), "{e}");
+    // A failed proof throttles this host for 100 ms: right away the node turns it away.
+    let e =
+        RemoteStore::connect(1 << 20, options(&[n.address()], AccessPath::Messages)).unwrap_err();
+    assert!(e.to_string().contains("throttles"), "{e}");
+    std::thread::sleep(Duration::from_millis(300));
+    // Over TCP the node has no RMA: one-sided access is refused, never emulated.
+    let e =
+        RemoteStore::connect(1 << 20, options(&[n.address()], AccessPath::OneSided)).unwrap_err();
+    assert!(e.to_string().contains("one-sided"), "{e}");
     let e =
         RemoteStore::connect(2 << 20, options(&[n.address()], AccessPath::Messages)).unwrap_err();
     assert!(e.to_string().contains("too little free capacity"), "{e}");
-    assert!(n.counters().refused.load(Ordering::Relaxed) >= 2);
+    assert!(n.counters().refused.load(Ordering::Relaxed) >= 1);
+    assert!(n.counters().handshakes_failed.load(Ordering::Relaxed) >= 2);
     // Nothing listens on this port: a clear error within the timeout, not a hang.
     let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let unused = free.local_addr().unwrap();
@@ -225,6 +229,7 @@ struct RawClient {
     endpoint: strata_ucx::Endpoint,
     replies: Replies,
     next: u64,
+    session: strata_net::handshake::Session,
 }
 
 impl RawClient {
@@ -245,20 +250,37 @@ impl RawClient {
                 AmAction::Done
             })
             .unwrap();
-        let endpoint = worker.connect(address).unwrap();
+        let mut stream = std::net::TcpStream::connect(address).unwrap();
+        let welcome = strata_net::handshake::client_side(
+            &mut stream,
+            TOKEN.as_bytes(),
+            &worker.address().unwrap(),
+            Instant::now() + Duration::from_secs(5),
+        )
+        .unwrap();
+        let endpoint = worker.connect_worker(&welcome.node_address).unwrap();
         Self {
             worker,
             endpoint,
             replies,
             next: 1,
+            session: welcome.session,
         }
     }
 
-    fn call(&mut self, op: Op, region: u64, offset: u64, length: u64, data: &[u8]) -> ReplyHeader {
+    /// Sends a request; returns its reply, or `None` if none came within `wait`.
+    fn send(
+        &mut self,
+        session: strata_net::handshake::Session,
+        (op, region, offset, length): (Op, u64, u64, u64),
+        data: &[u8],
+        wait: Duration,
+    ) -> Option<ReplyHeader> {
         let id = self.next;
         self.next += 1;
         let header = RequestHeader {
             op,
+            session,
             id,
             region,
             offset,
@@ -275,7 +297,7 @@ impl RawClient {
             )
         }
         .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(5);
+        let deadline = Instant::now() + wait;
         let mut sent = false;
         loop {
             self.worker.progress();
@@ -284,10 +306,23 @@ impl RawClient {
             }
             let found = self.replies.borrow().iter().position(|(h, _)| h.id == id);
             if let (Some(pos), true) = (found, sent) {
-                return self.replies.borrow_mut().remove(pos).0;
+                return Some(self.replies.borrow_mut().remove(pos).0);
             }
-            assert!(Instant::now() < deadline, "no reply to {op:?}");
+            if Instant::now() >= deadline {
+                return None;
+            }
         }
+    }
+
+    fn call(&mut self, op: Op, region: u64, offset: u64, length: u64, data: &[u8]) -> ReplyHeader {
+        let session = self.session;
+        self.send(
+            session,
+            (op, region, offset, length),
+            data,
+            Duration::from_secs(5),
+        )
+        .unwrap_or_else(|| panic!("no reply to {op:?}"))
     }
 }
 
@@ -296,30 +331,6 @@ fn the_node_checks_tokens_bounds_and_ownership() {
     let n = node(4 << 20);
     let mut a = RawClient::connect(n.address());
     let mut b = RawClient::connect(n.address());
-    // Before hello: refused.
-    assert_eq!(
-        a.call(Op::Alloc, 0, 0, 4096, &[]).status,
-        Status::NotAuthenticated
-    );
-    // Wrong token, wrong version.
-    assert_eq!(
-        a.call(Op::Hello, 0, PROTOCOL_VERSION, 0, b"nope").status,
-        Status::Denied
-    );
-    assert_eq!(
-        a.call(Op::Hello, 0, 99, 0, TOKEN.as_bytes()).status,
-        Status::Denied
-    );
-    assert_eq!(
-        a.call(Op::Hello, 0, PROTOCOL_VERSION, 0, TOKEN.as_bytes())
-            .status,
-        Status::Ok
-    );
-    assert_eq!(
-        b.call(Op::Hello, 0, PROTOCOL_VERSION, 0, TOKEN.as_bytes())
-            .status,
-        Status::Ok
-    );
     let region = a.call(Op::Alloc, 0, 0, 1 << 20, &[]);
     assert_eq!(region.status, Status::Ok);
     assert_eq!(region.size, 1 << 20);
@@ -346,6 +357,23 @@ fn the_node_checks_tokens_bounds_and_ownership() {
         Status::BadRequest
     );
     assert_eq!(b.call(Op::Read, r, 0, 8, &[]).status, Status::UnknownRegion);
+    // A request with a forged session (a reachable worker, no handshake) is dropped
+    // unanswered: no read of a's page, no write into it, no region.
+    let forged = [0x5a; 16];
+    let quiet = Duration::from_millis(300);
+    for (request, data) in [
+        ((Op::Read, r, 0, 8), &[][..]),
+        ((Op::Write, r, 0, 4), &[9, 9, 9, 9][..]),
+        ((Op::Alloc, 0, 0, 4096), &[][..]),
+        ((Op::Write, r, 0x10, 4), &[0, 0, 0, 0][..]),
+    ] {
+        assert_eq!(b.send(forged, request, data, quiet), None);
+    }
+    assert!(n.counters().unauthenticated_dropped.load(Ordering::Relaxed) >= 4);
+    assert_eq!(
+        a.call(Op::Read, r, (1 << 20) - 4, 4, &[]).status,
+        Status::Ok
+    );
     assert_eq!(b.call(Op::Free, r, 0, 0, &[]).status, Status::UnknownRegion);
     assert_eq!(
         a.call(Op::Alloc, 0, 0, 8 << 20, &[]).status,
@@ -432,7 +460,7 @@ fn first_failure(store: &RemoteStore) -> (StoreError, Duration) {
 #[test]
 fn a_killed_node_is_an_error_within_the_timeout() {
     let mut rng = rng("killed_node");
-    for access in [AccessPath::Messages, AccessPath::OneSided] {
+    for access in [AccessPath::Messages] {
         killed_node(access, &mut rng);
     }
 }
@@ -530,7 +558,7 @@ fn one_store_serves_many_threads_at_once() {
     let mut seed_rng = rng("one_store_many_threads");
     let nodes = [node(32 << 20), node(32 << 20)];
     let addresses: Vec<SocketAddr> = nodes.iter().map(MemoryNode::address).collect();
-    for access in [AccessPath::Messages, AccessPath::OneSided] {
+    for access in [AccessPath::Messages] {
         let store = Arc::new(RemoteStore::connect(8 << 20, options(&addresses, access)).unwrap());
         let share = store.size() / 4;
         let threads: Vec<_> = (0..4u64)

@@ -1,7 +1,6 @@
 //! `strata bench remote`. Thin: the node, the store and
 //! the raw measurements live in `strata_net`, the pager and STREAM in `strata_pager`.
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -211,12 +210,9 @@ pub fn bench(args: &RemoteBenchArgs) -> anyhow::Result<()> {
     let capacity = 4 * (args.size.max(args.raw_size) + (64 << 20));
     let (local, target) = match &args.node {
         None => {
-            let node = MemoryNode::start(ServeOptions {
-                listen: "127.0.0.1:0".parse()?,
-                capacity,
-                token: TOKEN.into(),
-                transports: Some(args.transports.clone()),
-            })?;
+            let mut options = ServeOptions::new("127.0.0.1:0".parse()?, capacity, TOKEN);
+            options.transports = Some(args.transports.clone());
+            let node = MemoryNode::start(options)?;
             let target = Target {
                 address: node.address().to_string(),
                 token: TOKEN.into(),

@@ -2,6 +2,7 @@
 //! `strata_net::server`.
 
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -24,13 +25,34 @@ pub struct ServeArgs {
     /// Most memory lent to all clients together.
     #[arg(long, default_value = "1GiB", value_parser = size_arg)]
     capacity: u64,
-    /// Secret clients must present (default: STRATA_REMOTE_TOKEN, else a random one that is
-    /// printed).
+    /// File holding the secret clients must prove they know (at least 16 bytes; a trailing
+    /// newline is ignored). Default: STRATA_REMOTE_TOKEN, else a random one that is printed.
+    /// There is no --token: a secret on the command line shows in `ps` to every user.
     #[arg(long)]
-    token: Option<String>,
-    /// UCX transports, such as `tcp` or `rc,tcp` (default: UCX's choice / UCX_TLS).
+    token_file: Option<PathBuf>,
+    /// UCX transports, such as `tcp` or `rc_x` (default: UCX's choice / UCX_TLS).
     #[arg(long)]
     transports: Option<String>,
+    /// Offer one-sided access (UCX get/put). Only on InfiniBand/RoCE transports named with
+    /// --transports, where the NIC enforces each region's registration; refused otherwise.
+    #[arg(long)]
+    one_sided: bool,
+    /// Accept a --capacity larger than this host's memory.
+    #[arg(long)]
+    overcommit: bool,
+    /// Most clients (and handshakes under way) at once.
+    #[arg(long, default_value_t = 256)]
+    max_clients: usize,
+    /// Seconds a connection may take to authenticate.
+    #[arg(long, default_value_t = 5)]
+    handshake_timeout: u64,
+}
+
+/// Reads the token from `path`, without its trailing newline.
+fn token_from_file(path: &Path) -> anyhow::Result<String> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("read the token file {}", path.display()))?;
+    Ok(text.trim_end_matches(['\n', '\r']).to_string())
 }
 
 fn random_token() -> anyhow::Result<String> {
@@ -44,19 +66,21 @@ fn random_token() -> anyhow::Result<String> {
 
 /// Runs `strata serve` until SIGINT or SIGTERM.
 pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
-    let env_token = StoreConfig::builder().with_env()?.build_token();
-    let (token, generated) = match (&args.token, env_token) {
-        (Some(t), _) => (t.clone(), false),
-        (None, Some(t)) => (t, false),
-        (None, None) => (random_token()?, true),
+    let (token, generated) = match &args.token_file {
+        Some(path) => (token_from_file(path)?, false),
+        None => match StoreConfig::builder().with_env()?.build_token() {
+            Some(t) => (t, false),
+            None => (random_token()?, true),
+        },
     };
     install_shutdown_signals();
-    let node = MemoryNode::start(ServeOptions {
-        listen: args.listen,
-        capacity: args.capacity,
-        token: token.clone(),
-        transports: args.transports.clone(),
-    })?;
+    let mut options = ServeOptions::new(args.listen, args.capacity, token.clone());
+    options.transports.clone_from(&args.transports);
+    options.one_sided = args.one_sided;
+    options.overcommit = args.overcommit;
+    options.max_clients = args.max_clients;
+    options.handshake_timeout = Duration::from_secs(args.handshake_timeout.max(1));
+    let node = MemoryNode::start(options)?;
     println!(
         "memory node listening on {} lending up to {}",
         node.address(),
