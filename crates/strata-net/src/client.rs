@@ -505,6 +505,9 @@ struct Node {
     name: String,
     /// The capability the node's handshake issued; every request carries it.
     session: Session,
+    /// The front-door connection, held open while the store lives: its closing tells the
+    /// node this client is gone, even if it dies idle.
+    door: Option<TcpStream>,
     endpoint: Option<Endpoint>,
     remote_key: Option<RemoteKey>,
     region: u64,
@@ -629,7 +632,7 @@ impl IoLoop {
         };
         let own_address = io.worker.address().map_err(ucx(first))?;
         for (name, address) in options.nodes.iter().zip(addresses) {
-            let welcome = front_door(
+            let (welcome, door) = front_door(
                 name,
                 *address,
                 &options.token,
@@ -643,6 +646,7 @@ impl IoLoop {
             io.nodes.push(Node {
                 name: name.clone(),
                 session: welcome.session,
+                door: Some(door),
                 endpoint: Some(endpoint),
                 remote_key: None,
                 region: 0,
@@ -1204,6 +1208,7 @@ impl IoLoop {
         if let Some(endpoint) = self.nodes[index].endpoint.take() {
             self.close_and_drain(endpoint);
         }
+        self.nodes[index].door = None;
         self.nodes[index].flushes.clear();
         self.nodes[index].unflushed = false;
         self.nodes[index].lost = Some(reason.clone());
@@ -1269,14 +1274,15 @@ impl IoLoop {
     }
 }
 
-/// Passes a node's front door (TCP handshake) and returns its session and worker address.
+/// Passes a node's front door (TCP handshake) and returns its session and worker address,
+/// with the connection, which must stay open as long as the session is used.
 fn front_door(
     node: &str,
     address: SocketAddr,
     token: &str,
     own_address: &[u8],
     timeout: Duration,
-) -> Result<Welcome, RemoteOpenError> {
+) -> Result<(Welcome, TcpStream), RemoteOpenError> {
     let connection = |reason: String| RemoteOpenError::Connection {
         node: node.to_string(),
         reason,
@@ -1285,8 +1291,8 @@ fn front_door(
     let mut stream =
         TcpStream::connect_timeout(&address, timeout).map_err(|e| connection(e.to_string()))?;
     let _ = stream.set_nodelay(true);
-    handshake::client_side(&mut stream, token.as_bytes(), own_address, deadline).map_err(
-        |e| match e {
+    let welcome = handshake::client_side(&mut stream, token.as_bytes(), own_address, deadline)
+        .map_err(|e| match e {
             HandshakeError::Denied => RemoteOpenError::Refused {
                 node: node.to_string(),
                 reason: Status::Denied.explain(),
@@ -1296,8 +1302,8 @@ fn front_door(
                 timeout,
             },
             other => connection(other.to_string()),
-        },
-    )
+        })?;
+    Ok((welcome, stream))
 }
 
 fn lost_error(node: &str, reason: &str) -> StoreError {

@@ -85,6 +85,9 @@ pub enum HandshakeError {
     /// The connection failed.
     #[error("the handshake connection failed: {0}")]
     Io(#[from] io::Error),
+    /// The peer closed the connection mid-handshake.
+    #[error("the peer closed the connection during the handshake")]
+    Closed,
     /// The peer is not a Strata node or client of this version.
     #[error("the peer does not speak the Strata handshake version {HANDSHAKE_VERSION}: {0}")]
     Protocol(&'static str),
@@ -150,7 +153,7 @@ fn read_by(
             .ok_or(HandshakeError::Deadline)?;
         stream.set_read_timeout(Some(left))?;
         match stream.read(&mut buf[done..]) {
-            Ok(0) => return Err(HandshakeError::Protocol("the peer closed the connection")),
+            Ok(0) => return Err(HandshakeError::Closed),
             Ok(n) => done += n,
             Err(e)
                 if matches!(
@@ -177,6 +180,16 @@ fn write_by(stream: &mut TcpStream, bytes: &[u8], deadline: Instant) -> Result<(
         io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => HandshakeError::Deadline,
         _ => e.into(),
     })
+}
+
+/// The wire length of a worker address; refuses one the peer would refuse.
+fn encoded_len(address: &[u8]) -> Result<[u8; 4], HandshakeError> {
+    match u32::try_from(address.len()) {
+        Ok(n) if (1..=MAX_WORKER_ADDRESS).contains(&address.len()) => Ok(n.to_le_bytes()),
+        _ => Err(HandshakeError::Protocol(
+            "this side's UCX worker address is longer than the handshake allows",
+        )),
+    }
 }
 
 fn u32_at(b: &[u8], at: usize) -> u32 {
@@ -248,7 +261,7 @@ pub fn node_side(
     welcome.push(Verdict::Ok as u8);
     welcome.extend_from_slice(&tag);
     welcome.extend_from_slice(&session);
-    welcome.extend_from_slice(&(node_address.len() as u32).to_le_bytes());
+    welcome.extend_from_slice(&encoded_len(node_address)?);
     welcome.extend_from_slice(node_address);
     write_by(stream, &welcome, deadline)
 }
@@ -321,7 +334,7 @@ pub fn client_side(
     proof.extend_from_slice(&HANDSHAKE_VERSION.to_le_bytes());
     proof.extend_from_slice(&client_nonce);
     proof.extend_from_slice(&tag);
-    proof.extend_from_slice(&(client_address.len() as u32).to_le_bytes());
+    proof.extend_from_slice(&encoded_len(client_address)?);
     proof.extend_from_slice(client_address);
     write_by(stream, &proof, deadline)?;
     let mut verdict = [0u8; 1];

@@ -16,6 +16,7 @@
 
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
+use std::io::Read as _;
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -198,7 +199,7 @@ impl MemoryNode {
         let stop = Arc::new(AtomicBool::new(false));
         let counters = Arc::new(NodeCounters::default());
         let (ready_tx, ready_rx) = mpsc::channel();
-        let (admit_tx, admit_rx) = mpsc::channel::<Admission>();
+        let (admit_tx, admit_rx) = mpsc::channel::<DoorEvent>();
         let thread = {
             let stop = Arc::clone(&stop);
             let counters = Arc::clone(&counters);
@@ -411,6 +412,14 @@ struct Admission {
     answer: mpsc::Sender<Option<Session>>,
 }
 
+/// What the door tells the node loop.
+enum DoorEvent {
+    /// A client passed the handshake.
+    Admit(Admission),
+    /// An admitted client's front-door connection closed: it is gone.
+    Left(Session),
+}
+
 /// Per-peer bookkeeping of the door.
 #[derive(Default)]
 struct Peer {
@@ -429,13 +438,27 @@ struct Peers {
 /// Most per-peer records kept; beyond it, records of peers with nothing under way are dropped.
 const MAX_PEER_RECORDS: usize = 4096;
 
+/// First throttle delay after a failed handshake; each further failure doubles it.
+const FIRST_THROTTLE: Duration = Duration::from_millis(250);
+
+/// How a handshake ended, for throttling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Judgement {
+    /// Authenticated: the peer's failure count starts over.
+    Passed,
+    /// Turned away, stalled or reset: bounded by caps and the deadline, not counted.
+    Neutral,
+    /// A wrong proof or garbage: the peer waits a doubling delay.
+    Failed,
+}
+
 /// The TCP front door: accepts, throttles, and runs one bounded handshake thread per
 /// connection.
 struct Door {
     listener: TcpListener,
     options: ServeOptions,
     worker_address: Vec<u8>,
-    admit: mpsc::Sender<Admission>,
+    admit: mpsc::Sender<DoorEvent>,
     waker: WorkerWaker,
     counters: Arc<NodeCounters>,
     stop: Arc<AtomicBool>,
@@ -507,11 +530,12 @@ impl Door {
             .name("strata-handshake".into())
             .spawn(move || door.handshake(stream, peer, deadline));
         if spawned.is_err() {
-            self.finish(peer, false);
+            self.finish(peer, Judgement::Neutral);
         }
     }
 
     fn handshake(&self, mut stream: TcpStream, peer: IpAddr, deadline: Instant) {
+        let mut session = None;
         let outcome = handshake::node_side(
             &mut stream,
             self.options.token.as_bytes(),
@@ -520,14 +544,15 @@ impl Door {
             |admitted| {
                 let (answer, reply) = mpsc::channel();
                 self.admit
-                    .send(Admission {
+                    .send(DoorEvent::Admit(Admission {
                         client_address: admitted.client_address,
                         answer,
-                    })
+                    }))
                     .ok()?;
                 self.waker.wake();
                 let left = deadline.saturating_duration_since(Instant::now());
-                reply.recv_timeout(left).ok().flatten()
+                session = reply.recv_timeout(left).ok().flatten();
+                session
             },
         );
         match &outcome {
@@ -539,13 +564,51 @@ impl Door {
                 tracing::warn!(%peer, error = %e, "handshake failed");
             }
         }
-        // A wrong proof, garbage or a stall counts towards throttling; a full node does not.
-        self.finish(peer, matches!(outcome, Ok(()) | Err(HandshakeError::Busy)));
+        // A wrong proof or garbage counts towards throttling; a full node, a stall (the
+        // handshake deadline and the caps bound those) or a reset connection does not.
+        let judgement = match outcome {
+            Ok(()) => Judgement::Passed,
+            Err(HandshakeError::Denied | HandshakeError::Protocol(_)) => Judgement::Failed,
+            Err(_) => Judgement::Neutral,
+        };
+        self.finish(peer, judgement);
+        if let Some(session) = session {
+            if outcome.is_ok() {
+                self.watch(&mut stream);
+            }
+            let _ = self.admit.send(DoorEvent::Left(session));
+            self.waker.wake();
+        }
+    }
+
+    /// Holds an admitted client's TCP connection until it closes (or sends anything, which
+    /// a client never does) or the node stops: a client that dies at any point, even idle,
+    /// loses its session and regions at once, without waiting for UCX to notice.
+    fn watch(&self, stream: &mut TcpStream) {
+        if stream
+            .set_read_timeout(Some(Duration::from_millis(200)))
+            .is_err()
+        {
+            return;
+        }
+        let mut byte = [0u8; 1];
+        while !self.stop.load(Ordering::SeqCst) {
+            match stream.read(&mut byte) {
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock
+                            | std::io::ErrorKind::TimedOut
+                            | std::io::ErrorKind::Interrupted
+                    ) => {}
+                _ => return,
+            }
+        }
     }
 
     /// Ends a handshake's accounting; a failure blocks the peer for a doubling delay
-    /// (100 ms, 200 ms, ... up to 30 s), a success clears its record.
-    fn finish(&self, peer: IpAddr, good: bool) {
+    /// (250 ms, 500 ms, ... up to 30 s), a success clears its record.
+    fn finish(&self, peer: IpAddr, judgement: Judgement) {
         let mut peers = self
             .peers
             .lock()
@@ -553,11 +616,11 @@ impl Door {
         peers.handshakes = peers.handshakes.saturating_sub(1);
         if let Some(record) = peers.by_address.get_mut(&peer) {
             record.handshakes = record.handshakes.saturating_sub(1);
-            if good {
+            if judgement == Judgement::Passed {
                 record.failures = 0;
-            } else {
+            } else if judgement == Judgement::Failed {
                 record.failures = record.failures.saturating_add(1);
-                let delay = Duration::from_millis(100)
+                let delay = FIRST_THROTTLE
                     .saturating_mul(1 << record.failures.min(9).saturating_sub(1))
                     .min(Duration::from_secs(30));
                 record.blocked_until = Some(Instant::now() + delay);
@@ -571,7 +634,7 @@ struct NodeLoop {
     options: ServeOptions,
     counters: Arc<NodeCounters>,
     inbox: Rc<RefCell<VecDeque<Incoming>>>,
-    admissions: mpsc::Receiver<Admission>,
+    admissions: mpsc::Receiver<DoorEvent>,
     clients: HashMap<Session, Client>,
     sessions: HashMap<EndpointId, Session>,
     regions: HashMap<u64, Region>,
@@ -584,7 +647,7 @@ impl NodeLoop {
     fn new(
         options: ServeOptions,
         counters: Arc<NodeCounters>,
-        admissions: mpsc::Receiver<Admission>,
+        admissions: mpsc::Receiver<DoorEvent>,
     ) -> Result<Self, UcxError> {
         // No RMA unless asked for on hardware-enforced transports: over TCP and shared memory
         // UCX emulates get/put in software at whatever address a peer names.
@@ -643,10 +706,25 @@ impl NodeLoop {
     /// Handles connection requests, failed endpoints and requests; true if anything happened.
     fn handle_events(&mut self) -> bool {
         let mut busy = false;
-        while let Ok(admission) = self.admissions.try_recv() {
+        while let Ok(event) = self.admissions.try_recv() {
             busy = true;
-            let session = self.admit(&admission.client_address);
-            let _ = admission.answer.send(session);
+            match event {
+                DoorEvent::Admit(admission) => {
+                    let session = self.admit(&admission.client_address);
+                    // The door gave up waiting (its deadline passed): nobody will use it.
+                    if admission.answer.send(session).is_err()
+                        && let Some(session) = session
+                    {
+                        self.drop_client(session);
+                    }
+                }
+                DoorEvent::Left(session) => {
+                    if self.clients.contains_key(&session) {
+                        tracing::info!("client left (front-door connection closed)");
+                    }
+                    self.drop_client(session);
+                }
+            }
         }
         for (id, error) in self.worker.take_endpoint_errors() {
             busy = true;

@@ -1,0 +1,307 @@
+//! Hostile clients at a memory node's front door, on 127.0.0.1: garbage, stalls, floods,
+//! oversized hellos, churn, wrong tokens and clients killed mid-flight. After each probe the
+//! node must still serve an honest client. Every probe is bounded (deadlines, timeouts).
+#![allow(clippy::cast_possible_truncation)] // small test constants
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Command, Stdio};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use strata_core::store::Store;
+use strata_net::handshake::{self, CLIENT_MAGIC, GREETING_BYTES, HANDSHAKE_VERSION, PROOF_BYTES};
+use strata_net::{AccessPath, MemoryNode, RemoteStore, RemoteStoreOptions, ServeOptions};
+
+const TOKEN: &str = "front-door-test-token-4f1c9a";
+const TLS: &str = "tcp";
+
+fn rng(test: &str) -> StdRng {
+    let seed: u64 = rand::rng().random();
+    println!("{test}: seed {seed}");
+    StdRng::seed_from_u64(seed)
+}
+
+fn node_with(configure: impl FnOnce(&mut ServeOptions)) -> MemoryNode {
+    let mut o = ServeOptions::new("127.0.0.1:0".parse().unwrap(), 64 << 20, TOKEN);
+    o.transports = Some(TLS.into());
+    configure(&mut o);
+    MemoryNode::start(o).expect("start a memory node on 127.0.0.1 (is UCX installed?)")
+}
+
+fn options(node: SocketAddr, token: &str) -> RemoteStoreOptions {
+    let mut o = RemoteStoreOptions::new(vec![node.to_string()], token, Duration::from_secs(5));
+    o.transports = Some(TLS.into());
+    o.stripe_bytes = 16 << 10;
+    o
+}
+
+/// An honest client must get in (waiting out a throttle of at most `patience`), write random
+/// bytes and read them back.
+fn honest_client_works(node: &MemoryNode, rng: &mut StdRng, patience: Duration) {
+    let deadline = Instant::now() + patience;
+    let store = loop {
+        match RemoteStore::connect(1 << 20, options(node.address(), TOKEN)) {
+            Ok(store) => break store,
+            Err(e) if Instant::now() < deadline && e.to_string().contains("throttles") => {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(e) => panic!("an honest client was refused: {e}"),
+        }
+    };
+    let mut page = vec![0u8; 16 << 10];
+    rng.fill(&mut page[..]);
+    let offset = rng.random_range(0..64u64) * (16 << 10);
+    store.write_at(offset, &page).unwrap();
+    let mut back = vec![0u8; page.len()];
+    store.read_at(offset, &mut back).unwrap();
+    assert!(back == page, "read back differs");
+}
+
+/// Sends `bytes` to the node's port and reads until the node closes (bounded).
+fn send_raw(node: SocketAddr, bytes: &[u8]) -> (Vec<u8>, Duration) {
+    let started = Instant::now();
+    let mut s = TcpStream::connect(node).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    // The node may close before taking everything: a reset here is fine.
+    let _ = s.write_all(bytes);
+    let _ = s.shutdown(std::net::Shutdown::Write);
+    let mut got = Vec::new();
+    let _ = s.read_to_end(&mut got);
+    (got, started.elapsed())
+}
+
+fn wait_for(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn garbage_before_authentication_is_refused_and_the_node_lives() {
+    let mut rng = rng("garbage");
+    let mut random = vec![0u8; 3000];
+    rng.fill(&mut random[..]);
+    // A fresh node per probe, so each meets the handshake itself rather than the throttle.
+    for probe in [vec![0u8; 3000], vec![b'A'; 3000], random] {
+        let n = node_with(|_| {});
+        let (reply, took) = send_raw(n.address(), &probe);
+        // The node greets, then closes once the proof is malformed: no spin, no abort.
+        assert_eq!(reply.len(), GREETING_BYTES, "{} bytes back", reply.len());
+        assert_eq!(reply[16], 0, "the first connection must be greeted");
+        assert!(
+            took < Duration::from_secs(3),
+            "the node held the garbage {took:?}"
+        );
+        wait_for("the failure counted", Duration::from_secs(3), || {
+            n.counters().handshakes_failed.load(Ordering::Relaxed) == 1
+        });
+        assert_eq!(n.counters().clients.load(Ordering::Relaxed), 0);
+        honest_client_works(&n, &mut rng, Duration::from_secs(5));
+    }
+}
+
+#[test]
+fn oversized_hellos_are_refused_before_anything_is_read() {
+    let mut rng = rng("oversized");
+    for claimed in [u32::MAX, (handshake::MAX_WORKER_ADDRESS + 1) as u32, 0] {
+        let n = node_with(|_| {});
+        let mut proof = vec![0u8; PROOF_BYTES];
+        proof[..8].copy_from_slice(&CLIENT_MAGIC);
+        proof[8..16].copy_from_slice(&HANDSHAKE_VERSION.to_le_bytes());
+        proof[PROOF_BYTES - 4..].copy_from_slice(&claimed.to_le_bytes());
+        // Then start streaming the promised gigabytes; the node must stop reading at once.
+        let mut bytes = proof;
+        bytes.extend(std::iter::repeat_n(0x42u8, 1 << 20));
+        let (_, took) = send_raw(n.address(), &bytes);
+        assert!(took < Duration::from_secs(3), "claimed {claimed}: {took:?}");
+        wait_for("the failure counted", Duration::from_secs(3), || {
+            n.counters().handshakes_failed.load(Ordering::Relaxed) == 1
+        });
+        assert_eq!(n.counters().clients.load(Ordering::Relaxed), 0);
+        honest_client_works(&n, &mut rng, Duration::from_secs(5));
+    }
+}
+
+#[test]
+fn idle_connections_hit_the_caps_and_the_handshake_deadline() {
+    let mut rng = rng("idle");
+    let n = node_with(|o| {
+        o.max_clients = 8;
+        o.max_per_peer = 6;
+        o.handshake_timeout = Duration::from_millis(800);
+    });
+    // Twenty silent connections: six get a handshake slot, the rest are turned away at once.
+    let idle: Vec<TcpStream> = (0..20)
+        .map(|_| TcpStream::connect(n.address()).unwrap())
+        .collect();
+    let mut busy = 0;
+    for mut s in &idle {
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut greeting = [0u8; GREETING_BYTES];
+        s.read_exact(&mut greeting).unwrap();
+        if greeting[16] == 2 {
+            busy += 1;
+        }
+    }
+    assert_eq!(
+        busy, 14,
+        "connections past the per-peer cap must be turned away"
+    );
+    // Past the deadline the six slots are free again: an honest client gets in.
+    std::thread::sleep(Duration::from_millis(1200));
+    honest_client_works(&n, &mut rng, Duration::from_secs(3));
+    // The silent connections stayed open throughout.
+    drop(idle);
+}
+
+#[test]
+fn connection_churn_leaves_nothing_behind() {
+    let mut rng = rng("churn");
+    let n = node_with(|_| {});
+    for i in 0..300 {
+        let mut s = TcpStream::connect(n.address()).unwrap();
+        if i % 3 == 1 {
+            let _ = s.write_all(&CLIENT_MAGIC);
+        }
+        drop(s);
+    }
+    for _ in 0..20 {
+        let store = RemoteStore::connect(1 << 20, options(n.address(), TOKEN)).unwrap();
+        store.write_at(0, &[7u8; 4096]).unwrap();
+        drop(store);
+    }
+    wait_for("every region freed", Duration::from_secs(10), || {
+        n.counters().lent_bytes.load(Ordering::Relaxed) == 0
+            && n.counters().clients.load(Ordering::Relaxed) == 0
+    });
+    honest_client_works(&n, &mut rng, Duration::from_secs(5));
+}
+
+#[test]
+fn wrong_tokens_are_throttled_with_a_growing_delay() {
+    let mut rng = rng("throttle");
+    let n = node_with(|_| {});
+    let wrong = options(n.address(), "this-is-not-the-token-at-all");
+    let e = RemoteStore::connect(1 << 20, wrong.clone()).unwrap_err();
+    assert!(e.to_string().contains("refused the token"), "{e}");
+    // Inside the first delay (250 ms) even the right token is turned away.
+    let e = RemoteStore::connect(1 << 20, options(n.address(), TOKEN)).unwrap_err();
+    assert!(e.to_string().contains("throttles"), "{e}");
+    std::thread::sleep(Duration::from_millis(350));
+    let e = RemoteStore::connect(1 << 20, wrong).unwrap_err();
+    assert!(e.to_string().contains("refused the token"), "{e}");
+    // The second failure doubles the delay (500 ms): still turned away after 300 ms.
+    std::thread::sleep(Duration::from_millis(300));
+    let e = RemoteStore::connect(1 << 20, options(n.address(), TOKEN)).unwrap_err();
+    assert!(e.to_string().contains("throttles"), "{e}");
+    honest_client_works(&n, &mut rng, Duration::from_secs(2));
+}
+
+#[test]
+fn a_node_refuses_weak_tokens_one_sided_over_tcp_and_too_much_capacity() {
+    let listen: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    let e = MemoryNode::start(ServeOptions::new(listen, 1 << 20, "short")).unwrap_err();
+    assert!(e.to_string().contains("at least 16"), "{e}");
+    let mut o = ServeOptions::new(listen, 1 << 20, TOKEN);
+    o.one_sided = true;
+    o.transports = Some("tcp".into());
+    let e = MemoryNode::start(o).unwrap_err();
+    assert!(e.to_string().contains("InfiniBand/RoCE"), "{e}");
+    let e = MemoryNode::start(ServeOptions::new(listen, u64::MAX / 2, TOKEN)).unwrap_err();
+    assert!(e.to_string().contains("--overcommit"), "{e}");
+}
+
+/// Runs a client in a child process (this test binary, re-executed) that keeps many reads
+/// and writes in flight until it is killed. Ignored in normal runs.
+#[test]
+#[ignore = "helper: the killed-client test runs it in a child process"]
+fn child_busy_client() {
+    let Ok(node) = std::env::var("NET_TEST_CHILD_CLIENT") else {
+        return;
+    };
+    let mut o = options(node.parse().unwrap(), TOKEN);
+    o.max_in_flight = 64;
+    let store = std::sync::Arc::new(RemoteStore::connect(8 << 20, o).unwrap());
+    println!("CONNECTED");
+    let threads: Vec<_> = (0..4)
+        .map(|t: u64| {
+            let store = std::sync::Arc::clone(&store);
+            std::thread::spawn(move || {
+                let mut buf = vec![0u8; 1 << 20];
+                loop {
+                    let offset = (t * (2 << 20)) % (7 << 20);
+                    store.write_at(offset, &buf).unwrap();
+                    store.read_at(offset, &mut buf).unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        let _ = t.join();
+    }
+}
+
+#[test]
+fn a_client_killed_with_requests_in_flight_never_takes_the_node_down() {
+    let mut rng = rng("killed-client");
+    let n = node_with(|_| {});
+    for round in 0..3 {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "child_busy_client", "--ignored", "--nocapture"])
+            .env("NET_TEST_CHILD_CLIENT", n.address().to_string())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        loop {
+            let line = lines
+                .next()
+                .expect("child exited before connecting")
+                .unwrap();
+            if line == "CONNECTED" {
+                break;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100 + 100 * round));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        wait_for(
+            "the killed client's region freed",
+            Duration::from_secs(20),
+            || n.counters().lent_bytes.load(Ordering::Relaxed) == 0,
+        );
+        honest_client_works(&n, &mut rng, Duration::from_secs(5));
+    }
+    assert!(n.counters().bytes_read.load(Ordering::Relaxed) > 0);
+}
+
+#[test]
+fn honest_clients_still_share_one_node() {
+    let mut rng = rng("honest");
+    let n = node_with(|_| {});
+    let stores: Vec<RemoteStore> = (0..4)
+        .map(|_| {
+            let mut o = options(n.address(), TOKEN);
+            o.access = AccessPath::Messages;
+            RemoteStore::connect(1 << 20, o).unwrap()
+        })
+        .collect();
+    for (i, s) in stores.iter().enumerate() {
+        s.write_at(0, &[i as u8; 512]).unwrap();
+    }
+    for (i, s) in stores.iter().enumerate() {
+        let mut b = [0u8; 512];
+        s.read_at(0, &mut b).unwrap();
+        assert!(
+            b.iter().all(|&x| x == i as u8),
+            "client {i} saw another's bytes"
+        );
+    }
+    drop(stores);
+    honest_client_works(&n, &mut rng, Duration::from_secs(2));
+}
