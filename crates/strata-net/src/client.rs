@@ -63,6 +63,9 @@ impl std::str::FromStr for AccessPath {
     }
 }
 
+/// Longest request timeout a [`RemoteStore`] accepts (one day).
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(86_400);
+
 /// How to open a [`RemoteStore`].
 #[derive(Debug, Clone)]
 pub struct RemoteStoreOptions {
@@ -110,6 +113,11 @@ pub enum RemoteOpenError {
     /// No node was given.
     #[error("no memory node given; pass at least one HOST:PORT")]
     NoNodes,
+    /// A timeout of zero or longer than a day.
+    #[error(
+        "request timeout {0:?} must be between 1 ns and one day; STRATA_REMOTE_TIMEOUT is in seconds"
+    )]
+    BadTimeout(Duration),
     /// A bad stripe size.
     #[error("stripe size {0} must be larger than zero; use the page size, such as 64KiB")]
     BadStripe(u64),
@@ -267,6 +275,10 @@ impl RemoteStore {
         }
         if options.stripe_bytes == 0 {
             return Err(RemoteOpenError::BadStripe(options.stripe_bytes));
+        }
+        // Every deadline is `now + timeout`: refuse what would overflow or never expire.
+        if options.timeout.is_zero() || options.timeout > MAX_TIMEOUT {
+            return Err(RemoteOpenError::BadTimeout(options.timeout));
         }
         let mut addresses = Vec::new();
         for node in &options.nodes {

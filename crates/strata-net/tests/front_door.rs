@@ -305,3 +305,14 @@ fn honest_clients_still_share_one_node() {
     drop(stores);
     honest_client_works(&n, &mut rng, Duration::from_secs(2));
 }
+
+#[test]
+fn absurd_timeouts_are_refused_not_panicked_on() {
+    let n = node_with(|_| {});
+    for timeout in [Duration::MAX, Duration::from_secs(u64::MAX), Duration::ZERO] {
+        let mut o = options(n.address(), TOKEN);
+        o.timeout = timeout;
+        let e = RemoteStore::connect(1 << 20, o).unwrap_err();
+        assert!(e.to_string().contains("one day"), "{e}");
+    }
+}
