@@ -316,3 +316,146 @@ fn absurd_timeouts_are_refused_not_panicked_on() {
         assert!(e.to_string().contains("one day"), "{e}");
     }
 }
+
+/// Copies `from` to `to`, mutating chunks at random (flip a byte, drop a tail, insert bytes),
+/// until either side closes.
+fn mutating_pipe(mut from: TcpStream, mut to: TcpStream, seed: u64, rate: f64) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut buf = vec![0u8; 16 << 10];
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        let mut chunk = buf[..n].to_vec();
+        if rng.random_bool(rate) {
+            match rng.random_range(0..3) {
+                0 => {
+                    let at = rng.random_range(0..chunk.len());
+                    chunk[at] ^= 1 << rng.random_range(0..8);
+                }
+                1 => chunk.truncate(rng.random_range(0..chunk.len())),
+                _ => {
+                    let at = rng.random_range(0..=chunk.len());
+                    let extra: Vec<u8> =
+                        (0..rng.random_range(1..64)).map(|_| rng.random()).collect();
+                    chunk.splice(at..at, extra);
+                }
+            }
+        }
+        if to.write_all(&chunk).is_err() {
+            break;
+        }
+    }
+    let _ = to.shutdown(std::net::Shutdown::Write);
+}
+
+/// Both sides of the handshake decoding hostile bytes: a client and a node talk through a
+/// pipe that mutates their messages, or one side faces pure random bytes. Neither may panic
+/// or overrun its deadline, and when both sides succeed they must agree on everything the
+/// MACs bind (session, both worker addresses).
+#[test]
+fn fuzz_both_sides_of_the_handshake() {
+    let mut rng = rng("fuzz_handshake");
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let at = listener.local_addr().unwrap();
+    let pair = || {
+        let a = TcpStream::connect(at).unwrap();
+        let (b, _) = listener.accept().unwrap();
+        (a, b)
+    };
+    let budget: u64 = std::env::var("NET_FUZZ_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3);
+    let end = Instant::now() + Duration::from_secs(budget);
+    let (mut rounds, mut both_ok) = (0u64, 0u64);
+    while Instant::now() < end {
+        let mut client_address = vec![0u8; rng.random_range(1..300)];
+        rng.fill(&mut client_address[..]);
+        let mut node_address = vec![0u8; rng.random_range(1..300)];
+        rng.fill(&mut node_address[..]);
+        let session = handshake::new_session();
+        let deadline = Instant::now() + Duration::from_millis(500);
+        let mode: u32 = rng.random_range(0..4);
+        // Node side: talks to `node_end`.
+        let (client_end, node_end, pipes) = if mode < 2 {
+            let (c, p1) = pair();
+            let (p2, nd) = pair();
+            let rate = if mode == 0 { 0.5 } else { 0.05 };
+            let (s1, s2) = (rng.random(), rng.random());
+            let (p1r, p2r) = (p1.try_clone().unwrap(), p2.try_clone().unwrap());
+            let pipes = vec![
+                std::thread::spawn(move || mutating_pipe(p1, p2r, s1, rate)),
+                std::thread::spawn(move || mutating_pipe(p2, p1r, s2, rate)),
+            ];
+            (c, nd, pipes)
+        } else {
+            let (c, nd) = pair();
+            (c, nd, Vec::new())
+        };
+        let junk_seed: u64 = rng.random();
+        let node_thread = {
+            let node_address = node_address.clone();
+            std::thread::spawn(move || {
+                let mut s = node_end;
+                let mut seen = None;
+                let mut garbage = StdRng::seed_from_u64(junk_seed);
+                if mode == 3 {
+                    // A hostile "node": random bytes instead of a greeting.
+                    let mut junk = vec![0u8; garbage.random_range(0..400)];
+                    garbage.fill(&mut junk[..]);
+                    let _ = s.write_all(&junk);
+                    return (Err(()), seen);
+                }
+                let out =
+                    handshake::node_side(&mut s, TOKEN.as_bytes(), &node_address, deadline, |a| {
+                        seen = Some(a.client_address);
+                        Some(session)
+                    });
+                (out.map_err(|_| ()), seen)
+            })
+        };
+        let mut c = client_end;
+        let client_out = if mode == 2 {
+            // A hostile "client": random bytes after the greeting.
+            let mut junk = vec![0u8; rng.random_range(0..400)];
+            rng.fill(&mut junk[..]);
+            let _ = c.write_all(&junk);
+            let _ = c.shutdown(std::net::Shutdown::Write);
+            None
+        } else {
+            Some(handshake::client_side(
+                &mut c,
+                TOKEN.as_bytes(),
+                &client_address,
+                deadline,
+            ))
+        };
+        drop(c);
+        let (node_out, seen) = node_thread.join().expect("the node side panicked");
+        for p in pipes {
+            p.join().expect("a pipe panicked");
+        }
+        assert!(
+            Instant::now() < deadline + Duration::from_secs(2),
+            "a handshake overran its deadline"
+        );
+        if let (Some(Ok(welcome)), Ok(())) = (&client_out, &node_out) {
+            both_ok += 1;
+            assert_eq!(welcome.session, session);
+            assert_eq!(welcome.node_address, node_address);
+            assert_eq!(seen.as_deref(), Some(&client_address[..]));
+        }
+        rounds += 1;
+    }
+    println!("fuzz_handshake: {rounds} rounds, {both_ok} completed");
+    assert!(rounds >= 10, "the fuzz loop barely ran");
+    // Header decoders on pure noise: never a panic.
+    for _ in 0..100_000 {
+        let mut b = vec![0u8; rng.random_range(0..80)];
+        rng.fill(&mut b[..]);
+        let _ = strata_net::protocol::RequestHeader::decode(&b);
+        let _ = strata_net::protocol::ReplyHeader::decode(&b);
+    }
+}

@@ -289,15 +289,21 @@ impl RawClient {
             offset,
             length,
         };
+        self.send_bytes(&header.encode(), id, data, wait)
+    }
+
+    /// Sends raw header bytes (any length, any content); waits for a reply with `id`.
+    fn send_bytes(
+        &mut self,
+        header: &[u8],
+        id: u64,
+        data: &[u8],
+        wait: Duration,
+    ) -> Option<ReplyHeader> {
         // SAFETY: `data` outlives the loop below, which waits for the send and the reply.
         let mut request = unsafe {
-            self.endpoint.am_send(
-                AM_REQUEST,
-                &header.encode(),
-                data.as_ptr(),
-                data.len(),
-                true,
-            )
+            self.endpoint
+                .am_send(AM_REQUEST, header, data.as_ptr(), data.len(), true)
         }
         .unwrap();
         let deadline = Instant::now() + wait;
@@ -421,6 +427,86 @@ fn a_client_that_leaves_by_the_front_door_is_cut_off_and_the_node_lives() {
     }
     let mut b = RawClient::connect(n.address());
     assert_eq!(b.call(Op::Alloc, 0, 0, 1 << 20, &[]).status, Status::Ok);
+}
+
+/// Seconds each fuzz loop runs: `NET_FUZZ_SECS`, default 3 (CI).
+fn fuzz_budget() -> Duration {
+    let secs = std::env::var("NET_FUZZ_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3);
+    Duration::from_secs(secs)
+}
+
+/// The node decoding hostile requests from an authenticated client: random and mutated
+/// headers (ops, sessions, regions, offsets, lengths, truncation) with random payloads. The
+/// node must answer or drop each, never crash, and keep serving.
+#[test]
+fn fuzz_the_node_with_hostile_requests() {
+    let mut rng = rng("fuzz_node");
+    let n = node(8 << 20);
+    let mut a = RawClient::connect(n.address());
+    let r = a.call(Op::Alloc, 0, 0, 1 << 20, &[]).region;
+    let ops = [Op::Alloc, Op::Free, Op::Read, Op::Write];
+    let end = Instant::now() + fuzz_budget();
+    let (mut sent, mut answered) = (0u64, 0u64);
+    while Instant::now() < end {
+        let pick = |choices: &[u64], rng: &mut StdRng| {
+            if rng.random_bool(0.3) {
+                rng.random::<u64>()
+            } else {
+                choices[rng.random_range(0..choices.len())]
+            }
+        };
+        let id = 1_000_000 + sent;
+        let header = RequestHeader {
+            op: ops[rng.random_range(0..ops.len())],
+            session: if rng.random_bool(0.9) {
+                a.session
+            } else {
+                rng.random()
+            },
+            id,
+            region: pick(&[r, 0, r + 1, u64::MAX], &mut rng),
+            offset: pick(&[0, 4096, (1 << 20) - 1, 1 << 20, u64::MAX - 7], &mut rng),
+            length: pick(
+                &[0, 1, 4096, 65536, 1 << 20, (1 << 20) + 1, u64::MAX],
+                &mut rng,
+            ),
+        };
+        let mut bytes = header.encode().to_vec();
+        match rng.random_range(0..10) {
+            0 => bytes[0] = rng.random(),
+            1 => bytes.truncate(rng.random_range(0..bytes.len())),
+            2 => bytes.extend_from_slice(&[0x41; 9]),
+            3 => {
+                let at = rng.random_range(0..bytes.len());
+                bytes[at] ^= 1 << rng.random_range(0..8);
+            }
+            _ => {}
+        }
+        let data_len = match rng.random_range(0..4) {
+            0 => 0,
+            1 => usize::try_from(header.length.min(70_000)).unwrap(),
+            _ => rng.random_range(0..70_000),
+        };
+        let mut data = vec![0u8; data_len];
+        rng.fill_bytes(&mut data);
+        if let Some(reply) = a.send_bytes(&bytes, id, &data, Duration::from_millis(20)) {
+            assert_eq!(reply.id, id);
+            answered += 1;
+        }
+        sent += 1;
+    }
+    println!("fuzz_node: {sent} hostile requests, {answered} answered");
+    assert!(sent >= 10, "the fuzz loop barely ran");
+    let mut b = RawClient::connect(n.address());
+    let region = b.call(Op::Alloc, 0, 0, 4096, &[]);
+    assert_eq!(region.status, Status::Ok);
+    assert_eq!(
+        b.call(Op::Write, region.region, 0, 4, &[1, 2, 3, 4]).status,
+        Status::Ok
+    );
 }
 
 /// Runs a memory node in a child process (this test binary, re-executed), for the tests
