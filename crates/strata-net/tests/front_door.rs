@@ -1,7 +1,7 @@
 //! Hostile clients at a memory node's front door, on 127.0.0.1: garbage, stalls, floods,
 //! oversized hellos, churn, wrong tokens and clients killed mid-flight. After each probe the
 //! node must still serve an honest client. Every probe is bounded (deadlines, timeouts).
-#![allow(clippy::cast_possible_truncation)] // small test constants
+#![allow(clippy::cast_possible_truncation, clippy::cast_precision_loss)] // small test values
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -458,4 +458,100 @@ fn fuzz_both_sides_of_the_handshake() {
         let _ = strata_net::protocol::RequestHeader::decode(&b);
         let _ = strata_net::protocol::ReplyHeader::decode(&b);
     }
+}
+
+/// Listening TCP ports of this process other than `except` (UCX's own transport ports).
+fn own_listening_ports(except: u16) -> Vec<u16> {
+    let mut inodes = std::collections::HashSet::new();
+    for fd in std::fs::read_dir("/proc/self/fd").unwrap().flatten() {
+        if let Ok(target) = std::fs::read_link(fd.path()) {
+            let t = target.to_string_lossy().to_string();
+            if let Some(i) = t.strip_prefix("socket:[").and_then(|r| r.strip_suffix(']')) {
+                inodes.insert(i.to_string());
+            }
+        }
+    }
+    let mut ports = Vec::new();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let Ok(text) = std::fs::read_to_string(table) else {
+            continue;
+        };
+        for line in text.lines().skip(1) {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            if f.len() > 9 && f[3] == "0A" && inodes.contains(f[9]) {
+                let port = u16::from_str_radix(f[1].rsplit(':').next().unwrap(), 16).unwrap();
+                if port != except {
+                    ports.push(port);
+                }
+            }
+        }
+    }
+    ports
+}
+
+/// CPU seconds this process has used (user + system).
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
+    let after = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let ticks: u64 = f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap();
+    // SAFETY: sysconf only reads a constant.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    ticks as f64 / hz as f64
+}
+
+/// Garbage straight at UCX's own TCP transport ports (UCX opens them for its connections;
+/// they come before any session check): the node must neither abort nor spin.
+#[test]
+fn garbage_on_ucx_transport_ports_neither_aborts_nor_spins() {
+    // In a process of its own: the CPU check must not count other tests, and an abort must
+    // fail this test rather than take the whole test binary down.
+    if std::env::var_os("NET_TEST_UCX_PORT_CHILD").is_none() {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "garbage_on_ucx_transport_ports_neither_aborts_nor_spins",
+            ])
+            .args(["--nocapture", "--test-threads=1"])
+            .env("NET_TEST_UCX_PORT_CHILD", "1")
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("the probe process hung");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        assert!(status.success(), "the probe process failed: {status}");
+        return;
+    }
+    let mut rng = rng("ucx_port");
+    let n = node_with(|_| {});
+    let _client = RemoteStore::connect(1 << 20, options(n.address(), TOKEN)).unwrap();
+    let ports = own_listening_ports(n.address().port());
+    println!("UCX ports: {ports:?}");
+    for port in &ports {
+        for probe in [vec![0u8; 3000], vec![b'A'; 3000]] {
+            let at: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+            if let Ok(mut s) = TcpStream::connect_timeout(&at, Duration::from_secs(1)) {
+                let _ = s.write_all(&probe);
+                std::thread::sleep(Duration::from_millis(300));
+            }
+        }
+    }
+    honest_client_works(&n, &mut rng, Duration::from_secs(5));
+    // Idle now: a spinning thread would burn about a core-second per second.
+    let before = cpu_seconds();
+    std::thread::sleep(Duration::from_secs(1));
+    let burnt = cpu_seconds() - before;
+    println!("the node survived garbage on UCX's ports; idle CPU {burnt:.2} s/s");
+    assert!(
+        burnt < 0.5,
+        "something spins after the garbage: {burnt:.2} CPU s in 1 s"
+    );
 }
