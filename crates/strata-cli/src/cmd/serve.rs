@@ -68,7 +68,9 @@ fn random_token() -> anyhow::Result<String> {
 pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     let (token, generated) = match &args.token_file {
         Some(path) => (token_from_file(path)?, false),
-        None => match StoreConfig::builder().with_env()?.build_token() {
+        // Strict: a bad STRATA_* value is an error here, never a silently ignored
+        // STRATA_REMOTE_TOKEN replaced by a random one.
+        None => match StoreConfig::builder().with_env()?.build()?.token {
             Some(t) => (t, false),
             None => (random_token()?, true),
         },
