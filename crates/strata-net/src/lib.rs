@@ -37,6 +37,16 @@
 //! messages that UCX buffers before our handler sees them; the client holds the token, so it
 //! is trusted not to. On InfiniBand a client that knows a region's key can reach only that
 //! region, as the NIC enforces.
+//! Caps: `max_clients` bounds clients and handshakes under way in total, `max_per_peer`
+//! handshakes under way from one address; there is no separate cap on admitted clients per
+//! address (each needs the token). No eager/rendezvous limit is set on the node: UCX's
+//! thresholds are chosen by the sender, so a node-side setting would not bound what a peer
+//! sends; the front door is what keeps strangers from sending at all.
+//!
+//! UCX version: Debian's 1.13.1 stays. The aborts, spins and heap damage seen before came
+//! through UCX's connection manager and its software RMA; the node now uses neither (no
+//! listener, endpoints from worker addresses swapped after authentication; no RMA on TCP or
+//! shared memory), so newer UCX fixes there would not change what a stranger can reach.
 //!
 //! # Messages or one-sided?
 //! [`AccessPath::Messages`] (request/response active messages, the default) against
