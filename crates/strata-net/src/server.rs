@@ -860,7 +860,10 @@ impl NodeLoop {
             self.worker.progress();
             self.pending.retain_mut(|p| p.request.poll().is_none());
         }
-        self.inbox.borrow_mut().clear();
+        let unhandled: Vec<Incoming> = self.inbox.borrow_mut().drain(..).collect();
+        for incoming in unhandled {
+            self.release(incoming.data);
+        }
         tracing::info!("memory node stopped");
     }
 }

@@ -566,3 +566,161 @@ fn garbage_on_ucx_transport_ports_neither_aborts_nor_spins() {
         "something spins after the garbage: {burnt:.2} CPU s in 1 s"
     );
 }
+
+/// A hostile memory node that knows the token: it passes the handshake, then answers every
+/// request with a random reply (random ids, statuses, sizes and payload lengths, sometimes a
+/// truncated header, sometimes nothing). Runs until `end`.
+fn hostile_node(listener: std::net::TcpListener, seed: u64, end: Instant) {
+    use strata_net::protocol::{AM_REPLY, AM_REQUEST, REPLY_HEADER_BYTES, ReplyHeader, Status};
+    use strata_ucx::{AmAction, Context, ContextOptions, Worker};
+    let mut rng = StdRng::seed_from_u64(seed);
+    let context = Context::new(&ContextOptions {
+        transports: Some(TLS.into()),
+        rma: false,
+    })
+    .unwrap();
+    let worker = Worker::new(&context).unwrap();
+    let ids = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+    let sink = std::rc::Rc::clone(&ids);
+    worker
+        .set_am_handler(AM_REQUEST, move |m| {
+            if let Some(h) = strata_net::protocol::RequestHeader::decode(m.header()) {
+                sink.borrow_mut().push((h.id, h.length));
+            }
+            AmAction::Done
+        })
+        .unwrap();
+    let own = worker.address().unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let mut endpoints = Vec::new();
+    let mut doors = Vec::new();
+    let mut keep = Vec::new();
+    while Instant::now() < end {
+        if let Ok((mut s, _)) = listener.accept() {
+            s.set_nonblocking(false).unwrap();
+            let mut client = None;
+            let deadline = Instant::now() + Duration::from_secs(2);
+            let ok = handshake::node_side(&mut s, TOKEN.as_bytes(), &own, deadline, |a| {
+                client = Some(a.client_address);
+                Some(handshake::new_session())
+            });
+            if ok.is_ok()
+                && let Some(address) = client
+            {
+                endpoints.push(worker.connect_worker(&address).unwrap());
+                doors.push(s);
+            }
+        }
+        worker.progress();
+        let pending: Vec<(u64, u64)> = ids.borrow_mut().drain(..).collect();
+        for (id, length) in pending {
+            let Some(endpoint) = endpoints.last() else {
+                continue;
+            };
+            if rng.random_bool(0.1) {
+                continue; // no answer at all
+            }
+            let header = ReplyHeader {
+                id: if rng.random_bool(0.8) {
+                    id
+                } else {
+                    rng.random()
+                },
+                status: Status::from_u32(if rng.random_bool(0.7) {
+                    0
+                } else {
+                    rng.random_range(0..9)
+                }),
+                region: rng.random(),
+                base: rng.random(),
+                size: if rng.random_bool(0.5) {
+                    length
+                } else {
+                    rng.random()
+                },
+            };
+            let mut bytes = header.encode().to_vec();
+            if rng.random_bool(0.1) {
+                bytes.truncate(rng.random_range(0..REPLY_HEADER_BYTES));
+            }
+            let data_len = match rng.random_range(0..3) {
+                0 => usize::try_from(length.min(1 << 20)).unwrap(),
+                1 => 0,
+                _ => rng.random_range(0..100_000),
+            };
+            let mut data = vec![0u8; data_len];
+            rng.fill(&mut data[..]);
+            // SAFETY: `data` (a heap buffer that moving the Vec does not move) goes into
+            // `keep` with its request and lives until the send completes or the node ends.
+            let sent =
+                unsafe { endpoint.am_send(AM_REPLY, &bytes, data.as_ptr(), data.len(), true) };
+            if let Ok(request) = sent {
+                keep.push((request, data));
+            }
+        }
+        keep.retain_mut(|(r, _)| r.poll().is_none());
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    // Wind down: let sends settle before the memory they read goes away.
+    let settle = Instant::now() + Duration::from_secs(1);
+    while !keep.is_empty() && Instant::now() < settle {
+        worker.progress();
+        keep.retain_mut(|(r, _)| r.poll().is_none());
+    }
+    for e in endpoints {
+        drop(e.close(true));
+    }
+    for _ in 0..100 {
+        worker.progress();
+    }
+    drop(doors);
+}
+
+/// The client decoding hostile replies from a node that knows the token: opening the store,
+/// reads and writes either succeed or fail with an error within the timeout, never a panic
+/// or a hang.
+#[test]
+fn fuzz_the_client_with_a_hostile_node() {
+    let mut rng = rng("fuzz_client");
+    let budget: u64 = std::env::var("NET_FUZZ_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3);
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let at = listener.local_addr().unwrap();
+    let end = Instant::now() + Duration::from_secs(budget);
+    let seed = rng.random();
+    let node =
+        std::thread::spawn(move || hostile_node(listener, seed, end + Duration::from_millis(1500)));
+    let (mut opened, mut ok_ops, mut failed_ops) = (0u32, 0u32, 0u32);
+    while Instant::now() < end {
+        let mut o = options(at, TOKEN);
+        o.timeout = Duration::from_millis(500);
+        let started = Instant::now();
+        let store = match RemoteStore::connect(1 << 20, o) {
+            Ok(store) => store,
+            Err(e) => {
+                assert!(started.elapsed() < Duration::from_secs(3), "open hung: {e}");
+                continue;
+            }
+        };
+        opened += 1;
+        for _ in 0..20 {
+            let mut buf = vec![0u8; rng.random_range(1..70_000)];
+            let offset = rng.random_range(0..(1u64 << 20) - buf.len() as u64);
+            let started = Instant::now();
+            let outcome = if rng.random_bool(0.5) {
+                store.read_at(offset, &mut buf)
+            } else {
+                store.write_at(offset, &buf)
+            };
+            assert!(started.elapsed() < Duration::from_secs(3), "a request hung");
+            match outcome {
+                Ok(()) => ok_ops += 1,
+                Err(_) => failed_ops += 1,
+            }
+        }
+    }
+    node.join().expect("the hostile node panicked");
+    println!("fuzz_client: {opened} stores opened, {ok_ops} ops ok, {failed_ops} failed");
+}

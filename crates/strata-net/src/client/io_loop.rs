@@ -132,7 +132,12 @@ impl IoLoop {
                 continue;
             };
             if let Some(slot) = self.control.get_mut(&header.id) {
-                *slot = Some(reply);
+                if slot.is_some() {
+                    // A second reply to one control request: keep the first, free this one.
+                    self.release(reply.data);
+                } else {
+                    *slot = Some(reply);
+                }
                 continue;
             }
             self.deliver(header, reply.data);
@@ -548,6 +553,18 @@ impl IoLoop {
         self.nodes[index].in_flight = 0;
         for piece in std::mem::take(&mut self.nodes[index].waiting) {
             piece.finish(Err(lost_error(&self.nodes[index].name, &reason)));
+        }
+    }
+}
+
+impl Drop for IoLoop {
+    /// Gives UCX back every reply still held (queued, or parked for a control call that gave
+    /// up), on every way out, set-up failures included; a dropped one would leak inside UCX.
+    fn drop(&mut self) {
+        let mut leftovers: Vec<Reply> = self.replies.borrow_mut().drain(..).collect();
+        leftovers.extend(self.control.drain().filter_map(|(_, reply)| reply));
+        for reply in leftovers {
+            self.release(reply.data);
         }
     }
 }

@@ -146,8 +146,23 @@ impl IoLoop {
         Ok(io)
     }
 
-    /// Sends a control request to node `index` and waits (bounded) for its reply.
+    /// Sends a control request to node `index` and waits (bounded) for its reply; on every
+    /// way out its slot goes, and a reply that came too late is given back to UCX.
     fn control_call(
+        &mut self,
+        index: usize,
+        header: RequestHeader,
+        data: &[u8],
+    ) -> Result<Reply, RemoteOpenError> {
+        let id = self.next_id;
+        let outcome = self.control_call_once(index, header, data);
+        if let Some(Some(late)) = self.control.remove(&id) {
+            self.release(late.data);
+        }
+        outcome
+    }
+
+    fn control_call_once(
         &mut self,
         index: usize,
         mut header: RequestHeader,
@@ -282,10 +297,6 @@ impl IoLoop {
                     Err(e) => tracing::debug!(error = %e, "closing a connection at shutdown"),
                 }
             }
-        }
-        let leftovers: Vec<Reply> = self.replies.borrow_mut().drain(..).collect();
-        for reply in leftovers {
-            self.release(reply.data);
         }
     }
 }
