@@ -117,16 +117,18 @@ impl IoLoop {
                 offset: 0,
                 length: per_node,
             };
-            let reply = io.control_call(index, alloc, &[])?;
-            let header = expect_ok(&name, &reply)?;
-            let key = match &reply.data {
-                ReplyData::Held(held) => held.bytes().map(<[u8]>::to_vec).unwrap_or_default(),
-                ReplyData::Copied(bytes) => bytes.clone(),
+            let mut reply = io.control_call(index, alloc, &[])?;
+            // Copy the key out and give UCX its buffer back before anything can fail.
+            let key = match std::mem::replace(&mut reply.data, ReplyData::None) {
+                ReplyData::Held(held) => {
+                    let key = held.bytes().map(<[u8]>::to_vec).unwrap_or_default();
+                    held.release(&io.worker);
+                    key
+                }
+                ReplyData::Copied(bytes) => bytes,
                 ReplyData::None => Vec::new(),
             };
-            if let ReplyData::Held(held) = reply.data {
-                held.release(&io.worker);
-            }
+            let header = expect_ok(&name, &reply)?;
             let node = &mut io.nodes[index];
             node.region = header.region;
             node.base = header.base;
