@@ -10,13 +10,14 @@ use strata_net::{MemoryNode, ServeOptions};
 const TOKEN: &str = "strata-c-test-token";
 
 fn node() -> MemoryNode {
-    MemoryNode::start(ServeOptions {
-        listen: "127.0.0.1:0".parse().expect("loopback address"),
-        capacity: 64 << 20,
-        token: TOKEN.into(),
-        transports: Some("tcp".into()),
-    })
-    .expect("start a memory node on 127.0.0.1 (is UCX installed? apt-get install libucx0)")
+    let mut opts = ServeOptions::new(
+        "127.0.0.1:0".parse().expect("loopback address"),
+        64 << 20,
+        TOKEN,
+    );
+    opts.transports = Some("tcp".into());
+    MemoryNode::start(opts)
+        .expect("start a memory node on 127.0.0.1 (is UCX installed? apt-get install libucx0)")
 }
 
 fn spec(node: &MemoryNode, codec: &str, token: &str) -> RegionSpec {

@@ -21,7 +21,7 @@ enum Command {
     #[command(subcommand)]
     Bench(Box<strata_bench::cmd::BenchCommand>),
     /// Run a memory node that lends this machine's memory to Strata clients over UCX.
-    Serve(cmd::remote::ServeArgs),
+    Serve(cmd::serve::ServeArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -34,7 +34,7 @@ fn main() -> anyhow::Result<()> {
         .init();
     match Cli::parse().command {
         Command::Info(args) => cmd::info::run(&args),
-        Command::Serve(args) => cmd::remote::serve(&args),
+        Command::Serve(args) => cmd::serve::serve(&args),
         Command::Bench(bench) => strata_bench::cmd::run(&bench),
     }
 }

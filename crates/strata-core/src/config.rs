@@ -159,6 +159,9 @@ pub enum ConfigError {
     Missing(&'static str),
 }
 
+/// Longest `STRATA_REMOTE_TIMEOUT` accepted, in seconds (one day).
+pub const MAX_REMOTE_TIMEOUT_SECS: u64 = 86_400;
+
 /// The environment as name/value pairs; a parameter so tests need not touch the process
 /// environment (which is shared by all test threads).
 pub type EnvVars = Vec<(String, String)>;
@@ -754,6 +757,15 @@ impl StoreConfigBuilder {
                 reason: "a zero timeout fails every request; use at least 1 second".into(),
             });
         }
+        // A deadline is `now + timeout`; past a day it stops meaning anything (and near
+        // u64::MAX seconds it overflows `Instant`).
+        if c.timeout_secs > MAX_REMOTE_TIMEOUT_SECS {
+            return Err(ConfigError::BadEnv {
+                name: "STRATA_REMOTE_TIMEOUT".into(),
+                value: c.timeout_secs.to_string(),
+                reason: format!("use at most {MAX_REMOTE_TIMEOUT_SECS} seconds (one day)"),
+            });
+        }
         Ok(c)
     }
 }
@@ -1000,6 +1012,11 @@ mod tests {
             .with_env_vars(&env(&[("STRATA_FILE_DIRECT", "maybe")]))
             .unwrap_err();
         assert!(e.to_string().contains("write true or false"));
+        let e = StoreConfig::builder()
+            .timeout_secs(u64::MAX)
+            .build()
+            .unwrap_err();
+        assert!(e.to_string().contains("at most 86400"), "{e}");
         let e = StoreConfig::builder().timeout_secs(0).build().unwrap_err();
         assert!(e.to_string().contains("at least 1 second"));
     }

@@ -12,12 +12,9 @@ use strata_pager::Region;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let token = "example-token".to_string();
-    let node = MemoryNode::start(ServeOptions {
-        listen: "127.0.0.1:0".parse()?,
-        capacity: 256 << 20,
-        token: token.clone(),
-        transports: Some("tcp".into()),
-    })?;
+    let mut opts = ServeOptions::new("127.0.0.1:0".parse()?, 256 << 20, token.clone());
+    opts.transports = Some("tcp".into());
+    let node = MemoryNode::start(opts)?;
     let size: u64 = 32 << 20;
     let kind: StoreKind = format!("remote:{}", node.address()).parse()?;
     let config = StoreConfig::builder()

@@ -8,12 +8,45 @@
 //! needs from a transport so a libfabric backend can be added beside UCX.
 //!
 //! # Protocol and security
-//! Clients connect to a node's listener, send a hello with the node's secret token (compared in
-//! constant time) and borrow one region per store. Every read or write names the region; the
-//! node checks that the region belongs to the asking connection and that the range lies inside
-//! it. Regions are freed on request, when the connection fails or closes, and at shutdown
-//! (SIGINT/SIGTERM). The token travels in clear: on untrusted networks run nodes on a private
-//! fabric (as HPC interconnects are).
+//! A client first passes the node's *front door*, a TCP handshake in our code
+//! ([`handshake`]): mutual HMAC-SHA256 challenge-response over the shared token (the token
+//! never travels), fixed-size messages, one deadline for the whole handshake, caps on
+//! handshakes in total and per peer address, and a doubling delay for a peer after a wrong
+//! proof or garbage. Only then do the two sides swap UCX worker addresses and the node issues
+//! a random 128-bit *session*; UCX's connection manager never listens. Every request carries
+//! the session; the node serves only live sessions and checks that the region belongs to that
+//! session and that the range lies inside it. The client's front-door connection stays open
+//! as its lifeline: when it closes (the client exits, crashes or is killed) the node ends the
+//! session and frees its regions at once. Tokens have at least 16 bytes; `strata serve` reads
+//! them from a file or the environment, never from its command line.
+//!
+//! What is protected: a party without the token cannot authenticate, learns nothing that
+//! helps it guess the token, cannot read or write any region, and cannot exhaust the node
+//! with garbage, stalls, floods of connections or oversized hellos before authentication
+//! (each is a test in `tests/front_door.rs`). One client cannot touch another's regions.
+//! On TCP and shared memory the node's UCX context has no RMA at all, so no emulated
+//! `get`/`put` reaches its memory; one-sided access exists only with `one_sided` on
+//! InfiniBand/RoCE transports, where the NIC enforces each region's own registration and key.
+//!
+//! What is not protected: the traffic is neither encrypted nor integrity-protected after the
+//! handshake. An on-path attacker sees pages and the session and can then act as that client
+//! (the session is a bearer capability); run nodes on a private fabric (as HPC interconnects
+//! are) or inside a VPN. UCX's own transport ports (which UCX opens for its connections) take
+//! bytes before any session check; garbage there was tested not to crash or spin the node
+//! (UCX 1.13.1), but their parsing is UCX's code. An authenticated client can send large
+//! messages that UCX buffers before our handler sees them; the client holds the token, so it
+//! is trusted not to. On InfiniBand a client that knows a region's key can reach only that
+//! region, as the NIC enforces.
+//! Caps: `max_clients` bounds clients and handshakes under way in total, `max_per_peer`
+//! handshakes under way from one address; there is no separate cap on admitted clients per
+//! address (each needs the token). No eager/rendezvous limit is set on the node: UCX's
+//! thresholds are chosen by the sender, so a node-side setting would not bound what a peer
+//! sends; the front door is what keeps strangers from sending at all.
+//!
+//! UCX version: Debian's 1.13.1 stays. The aborts, spins and heap damage seen before came
+//! through UCX's connection manager and its software RMA; the node now uses neither (no
+//! listener, endpoints from worker addresses swapped after authentication; no RMA on TCP or
+//! shared memory), so newer UCX fixes there would not change what a stranger can reach.
 //!
 //! # Messages or one-sided?
 //! [`AccessPath::Messages`] (request/response active messages, the default) against
@@ -24,8 +57,9 @@
 //! 0.45-1.06 GB/s (median 0.67 GB/s); one TCP socket moved 1.6-3.2 GB/s in the same runs. One
 //! page at a time: messages 88-98 us, one-sided 106-150 us. The ~1 ms per `get` seen with
 //! `ucx_perftest` does not appear, because the node's thread keeps progressing its worker. Over
-//! TCP, UCX emulates RMA in software, so messages win; on InfiniBand/RoCE one-sided access
-//! needs no node CPU and is the one to use. Replies carry the page eagerly: letting UCX use its
+//! TCP, UCX emulates RMA in software, so messages win (and a node no longer offers one-sided
+//! access there at all: the emulation trusted whatever address a peer sent; the figures above
+//! predate that); on InfiniBand/RoCE one-sided access needs no node CPU and is the one to use. Replies carry the page eagerly: letting UCX use its
 //! rendezvous protocol for them measured 2x slower over TCP.
 //!
 //! # Lost nodes
@@ -38,6 +72,7 @@
 #![warn(missing_docs)]
 
 pub mod client;
+pub mod handshake;
 pub mod protocol;
 pub mod server;
 

@@ -9,15 +9,13 @@ pub const AM_REQUEST: u32 = 0x5354_0001;
 /// Active-message id of node-to-client replies.
 pub const AM_REPLY: u32 = 0x5354_0002;
 
-/// Protocol version; a node refuses a hello with another version.
-pub const PROTOCOL_VERSION: u64 = 1;
+/// Protocol version (the handshake carries it; see `handshake::HANDSHAKE_VERSION`).
+pub const PROTOCOL_VERSION: u64 = crate::handshake::HANDSHAKE_VERSION;
 
 /// What a request asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 pub enum Op {
-    /// Authenticate: data = token bytes, `offset` = protocol version.
-    Hello = 1,
     /// Lend a region of `length` bytes.
     Alloc = 2,
     /// Give region `region` back.
@@ -31,7 +29,6 @@ pub enum Op {
 impl Op {
     fn from_u8(v: u8) -> Option<Self> {
         Some(match v {
-            1 => Op::Hello,
             2 => Op::Alloc,
             3 => Op::Free,
             4 => Op::Read,
@@ -46,18 +43,20 @@ impl Op {
 pub struct RequestHeader {
     /// The operation.
     pub op: Op,
+    /// The session the handshake issued; the node serves no request without a live one.
+    pub session: crate::handshake::Session,
     /// Echoed in the reply.
     pub id: u64,
     /// Region the operation applies to (Read, Write, Free).
     pub region: u64,
-    /// Byte offset inside the region (or the protocol version for Hello).
+    /// Byte offset inside the region.
     pub offset: u64,
     /// Byte count (Read, Write, Alloc).
     pub length: u64,
 }
 
 /// Encoded size of a [`RequestHeader`].
-pub const REQUEST_HEADER_BYTES: usize = 40;
+pub const REQUEST_HEADER_BYTES: usize = 56;
 
 impl RequestHeader {
     /// Encodes the header.
@@ -68,6 +67,7 @@ impl RequestHeader {
         b[16..24].copy_from_slice(&self.region.to_le_bytes());
         b[24..32].copy_from_slice(&self.offset.to_le_bytes());
         b[32..40].copy_from_slice(&self.length.to_le_bytes());
+        b[40..56].copy_from_slice(&self.session);
         b
     }
     /// Decodes a header; `None` if it is malformed.
@@ -75,8 +75,11 @@ impl RequestHeader {
         if b.len() != REQUEST_HEADER_BYTES {
             return None;
         }
+        let mut session = [0u8; crate::handshake::SESSION_BYTES];
+        session.copy_from_slice(&b[40..56]);
         Some(Self {
             op: Op::from_u8(b[0])?,
+            session,
             id: u64_at(b, 8),
             region: u64_at(b, 16),
             offset: u64_at(b, 24),
@@ -212,6 +215,7 @@ mod tests {
     fn headers_round_trip_and_reject_garbage() {
         let r = RequestHeader {
             op: Op::Write,
+            session: [9; 16],
             id: u64::MAX - 3,
             region: 7,
             offset: 1 << 40,

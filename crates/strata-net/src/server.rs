@@ -1,15 +1,22 @@
 //! The memory node (`strata serve`): lends regions of its memory to authenticated clients.
 //!
-//! One thread drives one UCX worker. Clients connect, authenticate with the node's token, and
-//! ask for regions; reads and writes arrive as active messages and are bounds-checked here
-//! against the region the client owns. Regions are also registered with UCX so clients can use
-//! one-sided `get`/`put` where the transport does it in hardware; there the NIC enforces the
-//! registration's bounds, and the client library checks its own ranges first.
-//! A client's regions are freed when it asks, or when its connection fails or closes.
+//! Two threads. The *door* owns the TCP listener: each connection gets a bounded handshake
+//! thread ([`crate::handshake`]: mutual HMAC challenge-response, one deadline, fixed sizes),
+//! under caps on handshakes in total and per peer, with failures throttled per peer address.
+//! Only a client that passed gets the node's UCX worker address and a random session; UCX's
+//! connection manager never listens. The *node loop* drives the UCX worker: it creates an
+//! endpoint to each admitted client's worker address and serves active-message requests that
+//! carry a live session, bounds-checked against the regions that session owns.
+//!
+//! One-sided access (UCX RMA) exists only when asked for (`one_sided`) and only on transports
+//! where the NIC enforces registrations (InfiniBand/RoCE); each region gets its own
+//! registration and key. Otherwise the node's UCX context has no RMA feature at all, so no
+//! software-emulated `get`/`put` (TCP, shared memory) can touch its memory.
+//! A client's regions are freed when it asks, or when its endpoint fails or closes.
 
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
-use std::net::SocketAddr;
+use std::net::{SocketAddr, TcpListener};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, mpsc};
@@ -22,9 +29,12 @@ use strata_ucx::{
     UcxError, Worker, WorkerWaker,
 };
 
-use crate::protocol::{
-    AM_REPLY, AM_REQUEST, Op, PROTOCOL_VERSION, ReplyHeader, RequestHeader, Status,
-};
+mod door;
+
+use door::{Door, DoorEvent};
+
+use crate::handshake::{self, MIN_TOKEN_BYTES, Session};
+use crate::protocol::{AM_REPLY, AM_REQUEST, Op, ReplyHeader, RequestHeader, Status};
 
 /// How to run a memory node.
 #[derive(Debug, Clone)]
@@ -37,6 +47,50 @@ pub struct ServeOptions {
     pub token: String,
     /// UCX transports (`None`: UCX's choice).
     pub transports: Option<String>,
+    /// Offer one-sided access (UCX RMA). Needs `transports` naming only InfiniBand/RoCE
+    /// transports, where the NIC enforces each registration; refused otherwise.
+    pub one_sided: bool,
+    /// Most clients admitted at once, and most handshakes under way at once.
+    pub max_clients: usize,
+    /// Most handshakes under way at once from one peer address.
+    pub max_per_peer: usize,
+    /// How long a connection may take to authenticate before it is closed.
+    pub handshake_timeout: Duration,
+    /// Accept a capacity larger than the host's memory (the node commits memory only as
+    /// clients write, and may be killed when it runs out).
+    pub overcommit: bool,
+}
+
+impl ServeOptions {
+    /// Options with defaults: UCX's transports, messages only, 256 clients, 8 handshakes per
+    /// peer, a 5 s handshake deadline, capacity within the host's memory.
+    pub fn new(listen: SocketAddr, capacity: u64, token: impl Into<String>) -> Self {
+        Self {
+            listen,
+            capacity,
+            token: token.into(),
+            transports: None,
+            one_sided: false,
+            max_clients: 256,
+            max_per_peer: 8,
+            handshake_timeout: Duration::from_secs(5),
+            overcommit: false,
+        }
+    }
+}
+
+/// Transports on which the NIC enforces memory registrations (UCX names).
+const HARDWARE_TRANSPORTS: &[&str] = &[
+    "rc", "rc_v", "rc_x", "rc_verbs", "rc_mlx5", "dc", "dc_x", "dc_mlx5", "ud", "ud_v", "ud_x",
+    "ud_verbs", "ud_mlx5", "ib",
+];
+
+/// Whether `transports` names only transports whose NIC enforces registrations.
+pub fn hardware_enforced(transports: Option<&str>) -> bool {
+    transports.is_some_and(|t| {
+        t.split(',')
+            .all(|name| HARDWARE_TRANSPORTS.contains(&name.trim()))
+    })
 }
 
 /// Why a memory node could not start.
@@ -51,9 +105,35 @@ pub enum ServeError {
         #[source]
         source: UcxError,
     },
-    /// An empty token would let anyone in.
-    #[error("the memory node needs a non-empty token; pass --token or set STRATA_REMOTE_TOKEN")]
-    EmptyToken,
+    /// A short token can be guessed.
+    #[error(
+        "the memory node's token has {0} bytes; use at least {MIN_TOKEN_BYTES} (or let `strata serve` make one) and pass it with --token-file or STRATA_REMOTE_TOKEN"
+    )]
+    WeakToken(usize),
+    /// One-sided access asked for where no hardware enforces registrations.
+    #[error(
+        "one-sided access needs transports whose NIC enforces registrations (InfiniBand/RoCE, e.g. --transports rc_x); over TCP or shared memory use messages (drop --one-sided)"
+    )]
+    OneSidedNeedsHardware,
+    /// The capacity exceeds the host's memory.
+    #[error(
+        "capacity {capacity} is more than this host's memory ({memory}); pass a smaller --capacity, or --overcommit if you mean it"
+    )]
+    CapacityOverMemory {
+        /// The capacity asked for.
+        capacity: String,
+        /// The host's memory.
+        memory: String,
+    },
+    /// The TCP listener could not be opened.
+    #[error("cannot listen on {listen}: {source}; pick a free port or another address")]
+    Listen {
+        /// The address asked for.
+        listen: SocketAddr,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
     /// Zero capacity lends nothing.
     #[error("capacity must be larger than zero; pass for example --capacity 4GiB")]
     ZeroCapacity,
@@ -73,8 +153,12 @@ pub struct NodeCounters {
     pub bytes_read: AtomicU64,
     /// Bytes written by clients through messages.
     pub bytes_written: AtomicU64,
-    /// Requests refused (bad token, out of bounds, unknown region, no capacity).
+    /// Requests refused (out of bounds, unknown region, no capacity).
     pub refused: AtomicU64,
+    /// Handshakes that failed (wrong token, garbage, deadline) or were turned away.
+    pub handshakes_failed: AtomicU64,
+    /// Requests dropped because they carried no live session.
+    pub unauthenticated_dropped: AtomicU64,
 }
 
 /// A running memory node. Dropping it shuts it down.
@@ -85,48 +169,92 @@ pub struct MemoryNode {
     waker: WorkerWaker,
     counters: Arc<NodeCounters>,
     thread: Option<JoinHandle<()>>,
+    door: Option<JoinHandle<()>>,
 }
 
 impl MemoryNode {
     /// Starts a node on its own thread and returns once it listens.
     pub fn start(options: ServeOptions) -> Result<Self, ServeError> {
-        if options.token.is_empty() {
-            return Err(ServeError::EmptyToken);
+        if options.token.len() < MIN_TOKEN_BYTES {
+            return Err(ServeError::WeakToken(options.token.len()));
         }
         if options.capacity == 0 {
             return Err(ServeError::ZeroCapacity);
         }
+        if options.one_sided && !hardware_enforced(options.transports.as_deref()) {
+            return Err(ServeError::OneSidedNeedsHardware);
+        }
+        if !options.overcommit
+            && let Some(memory) = host_memory()
+            && options.capacity > memory
+        {
+            return Err(ServeError::CapacityOverMemory {
+                capacity: format_size(options.capacity),
+                memory: format_size(memory),
+            });
+        }
+        let listen = options.listen;
+        let listener =
+            TcpListener::bind(listen).map_err(|source| ServeError::Listen { listen, source })?;
+        let address = listener
+            .local_addr()
+            .map_err(|source| ServeError::Listen { listen, source })?;
         let stop = Arc::new(AtomicBool::new(false));
         let counters = Arc::new(NodeCounters::default());
         let (ready_tx, ready_rx) = mpsc::channel();
+        let (admit_tx, admit_rx) = mpsc::channel::<DoorEvent>();
         let thread = {
             let stop = Arc::clone(&stop);
             let counters = Arc::clone(&counters);
+            let options = options.clone();
             std::thread::Builder::new()
                 .name("strata-serve".into())
-                .spawn(move || {
-                    let listen = options.listen;
-                    match NodeLoop::new(options, counters) {
-                        Ok(mut node) => {
-                            let _ = ready_tx.send(Ok((node.address, node.worker.waker())));
-                            node.run(&stop);
-                        }
-                        Err(source) => {
-                            let _ = ready_tx.send(Err(ServeError::Ucx { listen, source }));
-                        }
+                .spawn(move || match NodeLoop::new(options, counters, admit_rx) {
+                    Ok(mut node) => {
+                        let _ = ready_tx.send(
+                            node.worker
+                                .address()
+                                .map(|a| (a, node.worker.waker()))
+                                .map_err(|source| ServeError::Ucx { listen, source }),
+                        );
+                        node.run(&stop);
+                    }
+                    Err(source) => {
+                        let _ = ready_tx.send(Err(ServeError::Ucx { listen, source }));
                     }
                 })
                 .map_err(|e| ServeError::Thread(e.to_string()))?
         };
-        let (address, waker) = ready_rx
+        let (worker_address, waker) = ready_rx
             .recv()
             .map_err(|_| ServeError::Thread("no start-up report".into()))??;
+        tracing::info!(
+            %address,
+            capacity = %format_size(options.capacity),
+            one_sided = options.one_sided,
+            "memory node listening"
+        );
+        let door = Door {
+            listener,
+            options,
+            worker_address,
+            admit: admit_tx,
+            waker: waker.clone(),
+            counters: Arc::clone(&counters),
+            stop: Arc::clone(&stop),
+            peers: Arc::default(),
+        };
+        let door = std::thread::Builder::new()
+            .name("strata-door".into())
+            .spawn(move || door.run())
+            .map_err(|e| ServeError::Thread(e.to_string()))?;
         Ok(Self {
             address,
             stop,
             waker,
             counters,
             thread: Some(thread),
+            door: Some(door),
         })
     }
 
@@ -153,6 +281,9 @@ impl MemoryNode {
 
     fn stop_and_join(&mut self) {
         self.request_stop();
+        if let Some(door) = self.door.take() {
+            let _ = door.join();
+        }
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
@@ -173,7 +304,8 @@ struct RegionMemory {
 }
 
 impl RegionMemory {
-    fn allocate(context: &Arc<Context>, length: usize) -> Result<Self, String> {
+    /// Maps `length` bytes; registers them with UCX (for one-sided access) if `register`.
+    fn allocate(context: &Arc<Context>, length: usize, register: bool) -> Result<Self, String> {
         // SAFETY: a fresh private anonymous mapping touches no existing memory; NORESERVE
         // lets the node lend memory it commits only as clients write.
         let base = unsafe {
@@ -194,9 +326,11 @@ impl RegionMemory {
             length,
             registration: None,
         };
-        // SAFETY: the mapping stays until Drop, which drops the registration first.
-        let registration = unsafe { context.map_memory(memory.base, length) };
-        memory.registration = Some(registration.map_err(|e| e.to_string())?);
+        if register {
+            // SAFETY: the mapping stays until Drop, which drops the registration first.
+            let registration = unsafe { context.map_memory(memory.base, length) };
+            memory.registration = Some(registration.map_err(|e| e.to_string())?);
+        }
         Ok(memory)
     }
 }
@@ -211,20 +345,18 @@ impl Drop for RegionMemory {
 }
 
 struct Region {
-    owner: EndpointId,
+    owner: Session,
     memory: Rc<RegionMemory>,
     remote_key: Vec<u8>,
 }
 
 struct Client {
     endpoint: Endpoint,
-    authenticated: bool,
     regions: Vec<u64>,
 }
 
 /// A request as received, its data held or copied out of the AM callback.
 struct Incoming {
-    reply_to: Option<EndpointId>,
     header: Option<RequestHeader>,
     data: Payload,
 }
@@ -240,7 +372,7 @@ struct Pending {
     request: Request,
     _keep: Keep,
     /// A reply to send once the operation completes (rendezvous writes).
-    then_reply: Option<(EndpointId, ReplyHeader)>,
+    then_reply: Option<(Session, ReplyHeader)>,
 }
 
 /// What a pending send or receive needs alive until it completes (only held, never read).
@@ -268,14 +400,22 @@ impl Keep {
     }
 }
 
+/// The host's memory in bytes (`None` if the kernel does not say).
+fn host_memory() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
 struct NodeLoop {
     worker: Worker,
-    listener: Option<strata_ucx::Listener>,
-    address: SocketAddr,
     options: ServeOptions,
     counters: Arc<NodeCounters>,
     inbox: Rc<RefCell<VecDeque<Incoming>>>,
-    clients: HashMap<EndpointId, Client>,
+    admissions: mpsc::Receiver<DoorEvent>,
+    clients: HashMap<Session, Client>,
+    sessions: HashMap<EndpointId, Session>,
     regions: HashMap<u64, Region>,
     next_region: u64,
     lent: u64,
@@ -283,10 +423,16 @@ struct NodeLoop {
 }
 
 impl NodeLoop {
-    fn new(options: ServeOptions, counters: Arc<NodeCounters>) -> Result<Self, UcxError> {
+    fn new(
+        options: ServeOptions,
+        counters: Arc<NodeCounters>,
+        admissions: mpsc::Receiver<DoorEvent>,
+    ) -> Result<Self, UcxError> {
+        // No RMA unless asked for on hardware-enforced transports: over TCP and shared memory
+        // UCX emulates get/put in software at whatever address a peer names.
         let context = Context::new(&ContextOptions {
             transports: options.transports.clone(),
-            rma: true,
+            rma: options.one_sided,
         })?;
         let worker = Worker::new(&context)?;
         let inbox: Rc<RefCell<VecDeque<Incoming>>> = Rc::default();
@@ -300,27 +446,19 @@ impl NodeLoop {
                 },
             };
             sink.borrow_mut().push_back(Incoming {
-                reply_to: message.reply_endpoint(),
                 header: RequestHeader::decode(message.header()),
                 data,
             });
             AmAction::Done
         })?;
-        let listener = worker.listen(options.listen)?;
-        let address = listener.local_addr()?;
-        tracing::info!(
-            %address,
-            capacity = %format_size(options.capacity),
-            "memory node listening"
-        );
         Ok(Self {
             worker,
-            listener: Some(listener),
-            address,
             options,
             counters,
             inbox,
+            admissions,
             clients: HashMap::new(),
+            sessions: HashMap::new(),
             regions: HashMap::new(),
             next_region: 1,
             lent: 0,
@@ -347,30 +485,32 @@ impl NodeLoop {
     /// Handles connection requests, failed endpoints and requests; true if anything happened.
     fn handle_events(&mut self) -> bool {
         let mut busy = false;
-        for request in self.worker.take_conn_requests() {
+        while let Ok(event) = self.admissions.try_recv() {
             busy = true;
-            match self.worker.accept(request) {
-                Ok(endpoint) => {
-                    tracing::info!(client = ?endpoint.id(), "client connected");
-                    self.clients.insert(
-                        endpoint.id(),
-                        Client {
-                            endpoint,
-                            authenticated: false,
-                            regions: Vec::new(),
-                        },
-                    );
-                    self.counters
-                        .clients
-                        .store(self.clients.len() as u64, Ordering::Relaxed);
+            match event {
+                DoorEvent::Admit(admission) => {
+                    let session = self.admit(&admission.client_address);
+                    // The door gave up waiting (its deadline passed): nobody will use it.
+                    if admission.answer.send(session).is_err()
+                        && let Some(session) = session
+                    {
+                        self.drop_client(session);
+                    }
                 }
-                Err(e) => tracing::warn!(error = %e, "could not accept a client"),
+                DoorEvent::Left(session) => {
+                    if self.clients.contains_key(&session) {
+                        tracing::info!("client left (front-door connection closed)");
+                    }
+                    self.drop_client(session);
+                }
             }
         }
         for (id, error) in self.worker.take_endpoint_errors() {
             busy = true;
             tracing::info!(client = ?id, reason = %error, "client disconnected");
-            self.drop_client(id);
+            if let Some(session) = self.sessions.get(&id).copied() {
+                self.drop_client(session);
+            }
         }
         loop {
             let next = self.inbox.borrow_mut().pop_front();
@@ -381,8 +521,37 @@ impl NodeLoop {
         busy
     }
 
-    fn drop_client(&mut self, id: EndpointId) {
+    /// Creates an endpoint to an authenticated client's worker and issues its session.
+    fn admit(&mut self, client_address: &[u8]) -> Option<Session> {
+        if self.clients.len() >= self.options.max_clients {
+            tracing::warn!("client refused: the node serves its maximum number of clients");
+            return None;
+        }
+        let endpoint = match self.worker.connect_worker(client_address) {
+            Ok(endpoint) => endpoint,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot reach an authenticated client's worker");
+                return None;
+            }
+        };
+        let session = handshake::new_session();
+        self.sessions.insert(endpoint.id(), session);
+        self.clients.insert(
+            session,
+            Client {
+                endpoint,
+                regions: Vec::new(),
+            },
+        );
+        self.counters
+            .clients
+            .store(self.clients.len() as u64, Ordering::Relaxed);
+        Some(session)
+    }
+
+    fn drop_client(&mut self, id: Session) {
         if let Some(client) = self.clients.remove(&id) {
+            self.sessions.remove(&client.endpoint.id());
             for region in client.regions {
                 self.free_region(region);
             }
@@ -412,13 +581,13 @@ impl NodeLoop {
         }
     }
 
-    fn refuse(&mut self, to: EndpointId, id: u64, status: Status) {
+    fn refuse(&mut self, to: Session, id: u64, status: Status) {
         self.counters.refused.fetch_add(1, Ordering::Relaxed);
-        tracing::warn!(client = ?to, request = id, ?status, "request refused");
+        tracing::warn!(request = id, ?status, "request refused");
         self.reply(to, ReplyHeader::status(id, status), Keep::NOTHING, &[]);
     }
 
-    fn reply(&mut self, to: EndpointId, header: ReplyHeader, keep: Keep, data: &[u8]) {
+    fn reply(&mut self, to: Session, header: ReplyHeader, keep: Keep, data: &[u8]) {
         let Some(client) = self.clients.get(&to) else {
             return;
         };
@@ -438,53 +607,26 @@ impl NodeLoop {
                 _keep: keep,
                 then_reply: None,
             }),
-            Err(e) => tracing::warn!(client = ?to, error = %e, "reply failed"),
+            Err(e) => tracing::warn!(error = %e, "reply failed"),
         }
     }
 
     fn handle_request(&mut self, incoming: Incoming) {
-        let Some(from) = incoming.reply_to.filter(|id| self.clients.contains_key(id)) else {
-            tracing::warn!("request from an unknown endpoint dropped");
+        // A request without a live session is dropped unanswered (its rendezvous data never
+        // received): nothing reaches the regions, and an attacker learns nothing.
+        let Some(header) = incoming
+            .header
+            .filter(|h| self.clients.contains_key(&h.session))
+        else {
+            self.counters
+                .unauthenticated_dropped
+                .fetch_add(1, Ordering::Relaxed);
+            tracing::warn!("request without a live session dropped");
             self.release(incoming.data);
             return;
         };
-        let Some(header) = incoming.header else {
-            self.release(incoming.data);
-            self.refuse(from, 0, Status::BadRequest);
-            return;
-        };
-        let authenticated = self.clients.get(&from).is_some_and(|c| c.authenticated);
+        let from = header.session;
         match header.op {
-            Op::Hello => {
-                let token_ok = match &incoming.data {
-                    Payload::Copied(bytes) => {
-                        constant_time_eq(bytes, self.options.token.as_bytes())
-                    }
-                    Payload::Held(held) => held
-                        .bytes()
-                        .is_some_and(|b| constant_time_eq(b, self.options.token.as_bytes())),
-                    Payload::None => false,
-                };
-                self.release(incoming.data);
-                if token_ok && header.offset == PROTOCOL_VERSION {
-                    if let Some(client) = self.clients.get_mut(&from) {
-                        client.authenticated = true;
-                    }
-                    tracing::info!(client = ?from, "client authenticated");
-                    self.reply(
-                        from,
-                        ReplyHeader::status(header.id, Status::Ok),
-                        Keep::NOTHING,
-                        &[],
-                    );
-                } else {
-                    self.refuse(from, header.id, Status::Denied);
-                }
-            }
-            _ if !authenticated => {
-                self.release(incoming.data);
-                self.refuse(from, header.id, Status::NotAuthenticated);
-            }
             Op::Alloc => {
                 self.release(incoming.data);
                 self.alloc(from, header);
@@ -531,14 +673,14 @@ impl NodeLoop {
         }
     }
 
-    fn owned(&self, client: EndpointId, region: u64) -> bool {
+    fn owned(&self, client: Session, region: u64) -> bool {
         self.regions.get(&region).is_some_and(|r| r.owner == client)
     }
 
     /// The region memory and the in-region byte range a read or write may touch.
     fn checked_range(
         &self,
-        client: EndpointId,
+        client: Session,
         header: &RequestHeader,
     ) -> Result<(Rc<RegionMemory>, usize, usize), Status> {
         let region = self
@@ -558,7 +700,7 @@ impl NodeLoop {
         Ok((Rc::clone(&region.memory), start, length))
     }
 
-    fn alloc(&mut self, from: EndpointId, header: RequestHeader) {
+    fn alloc(&mut self, from: Session, header: RequestHeader) {
         let free = self.options.capacity - self.lent;
         let Ok(length) = usize::try_from(header.length) else {
             return self.refuse(from, header.id, Status::NoCapacity);
@@ -574,20 +716,24 @@ impl NodeLoop {
             );
             return self.refuse(from, header.id, Status::NoCapacity);
         }
-        let memory = match RegionMemory::allocate(self.worker.context(), length) {
+        let one_sided = self.options.one_sided;
+        let memory = match RegionMemory::allocate(self.worker.context(), length, one_sided) {
             Ok(m) => m,
             Err(e) => {
                 tracing::warn!(error = %e, "region allocation failed");
                 return self.refuse(from, header.id, Status::NoCapacity);
             }
         };
+        // A key (and the base address it needs) only for one-sided grants: a node without
+        // RMA tells clients nothing about its address space.
         let remote_key = match memory
             .registration
             .as_ref()
             .map(MemoryHandle::pack_remote_key)
         {
             Some(Ok(k)) => k,
-            _ => return self.refuse(from, header.id, Status::NoCapacity),
+            Some(Err(_)) => return self.refuse(from, header.id, Status::NoCapacity),
+            None => Vec::new(),
         };
         let region = self.next_region;
         self.next_region += 1;
@@ -597,7 +743,7 @@ impl NodeLoop {
             id: header.id,
             status: Status::Ok,
             region,
-            base: memory.base as u64,
+            base: if one_sided { memory.base as u64 } else { 0 },
             size: header.length,
         };
         self.regions.insert(
@@ -620,7 +766,7 @@ impl NodeLoop {
         self.reply(from, reply, Keep::bytes(key), data);
     }
 
-    fn write(&mut self, from: EndpointId, header: RequestHeader, data: Payload) {
+    fn write(&mut self, from: Session, header: RequestHeader, data: Payload) {
         let (memory, start, length) = match self.checked_range(from, &header) {
             Ok(r) => r,
             Err(status) => {
@@ -704,8 +850,7 @@ impl NodeLoop {
 
     fn shutdown(&mut self) {
         tracing::info!(clients = self.clients.len(), "memory node shutting down");
-        self.listener = None;
-        let ids: Vec<EndpointId> = self.clients.keys().copied().collect();
+        let ids: Vec<Session> = self.clients.keys().copied().collect();
         for id in ids {
             self.drop_client(id);
         }
@@ -715,17 +860,12 @@ impl NodeLoop {
             self.worker.progress();
             self.pending.retain_mut(|p| p.request.poll().is_none());
         }
-        self.inbox.borrow_mut().clear();
+        let unhandled: Vec<Incoming> = self.inbox.borrow_mut().drain(..).collect();
+        for incoming in unhandled {
+            self.release(incoming.data);
+        }
         tracing::info!("memory node stopped");
     }
-}
-
-/// Compares two byte strings in time independent of where they differ.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// Set by SIGINT/SIGTERM once [`install_shutdown_signals`] ran.

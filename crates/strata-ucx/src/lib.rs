@@ -379,4 +379,44 @@ mod tests {
         assert!(e.to_string().contains("UCX"), "{e}");
         println!("bad transport: {e}");
     }
+
+    #[test]
+    fn workers_connect_by_address_without_a_listener() {
+        let context = Context::new(&ContextOptions {
+            transports: Some("tcp".into()),
+            rma: false,
+        })
+        .unwrap();
+        let (a, b) = (
+            Worker::new(&context).unwrap(),
+            Worker::new(&context).unwrap(),
+        );
+        let got = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+        let sink = std::rc::Rc::clone(&got);
+        b.set_am_handler(7, move |m| {
+            sink.borrow_mut().extend_from_slice(m.header());
+            AmAction::Done
+        })
+        .unwrap();
+        let address = b.address().unwrap();
+        assert!(!address.is_empty());
+        let endpoint = a.connect_worker(&address).unwrap();
+        // SAFETY: no payload (null, 0); the header is a static string.
+        let mut sent = unsafe { endpoint.am_send(7, b"hello", std::ptr::null(), 0, true) }.unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while got.borrow().is_empty() || sent.poll().is_none() {
+            a.progress();
+            b.progress();
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no message by worker address"
+            );
+        }
+        assert_eq!(&got.borrow()[..], b"hello");
+        assert!(
+            a.connect_worker(&[]).is_err(),
+            "an empty address must be refused"
+        );
+        drop(endpoint.close(true));
+    }
 }

@@ -53,6 +53,7 @@ pub const UCP_LISTENER_PARAM_FIELD_SOCK_ADDR: u64 = 1 << 0;
 pub const UCP_LISTENER_PARAM_FIELD_CONN_HANDLER: u64 = 1 << 2;
 pub const UCP_LISTENER_ATTR_FIELD_SOCKADDR: u64 = 1 << 0;
 
+pub const UCP_EP_PARAM_FIELD_REMOTE_ADDRESS: u64 = 1 << 0;
 pub const UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE: u64 = 1 << 1;
 pub const UCP_EP_PARAM_FIELD_ERR_HANDLER: u64 = 1 << 2;
 pub const UCP_EP_PARAM_FIELD_SOCK_ADDR: u64 = 1 << 4;
@@ -333,6 +334,8 @@ ucx_functions! {
     ucp fn ucp_cleanup(context: ucp_context_h);
     ucp fn ucp_worker_create(context: ucp_context_h, params: *const ucp_worker_params_t, worker: *mut ucp_worker_h) -> ucs_status_t;
     ucp fn ucp_worker_destroy(worker: ucp_worker_h);
+    ucp fn ucp_worker_get_address(worker: ucp_worker_h, address: *mut *mut ucp_address, length: *mut usize) -> ucs_status_t;
+    ucp fn ucp_worker_release_address(worker: ucp_worker_h, address: *mut ucp_address);
     ucp fn ucp_worker_progress(worker: ucp_worker_h) -> c_uint;
     ucp fn ucp_worker_get_efd(worker: ucp_worker_h, fd: *mut c_int) -> ucs_status_t;
     ucp fn ucp_worker_arm(worker: ucp_worker_h) -> ucs_status_t;

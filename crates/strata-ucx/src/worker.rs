@@ -540,6 +540,39 @@ impl Worker {
         self.create_endpoint(&params)
     }
 
+    /// This worker's address: what a peer needs to reach it with [`Worker::connect_worker`].
+    /// Hand it only to authenticated peers (it names the transports' ports).
+    pub fn address(&self) -> Result<Vec<u8>, UcxError> {
+        let mut address = ptr::null_mut();
+        let mut length = 0usize;
+        // SAFETY: the worker is live; UCX allocates the address, released below.
+        let code =
+            unsafe { (self.api().ucp_worker_get_address)(self.raw(), &mut address, &mut length) };
+        check(
+            self.api(),
+            "ucp_worker_get_address",
+            code,
+            "check free memory",
+        )?;
+        // SAFETY: UCX returned `length` readable bytes at `address`.
+        let bytes = unsafe { std::slice::from_raw_parts(address.cast::<u8>(), length) }.to_vec();
+        // SAFETY: `address` came from ucp_worker_get_address on this worker, released once.
+        unsafe { (self.api().ucp_worker_release_address)(self.raw(), address) };
+        Ok(bytes)
+    }
+
+    /// Connects to the worker whose [`Worker::address`] is `address` (no listener, no
+    /// connection manager). The connection completes during progress.
+    pub fn connect_worker(&self, address: &[u8]) -> Result<Endpoint, UcxError> {
+        if address.is_empty() {
+            return Err(UcxError::InvalidArgument("an empty worker address".into()));
+        }
+        let mut params = self.endpoint_params();
+        params.field_mask |= sys::UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
+        params.address = address.as_ptr().cast::<sys::ucp_address>();
+        self.create_endpoint(&params)
+    }
+
     /// Accepts a connection request.
     pub fn accept(&self, request: ConnRequest) -> Result<Endpoint, UcxError> {
         let mut params = self.endpoint_params();

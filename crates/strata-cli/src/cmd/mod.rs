@@ -2,4 +2,4 @@
 //! commands live in `strata_bench::cmd`.
 
 pub mod info;
-pub mod remote;
+pub mod serve;

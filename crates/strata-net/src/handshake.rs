@@ -1,0 +1,376 @@
+//! The front door: a TCP handshake, in our code, that a client must pass before anything of
+//! it reaches UCX.
+//!
+//! Mutual HMAC-SHA256 challenge-response over the shared token; the token itself never
+//! travels. Every message before authentication has a fixed size, or a length checked against
+//! [`MAX_WORKER_ADDRESS`] before it is read, and every read runs against one deadline for the
+//! whole handshake, so a silent, slow or garbage-sending peer costs the node one bounded
+//! thread for at most that long.
+//!
+//! ```text
+//! node   -> client  NODE_MAGIC, version u64, status u8, node nonce [32]
+//! client -> node    CLIENT_MAGIC, version u64, client nonce [32], client MAC [32],
+//!                   address length u32, client worker address
+//! node   -> client  status u8; if Ok: node MAC [32], session [16], address length u32,
+//!                   node worker address
+//! ```
+//! The client MAC covers both nonces and the client's worker address; the node MAC covers
+//! both nonces, the session and the node's worker address, so neither side accepts an address
+//! or session an on-path party swapped. The session is a random capability the client puts in
+//! every request; the node serves only requests whose session it issued. The handshake
+//! authenticates; it does not encrypt: an on-path attacker sees the pages and the session.
+
+use std::io::{self, Read, Write};
+use std::net::TcpStream;
+use std::time::Instant;
+
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+
+/// First bytes of the node's greeting.
+pub const NODE_MAGIC: [u8; 8] = *b"STRATA-N";
+/// First bytes of the client's proof.
+pub const CLIENT_MAGIC: [u8; 8] = *b"STRATA-C";
+/// Handshake version; a node refuses another.
+pub const HANDSHAKE_VERSION: u64 = 2;
+/// Largest UCX worker address either side accepts (InfiniBand addresses are a few hundred
+/// bytes; this leaves room for many devices).
+pub const MAX_WORKER_ADDRESS: usize = 8 << 10;
+/// Fewest bytes a token may have.
+pub const MIN_TOKEN_BYTES: usize = 16;
+
+/// Bytes of a nonce.
+const NONCE: usize = 32;
+/// Bytes of an HMAC-SHA256 tag.
+const TAG: usize = 32;
+/// Bytes of a session.
+pub const SESSION_BYTES: usize = 16;
+/// A session: the capability an authenticated client puts in every request.
+pub type Session = [u8; SESSION_BYTES];
+
+/// Encoded size of the node's greeting.
+pub const GREETING_BYTES: usize = 8 + 8 + 1 + NONCE;
+/// Encoded size of the client's proof before its worker address.
+pub const PROOF_BYTES: usize = 8 + 8 + NONCE + TAG + 4;
+
+/// A verdict byte of the handshake.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Verdict {
+    /// Go on / admitted.
+    Ok = 0,
+    /// The proof did not match the token (or the version differs).
+    Denied = 1,
+    /// The node is at its connection cap, or this peer failed recently and must wait.
+    Busy = 2,
+}
+
+impl Verdict {
+    fn from_u8(v: u8) -> Option<Self> {
+        Some(match v {
+            0 => Verdict::Ok,
+            1 => Verdict::Denied,
+            2 => Verdict::Busy,
+            _ => return None,
+        })
+    }
+}
+
+/// Why a handshake failed.
+#[derive(Debug, thiserror::Error)]
+pub enum HandshakeError {
+    /// The peer did not finish within the deadline.
+    #[error("the handshake did not finish in time")]
+    Deadline,
+    /// The connection failed.
+    #[error("the handshake connection failed: {0}")]
+    Io(#[from] io::Error),
+    /// The peer closed the connection mid-handshake.
+    #[error("the peer closed the connection during the handshake")]
+    Closed,
+    /// The peer is not a Strata node or client of this version.
+    #[error("the peer does not speak the Strata handshake version {HANDSHAKE_VERSION}: {0}")]
+    Protocol(&'static str),
+    /// The proof did not match the token.
+    #[error(
+        "the token does not match; use the memory node's token (STRATA_REMOTE_TOKEN) and the same Strata version"
+    )]
+    Denied,
+    /// The node is busy or throttles this peer after failures.
+    #[error(
+        "the memory node is at its connection limit or throttles this host after failed attempts; retry later"
+    )]
+    Busy,
+    /// The node's answer did not prove knowledge of the token.
+    #[error("the memory node could not prove it knows the token; it is not the node you meant")]
+    NodeNotAuthentic,
+}
+
+/// What the node learns from a client that passed.
+#[derive(Debug)]
+pub struct Admitted {
+    /// The client's UCX worker address.
+    pub client_address: Vec<u8>,
+}
+
+/// What the client learns from a node that admitted it.
+#[derive(Debug)]
+pub struct Welcome {
+    /// The session to put in every request.
+    pub session: Session,
+    /// The node's UCX worker address.
+    pub node_address: Vec<u8>,
+}
+
+fn mac(token: &[u8], label: &[u8], parts: &[&[u8]]) -> Hmac<Sha256> {
+    let mut m = <Hmac<Sha256> as Mac>::new_from_slice(token).expect("HMAC takes keys of any size");
+    m.update(label);
+    m.update(&HANDSHAKE_VERSION.to_le_bytes());
+    for part in parts {
+        m.update(&(part.len() as u64).to_le_bytes());
+        m.update(part);
+    }
+    m
+}
+
+fn random<const N: usize>() -> [u8; N] {
+    let mut bytes = [0u8; N];
+    rand::Rng::fill(&mut rand::rng(), &mut bytes[..]);
+    bytes
+}
+
+/// Reads exactly `buf.len()` bytes, each read bounded by what is left of `deadline`.
+fn read_by(
+    stream: &mut TcpStream,
+    buf: &mut [u8],
+    deadline: Instant,
+) -> Result<(), HandshakeError> {
+    let mut done = 0;
+    while done < buf.len() {
+        let left = deadline
+            .checked_duration_since(Instant::now())
+            .filter(|d| !d.is_zero())
+            .ok_or(HandshakeError::Deadline)?;
+        stream.set_read_timeout(Some(left))?;
+        match stream.read(&mut buf[done..]) {
+            Ok(0) => return Err(HandshakeError::Closed),
+            Ok(n) => done += n,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                return Err(HandshakeError::Deadline);
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+fn write_by(stream: &mut TcpStream, bytes: &[u8], deadline: Instant) -> Result<(), HandshakeError> {
+    let left = deadline
+        .checked_duration_since(Instant::now())
+        .filter(|d| !d.is_zero())
+        .ok_or(HandshakeError::Deadline)?;
+    stream.set_write_timeout(Some(left))?;
+    stream.write_all(bytes).map_err(|e| match e.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => HandshakeError::Deadline,
+        _ => e.into(),
+    })
+}
+
+/// The wire length of a worker address; refuses one the peer would refuse.
+fn encoded_len(address: &[u8]) -> Result<[u8; 4], HandshakeError> {
+    match u32::try_from(address.len()) {
+        Ok(n) if (1..=MAX_WORKER_ADDRESS).contains(&address.len()) => Ok(n.to_le_bytes()),
+        _ => Err(HandshakeError::Protocol(
+            "this side's UCX worker address is longer than the handshake allows",
+        )),
+    }
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    let mut w = [0u8; 4];
+    w.copy_from_slice(&b[at..at + 4]);
+    u32::from_le_bytes(w)
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    let mut w = [0u8; 8];
+    w.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(w)
+}
+
+/// Tells a peer the node will not talk to it now (cap reached or throttled), then returns.
+pub fn turn_away(stream: &mut TcpStream, deadline: Instant) {
+    let mut greeting = [0u8; GREETING_BYTES];
+    greeting[..8].copy_from_slice(&NODE_MAGIC);
+    greeting[8..16].copy_from_slice(&HANDSHAKE_VERSION.to_le_bytes());
+    greeting[16] = Verdict::Busy as u8;
+    let _ = write_by(stream, &greeting, deadline);
+}
+
+/// The node's side: greets, checks the client's proof, and on success lets `admit` register
+/// the client (it returns the session, or `None` if the node cannot take it), then proves
+/// itself and sends the session and `node_address`.
+pub fn node_side(
+    stream: &mut TcpStream,
+    token: &[u8],
+    node_address: &[u8],
+    deadline: Instant,
+    admit: impl FnOnce(Admitted) -> Option<Session>,
+) -> Result<(), HandshakeError> {
+    let node_nonce: [u8; NONCE] = random();
+    let mut greeting = [0u8; GREETING_BYTES];
+    greeting[..8].copy_from_slice(&NODE_MAGIC);
+    greeting[8..16].copy_from_slice(&HANDSHAKE_VERSION.to_le_bytes());
+    greeting[16] = Verdict::Ok as u8;
+    greeting[17..].copy_from_slice(&node_nonce);
+    write_by(stream, &greeting, deadline)?;
+    let mut proof = [0u8; PROOF_BYTES];
+    read_by(stream, &mut proof, deadline)?;
+    let proof = decode_proof(&proof)?;
+    let mut client_address = vec![0u8; proof.address_len];
+    read_by(stream, &mut client_address, deadline)?;
+    let verified = mac(
+        token,
+        b"strata client",
+        &[&node_nonce, &proof.nonce, &client_address],
+    )
+    .verify_slice(&proof.tag)
+    .is_ok();
+    if !verified {
+        write_by(stream, &[Verdict::Denied as u8], deadline)?;
+        return Err(HandshakeError::Denied);
+    }
+    let Some(session) = admit(Admitted { client_address }) else {
+        write_by(stream, &[Verdict::Busy as u8], deadline)?;
+        return Err(HandshakeError::Busy);
+    };
+    let tag = mac(
+        token,
+        b"strata node",
+        &[&proof.nonce, &node_nonce, &session, node_address],
+    )
+    .finalize()
+    .into_bytes();
+    let mut welcome = Vec::with_capacity(1 + TAG + SESSION_BYTES + 4 + node_address.len());
+    welcome.push(Verdict::Ok as u8);
+    welcome.extend_from_slice(&tag);
+    welcome.extend_from_slice(&session);
+    welcome.extend_from_slice(&encoded_len(node_address)?);
+    welcome.extend_from_slice(node_address);
+    write_by(stream, &welcome, deadline)
+}
+
+/// A decoded client proof (before its worker address).
+#[derive(Debug, PartialEq, Eq)]
+pub struct Proof {
+    nonce: [u8; NONCE],
+    tag: [u8; TAG],
+    /// Length of the worker address that follows (checked against [`MAX_WORKER_ADDRESS`]).
+    pub address_len: usize,
+}
+
+/// Decodes a client proof; refuses a wrong magic, version or an address over the limit.
+pub fn decode_proof(b: &[u8; PROOF_BYTES]) -> Result<Proof, HandshakeError> {
+    if b[..8] != CLIENT_MAGIC {
+        return Err(HandshakeError::Protocol("not a Strata client"));
+    }
+    if u64_at(b, 8) != HANDSHAKE_VERSION {
+        return Err(HandshakeError::Protocol("another handshake version"));
+    }
+    let mut nonce = [0u8; NONCE];
+    nonce.copy_from_slice(&b[16..16 + NONCE]);
+    let mut tag = [0u8; TAG];
+    tag.copy_from_slice(&b[16 + NONCE..16 + NONCE + TAG]);
+    let address_len = u32_at(b, 16 + NONCE + TAG) as usize;
+    if address_len == 0 || address_len > MAX_WORKER_ADDRESS {
+        return Err(HandshakeError::Protocol(
+            "worker address length out of bounds",
+        ));
+    }
+    Ok(Proof {
+        nonce,
+        tag,
+        address_len,
+    })
+}
+
+/// The client's side: answers the node's challenge with a proof over `client_address`, checks
+/// the node's proof, and returns the session and the node's worker address.
+pub fn client_side(
+    stream: &mut TcpStream,
+    token: &[u8],
+    client_address: &[u8],
+    deadline: Instant,
+) -> Result<Welcome, HandshakeError> {
+    let mut greeting = [0u8; GREETING_BYTES];
+    read_by(stream, &mut greeting, deadline)?;
+    if greeting[..8] != NODE_MAGIC || u64_at(&greeting, 8) != HANDSHAKE_VERSION {
+        return Err(HandshakeError::Protocol(
+            "not a Strata memory node of this version",
+        ));
+    }
+    match Verdict::from_u8(greeting[16]) {
+        Some(Verdict::Ok) => {}
+        Some(Verdict::Busy) => return Err(HandshakeError::Busy),
+        _ => return Err(HandshakeError::Protocol("unknown greeting status")),
+    }
+    let node_nonce = &greeting[17..];
+    let client_nonce: [u8; NONCE] = random();
+    let tag = mac(
+        token,
+        b"strata client",
+        &[node_nonce, &client_nonce, client_address],
+    )
+    .finalize()
+    .into_bytes();
+    let mut proof = Vec::with_capacity(PROOF_BYTES + client_address.len());
+    proof.extend_from_slice(&CLIENT_MAGIC);
+    proof.extend_from_slice(&HANDSHAKE_VERSION.to_le_bytes());
+    proof.extend_from_slice(&client_nonce);
+    proof.extend_from_slice(&tag);
+    proof.extend_from_slice(&encoded_len(client_address)?);
+    proof.extend_from_slice(client_address);
+    write_by(stream, &proof, deadline)?;
+    let mut verdict = [0u8; 1];
+    read_by(stream, &mut verdict, deadline)?;
+    match Verdict::from_u8(verdict[0]) {
+        Some(Verdict::Ok) => {}
+        Some(Verdict::Denied) => return Err(HandshakeError::Denied),
+        Some(Verdict::Busy) => return Err(HandshakeError::Busy),
+        None => return Err(HandshakeError::Protocol("unknown verdict")),
+    }
+    let mut head = [0u8; TAG + SESSION_BYTES + 4];
+    read_by(stream, &mut head, deadline)?;
+    let address_len = u32_at(&head, TAG + SESSION_BYTES) as usize;
+    if address_len == 0 || address_len > MAX_WORKER_ADDRESS {
+        return Err(HandshakeError::Protocol(
+            "node worker address length out of bounds",
+        ));
+    }
+    let mut node_address = vec![0u8; address_len];
+    read_by(stream, &mut node_address, deadline)?;
+    let mut session = [0u8; SESSION_BYTES];
+    session.copy_from_slice(&head[TAG..TAG + SESSION_BYTES]);
+    mac(
+        token,
+        b"strata node",
+        &[&client_nonce, node_nonce, &session, &node_address],
+    )
+    .verify_slice(&head[..TAG])
+    .map_err(|_| HandshakeError::NodeNotAuthentic)?;
+    Ok(Welcome {
+        session,
+        node_address,
+    })
+}
+
+/// A fresh random session.
+pub fn new_session() -> Session {
+    random()
+}

@@ -1,0 +1,239 @@
+//! The node's front door: the TCP listener, caps on handshakes in total and per peer, a
+//! doubling delay for peers after failures, one bounded handshake thread per connection, and,
+//! once a client is in, its TCP connection watched as its lifeline.
+
+use std::collections::HashMap;
+use std::io::Read as _;
+use std::net::{IpAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::{Duration, Instant};
+
+use strata_ucx::WorkerWaker;
+
+use super::{NodeCounters, ServeOptions};
+use crate::handshake::{self, HandshakeError, Session};
+
+/// A client that passed the handshake, handed to the node loop, which answers with its
+/// session (or `None` when it cannot take it).
+pub(super) struct Admission {
+    pub(super) client_address: Vec<u8>,
+    pub(super) answer: mpsc::Sender<Option<Session>>,
+}
+
+/// What the door tells the node loop.
+pub(super) enum DoorEvent {
+    /// A client passed the handshake.
+    Admit(Admission),
+    /// An admitted client's front-door connection closed: it is gone.
+    Left(Session),
+}
+
+/// Per-peer bookkeeping of the door.
+#[derive(Default)]
+struct Peer {
+    handshakes: usize,
+    failures: u32,
+    blocked_until: Option<Instant>,
+}
+
+/// Handshakes under way in total and the per-peer records.
+#[derive(Default)]
+pub(super) struct Peers {
+    handshakes: usize,
+    by_address: HashMap<IpAddr, Peer>,
+}
+
+/// Most per-peer records kept; beyond it, records of peers with nothing under way are dropped.
+const MAX_PEER_RECORDS: usize = 4096;
+
+/// First throttle delay after a failed handshake; each further failure doubles it.
+const FIRST_THROTTLE: Duration = Duration::from_millis(250);
+
+/// How a handshake ended, for throttling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Judgement {
+    /// Authenticated: the peer's failure count starts over.
+    Passed,
+    /// Turned away, stalled or reset: bounded by caps and the deadline, not counted.
+    Neutral,
+    /// A wrong proof or garbage: the peer waits a doubling delay.
+    Failed,
+}
+
+/// The TCP front door: accepts, throttles, and runs one bounded handshake thread per
+/// connection.
+pub(super) struct Door {
+    pub(super) listener: TcpListener,
+    pub(super) options: ServeOptions,
+    pub(super) worker_address: Vec<u8>,
+    pub(super) admit: mpsc::Sender<DoorEvent>,
+    pub(super) waker: WorkerWaker,
+    pub(super) counters: Arc<NodeCounters>,
+    pub(super) stop: Arc<AtomicBool>,
+    pub(super) peers: Arc<Mutex<Peers>>,
+}
+
+impl Door {
+    pub(super) fn run(self) {
+        if let Err(e) = self.listener.set_nonblocking(true) {
+            tracing::error!(error = %e, "the front door cannot poll its listener");
+            return;
+        }
+        let door = Arc::new(self);
+        while !door.stop.load(Ordering::SeqCst) {
+            match door.listener.accept() {
+                Ok((stream, peer)) => door.clone().enter(stream, peer.ip()),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    // Polling bounds how late a stop is noticed; accept storms take no sleep.
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+        }
+    }
+
+    /// Admits a connection to a handshake thread, or turns it away (caps, throttling).
+    fn enter(self: Arc<Self>, mut stream: TcpStream, peer: IpAddr) {
+        let deadline = Instant::now() + self.options.handshake_timeout;
+        let _ = stream.set_nodelay(true);
+        if stream.set_nonblocking(false).is_err() {
+            return;
+        }
+        let admitted = {
+            let mut peers = self
+                .peers
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let total = peers.handshakes;
+            if peers.by_address.len() >= MAX_PEER_RECORDS {
+                let now = Instant::now();
+                peers
+                    .by_address
+                    .retain(|_, p| p.handshakes > 0 || p.blocked_until.is_some_and(|t| t > now));
+            }
+            let record = peers.by_address.entry(peer).or_default();
+            let throttled = record.blocked_until.is_some_and(|t| t > Instant::now());
+            let ok = !throttled
+                && total < self.options.max_clients
+                && record.handshakes < self.options.max_per_peer;
+            if ok {
+                record.handshakes += 1;
+                peers.handshakes += 1;
+            }
+            ok
+        };
+        if !admitted {
+            self.counters
+                .handshakes_failed
+                .fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(%peer, "connection turned away (cap reached or peer throttled)");
+            handshake::turn_away(&mut stream, Instant::now() + Duration::from_millis(100));
+            return;
+        }
+        let door = Arc::clone(&self);
+        let spawned = std::thread::Builder::new()
+            .name("strata-handshake".into())
+            .spawn(move || door.handshake(stream, peer, deadline));
+        if spawned.is_err() {
+            self.finish(peer, Judgement::Neutral);
+        }
+    }
+
+    fn handshake(&self, mut stream: TcpStream, peer: IpAddr, deadline: Instant) {
+        let mut session = None;
+        let outcome = handshake::node_side(
+            &mut stream,
+            self.options.token.as_bytes(),
+            &self.worker_address,
+            deadline,
+            |admitted| {
+                let (answer, reply) = mpsc::channel();
+                self.admit
+                    .send(DoorEvent::Admit(Admission {
+                        client_address: admitted.client_address,
+                        answer,
+                    }))
+                    .ok()?;
+                self.waker.wake();
+                let left = deadline.saturating_duration_since(Instant::now());
+                session = reply.recv_timeout(left).ok().flatten();
+                session
+            },
+        );
+        match &outcome {
+            Ok(()) => tracing::info!(%peer, "client authenticated"),
+            Err(e) => {
+                self.counters
+                    .handshakes_failed
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(%peer, error = %e, "handshake failed");
+            }
+        }
+        // A wrong proof or garbage counts towards throttling; a full node, a stall (the
+        // handshake deadline and the caps bound those) or a reset connection does not.
+        let judgement = match outcome {
+            Ok(()) => Judgement::Passed,
+            Err(HandshakeError::Denied | HandshakeError::Protocol(_)) => Judgement::Failed,
+            Err(_) => Judgement::Neutral,
+        };
+        self.finish(peer, judgement);
+        if let Some(session) = session {
+            if outcome.is_ok() {
+                self.watch(&mut stream);
+            }
+            let _ = self.admit.send(DoorEvent::Left(session));
+            self.waker.wake();
+        }
+    }
+
+    /// Holds an admitted client's TCP connection until it closes (or sends anything, which
+    /// a client never does) or the node stops: a client that dies at any point, even idle,
+    /// loses its session and regions at once, without waiting for UCX to notice.
+    fn watch(&self, stream: &mut TcpStream) {
+        if stream
+            .set_read_timeout(Some(Duration::from_millis(200)))
+            .is_err()
+        {
+            return;
+        }
+        let mut byte = [0u8; 1];
+        while !self.stop.load(Ordering::SeqCst) {
+            match stream.read(&mut byte) {
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock
+                            | std::io::ErrorKind::TimedOut
+                            | std::io::ErrorKind::Interrupted
+                    ) => {}
+                _ => return,
+            }
+        }
+    }
+
+    /// Ends a handshake's accounting; a failure blocks the peer for a doubling delay
+    /// (250 ms, 500 ms, ... up to 30 s), a success clears its record.
+    fn finish(&self, peer: IpAddr, judgement: Judgement) {
+        let mut peers = self
+            .peers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        peers.handshakes = peers.handshakes.saturating_sub(1);
+        if let Some(record) = peers.by_address.get_mut(&peer) {
+            record.handshakes = record.handshakes.saturating_sub(1);
+            if judgement == Judgement::Passed {
+                record.failures = 0;
+            } else if judgement == Judgement::Failed {
+                record.failures = record.failures.saturating_add(1);
+                let delay = FIRST_THROTTLE
+                    .saturating_mul(1 << record.failures.min(9).saturating_sub(1))
+                    .min(Duration::from_secs(30));
+                record.blocked_until = Some(Instant::now() + delay);
+            }
+        }
+    }
+}
