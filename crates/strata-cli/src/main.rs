@@ -22,6 +22,9 @@ enum Command {
     Bench(Box<Bench>),
     /// Run a memory node that lends this machine's memory to Strata clients over UCX.
     Serve(cmd::remote::ServeArgs),
+    /// Run an unmodified program with its large allocations paged by Strata within one
+    /// memory budget: `strata run --memory 4GiB --store file -- PROGRAM ARGS...`.
+    Run(Box<cmd::run::RunArgs>),
 }
 
 #[derive(Debug, Subcommand)]
@@ -51,6 +54,7 @@ fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Info(args) => cmd::info::run(&args),
         Command::Serve(args) => cmd::remote::serve(&args),
+        Command::Run(args) => cmd::run::run(&args),
         Command::Bench(bench) => match *bench {
             Bench::Stream(args) => cmd::pager::stream(&args),
             Bench::Pager(args) => cmd::pager::bench(&args),

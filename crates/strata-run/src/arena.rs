@@ -111,7 +111,10 @@ impl Arena {
 
     /// Gives `[start, start+pages)` back, merging it with free neighbours.
     pub fn release(&mut self, start: u64, pages: u64) {
-        debug_assert!(start + pages <= self.top, "release of pages never handed out");
+        debug_assert!(
+            start + pages <= self.top,
+            "release of pages never handed out"
+        );
         self.in_use -= pages;
         let mut start = start;
         let mut len = pages;
@@ -168,7 +171,10 @@ mod tests {
         // Zeroed requests go to never-used space even when freed space fits.
         let w = a.alloc(3, true).unwrap();
         assert_eq!((w.start, w.fresh), (15, true));
-        assert!(a.alloc(200, false).is_none(), "more than the arena must fail");
+        assert!(
+            a.alloc(200, false).is_none(),
+            "more than the arena must fail"
+        );
         assert!(a.alloc(0, false).is_none());
     }
 
@@ -183,7 +189,10 @@ mod tests {
         a.release(4, 8);
         assert!(a.grow(b[0].start, 4, 8), "grows into the free run after it");
         assert!(!a.grow(b[0].start, 12, 1), "the next block is in use");
-        assert!(a.grow(b[3].start, 4, 10), "the last block grows into fresh space");
+        assert!(
+            a.grow(b[3].start, 4, 10),
+            "the last block grows into fresh space"
+        );
         assert_eq!(a.in_use(), 4 + 8 + 4 + 10);
         assert!(!a.grow(b[3].start, 14, 100), "no room past the arena's end");
     }

@@ -52,7 +52,11 @@ unsafe impl GlobalAlloc for RealAllocator {
             let mut p = std::ptr::null_mut();
             // SAFETY: valid out-pointer; the alignment is a power of two >= pointer size.
             let rc = unsafe { (r.posix_memalign)(&raw mut p, layout.align(), layout.size()) };
-            if rc == 0 { p.cast() } else { std::ptr::null_mut() }
+            if rc == 0 {
+                p.cast()
+            } else {
+                std::ptr::null_mut()
+            }
         }
     }
     unsafe fn dealloc(&self, ptr: *mut u8, _layout: Layout) {

@@ -199,7 +199,7 @@ pub type SigInfoHandler = extern "C" fn(c_int, *mut libc::siginfo_t, *mut c_void
 pub fn install_handler(sig: c_int, handler: SigInfoHandler) -> Option<libc::sigaction> {
     // SAFETY: zeroed sigaction is a valid starting point; the mask is emptied explicitly.
     let mut act: libc::sigaction = unsafe { std::mem::zeroed() };
-    act.sa_sigaction = handler as usize;
+    act.sa_sigaction = handler as *const () as usize;
     act.sa_flags = libc::SA_SIGINFO;
     // SAFETY: `act.sa_mask` is a valid sigset_t.
     unsafe { libc::sigemptyset(&raw mut act.sa_mask) };

@@ -4,4 +4,5 @@ pub mod gpu;
 pub mod info;
 pub mod pager;
 pub mod remote;
+pub mod run;
 pub mod workloads;
