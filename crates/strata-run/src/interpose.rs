@@ -452,3 +452,64 @@ pub unsafe extern "C" fn mremap(
         }
     }
 }
+
+// -----------------------------------------------------------------------------------------
+// Calls that would split the arena's mapping under the pager: userfaultfd refuses to
+// install pages into a mapping whose layout changed, so these never reach the kernel for
+// arena addresses.
+
+/// # Safety
+/// C `madvise`. On arena memory, `MADV_DONTNEED`/`MADV_FREE`/`MADV_REMOVE` clear the range
+/// (what private anonymous memory reads afterwards); every other advice (hugepages, access
+/// patterns) is accepted and ignored.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn madvise(addr: *mut c_void, len: usize, advice: c_int) -> c_int {
+    if in_arena(addr as usize) && runtime::program_thread() {
+        if matches!(
+            advice,
+            libc::MADV_DONTNEED | libc::MADV_FREE | libc::MADV_REMOVE
+        ) && !runtime::forked()
+        {
+            // SAFETY: the program owns the range it advises on (a mapping it holds).
+            unsafe { std::ptr::write_bytes(addr.cast::<u8>(), 0, len) };
+        }
+        return 0;
+    }
+    match real() {
+        // SAFETY: forwarding.
+        Some(r) => unsafe { (r.madvise)(addr, len, advice) },
+        None => 0,
+    }
+}
+
+/// # Safety
+/// C `mprotect`. Arena memory stays readable and writable (guard pages that allocators place
+/// inside a mapping are not enforced there); other memory is forwarded.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mprotect(addr: *mut c_void, len: usize, prot: c_int) -> c_int {
+    if in_arena(addr as usize) && runtime::program_thread() {
+        return 0;
+    }
+    match real() {
+        // SAFETY: forwarding.
+        Some(r) => unsafe { (r.mprotect)(addr, len, prot) },
+        None => 0,
+    }
+}
+
+/// # Safety
+/// C `_exit`: writes this process's report (programs whose workers leave with `_exit`, such
+/// as stress-ng's, would otherwise report nothing), then exits.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn _exit(code: c_int) -> ! {
+    no_unwind((), runtime::report_at_exit);
+    match real() {
+        // SAFETY: forwarding.
+        Some(r) => unsafe { (r.exit_now)(code) },
+        // SAFETY: the raw system call never returns.
+        None => unsafe {
+            libc::syscall(libc::SYS_exit_group, code);
+            std::hint::unreachable_unchecked()
+        },
+    }
+}

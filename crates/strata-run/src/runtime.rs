@@ -80,7 +80,16 @@ pub fn wants_arena(size: usize) -> bool {
         t = threshold_from_env().max(1);
         THRESHOLD.store(t, Ordering::Relaxed);
     }
-    if (size as u64) < t || guarded() || FORKED.load(Ordering::Relaxed) {
+    if (size as u64) < t || FORKED.load(Ordering::Relaxed) {
+        return false;
+    }
+    program_thread()
+}
+
+/// Whether the calling thread is the program's, running the program's code (not inside
+/// Strata, and not one of the pager's `strata-*` threads, whose calls are Strata's own).
+pub fn program_thread() -> bool {
+    if guarded() {
         return false;
     }
     THREAD_KIND.with(|k| {
@@ -500,8 +509,15 @@ fn describe(c: &StoreConfig) -> String {
 }
 
 extern "C" fn at_exit() {
+    report_at_exit();
+}
+
+static REPORTED: AtomicBool = AtomicBool::new(false);
+
+/// Writes this process's report once (from `exit` or `_exit`).
+pub fn report_at_exit() {
     let _g = Guard::enter();
-    if FORKED.load(Ordering::Relaxed) {
+    if FORKED.load(Ordering::Relaxed) || REPORTED.swap(true, Ordering::AcqRel) {
         return;
     }
     if let Some(rt) = started() {

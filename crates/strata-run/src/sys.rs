@@ -20,6 +20,9 @@ pub struct Real {
     pub mmap: unsafe extern "C" fn(*mut c_void, usize, c_int, c_int, c_int, i64) -> *mut c_void,
     pub munmap: unsafe extern "C" fn(*mut c_void, usize) -> c_int,
     pub mremap: unsafe extern "C" fn(*mut c_void, usize, usize, c_int, ...) -> *mut c_void,
+    pub madvise: unsafe extern "C" fn(*mut c_void, usize, c_int) -> c_int,
+    pub mprotect: unsafe extern "C" fn(*mut c_void, usize, c_int) -> c_int,
+    pub exit_now: unsafe extern "C" fn(c_int) -> !,
 }
 
 /// 0 until resolved, then a leaked `&'static Real`.
@@ -58,6 +61,9 @@ fn resolve() -> Option<&'static Real> {
         mmap: next(c"mmap"),
         munmap: next(c"munmap"),
         mremap: next(c"mremap"),
+        madvise: next(c"madvise"),
+        mprotect: next(c"mprotect"),
+        exit_now: next(c"_exit"),
     };
     // The `Real` lives in the bootstrap heap, which is never freed.
     let slot = bootstrap_alloc(std::mem::size_of::<Real>()).cast::<Real>();
