@@ -144,6 +144,7 @@ impl Arena {
 }
 
 #[cfg(test)]
+#[allow(clippy::cast_possible_truncation)] // page numbers of a 4096-page test arena
 mod tests {
     use super::*;
 
@@ -209,9 +210,9 @@ mod tests {
         let mut owner = vec![usize::MAX; total as usize];
         let mut live: Vec<(u64, u64)> = Vec::new();
         for step in 0..20_000 {
-            if live.is_empty() || rng.next() % 3 != 0 {
+            if live.is_empty() || !rng.next().is_multiple_of(3) {
                 let pages = 1 + rng.next() % 64;
-                if let Some(e) = a.alloc(pages, rng.next() % 4 == 0) {
+                if let Some(e) = a.alloc(pages, rng.next().is_multiple_of(4)) {
                     for p in e.start..e.start + e.pages {
                         assert_eq!(owner[p as usize], usize::MAX, "step {step}: overlap");
                         owner[p as usize] = step;

@@ -192,31 +192,40 @@ pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
         return unsafe { malloc(size) };
     }
     let ours = in_arena(p as usize);
-    if ours && !runtime::forked() {
-        if let Some(rt) = runtime::started() {
-            if size == 0 {
-                no_unwind((), || rt.free(p as usize));
-                return std::ptr::null_mut();
-            }
-            if wants_arena(size) {
-                let q = no_unwind(std::ptr::null_mut(), || rt.realloc(p as usize, size));
-                if !q.is_null() {
-                    return q.cast();
-                }
-            }
-            // Shrinking below the threshold (or the arena is full): move to the C library.
-            // SAFETY: forwarding.
-            let q = unsafe { real_malloc(size) };
-            if q.is_null() {
-                return q;
-            }
-            // SAFETY: our block holds `usable(p)` bytes; `q` holds `size`.
-            let n = unsafe { usable(p) }.min(size);
-            // SAFETY: distinct live blocks of at least `n` bytes.
-            unsafe { std::ptr::copy_nonoverlapping(p.cast::<u8>(), q.cast::<u8>(), n) };
+    if ours
+        && !runtime::forked()
+        && let Some(rt) = runtime::started()
+    {
+        if size == 0 {
             no_unwind((), || rt.free(p as usize));
+            return std::ptr::null_mut();
+        }
+        if wants_arena(size) {
+            let q = no_unwind(std::ptr::null_mut(), || rt.realloc(p as usize, size));
+            if !q.is_null() {
+                return q.cast();
+            }
+        }
+        // Shrinking below the threshold (or the arena is full): move to the C library.
+        // SAFETY: forwarding.
+        let q = unsafe { real_malloc(size) };
+        if q.is_null() {
             return q;
         }
+        // SAFETY: our block holds `usable(p)` bytes; `q` holds `size`.
+        let n = unsafe { usable(p) }.min(size);
+        // SAFETY: distinct live blocks of at least `n` bytes.
+        unsafe { std::ptr::copy_nonoverlapping(p.cast::<u8>(), q.cast::<u8>(), n) };
+        no_unwind((), || rt.free(p as usize));
+        return q;
+    }
+    if ours {
+        // A forked child: the parent's arena is not in this process (see the crate docs).
+        sys::write_stderr(
+            b"strata run: a forked child called realloc on memory that Strata pages for its parent; refused\n",
+        );
+        set_errno(libc::ENOMEM);
+        return std::ptr::null_mut();
     }
     let boot = sys::is_bootstrap(p.cast());
     if boot || (!ours && wants_arena(size)) {

@@ -38,7 +38,7 @@ fn strata() -> Option<PathBuf> {
 fn seed() -> u64 {
     let s = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map_or(1, |d| d.as_nanos() as u64 % 1_000_000_007);
+        .map_or(1, |d| u64::from(d.subsec_nanos()) ^ d.as_secs());
     println!("seed {s}");
     s
 }
