@@ -41,6 +41,9 @@ enum Bench {
     Graph(cmd::workloads::GraphArgs),
     /// Zipf-skewed embedding lookups on GPU paging against the alternatives.
     Embed(cmd::workloads::EmbedArgs),
+    /// Unmodified programs under `strata run` against the kernel swapping to zram and to a
+    /// swap file, at the same memory limit (root).
+    Run(cmd::run_bench::RunBenchArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -62,6 +65,7 @@ fn main() -> anyhow::Result<()> {
             Bench::GpuMicro(args) => cmd::gpu::micro(&args),
             Bench::Graph(args) => cmd::workloads::graph(&args),
             Bench::Embed(args) => cmd::workloads::embed(&args),
+            Bench::Run(args) => cmd::run_bench::run(&args),
         },
     }
 }

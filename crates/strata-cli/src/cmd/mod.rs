@@ -5,4 +5,5 @@ pub mod info;
 pub mod pager;
 pub mod remote;
 pub mod run;
+pub mod run_bench;
 pub mod workloads;
