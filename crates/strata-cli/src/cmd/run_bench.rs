@@ -114,11 +114,15 @@ fn child_major_faults() -> u64 {
     u64::try_from(ru.ru_majflt).unwrap_or(0)
 }
 
-/// Runs `argv`, returning (wall seconds, success, stdout).
+/// Seconds a single run may take (`timeout` kills it; the row then says it failed).
+const RUN_LIMIT_S: &str = "180";
+
+/// Runs `argv` under `timeout`, returning (wall seconds, success, stdout).
 fn timed(argv: &[String]) -> anyhow::Result<(f64, bool, String)> {
     let t = Instant::now();
-    let out = Command::new(&argv[0])
-        .args(&argv[1..])
+    let out = Command::new("timeout")
+        .arg(RUN_LIMIT_S)
+        .args(argv)
         .output()
         .with_context(|| format!("running {argv:?}"))?;
     Ok((
@@ -203,7 +207,11 @@ pub fn run(args: &RunBenchArgs) -> anyhow::Result<()> {
                 bytes_in: (vmstat("pswpin") - fi) * 4096,
                 bytes_out: (vmstat("pswpout") - fo) * 4096,
                 ok: ok && out == reference,
-                note: String::new(),
+                note: if ok && out == reference {
+                    String::new()
+                } else {
+                    "failed: killed by the memory cgroup's OOM killer (see dmesg), the time limit, or wrong output".into()
+                },
             });
             eprintln!("{:?}", rows.last());
         }
@@ -237,7 +245,11 @@ pub fn run(args: &RunBenchArgs) -> anyhow::Result<()> {
                 bytes_in: t["bytes_read"].as_u64().unwrap_or(0),
                 bytes_out: t["bytes_written"].as_u64().unwrap_or(0),
                 ok: ok && out == reference,
-                note: String::new(),
+                note: if ok && out == reference {
+                    String::new()
+                } else {
+                    "failed: time limit or wrong output (see stderr)".into()
+                },
             });
             eprintln!("{:?}", rows.last());
         }
