@@ -40,13 +40,14 @@ run)
         -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_CUDA_ARCHITECTURES=90
     step "nvcc example (CMake build)" cmake --build "$work/build"
     step "nvcc example (CMake run)" timeout 300 "$work/build/scale" 16
-    step "venv" python3 -m venv --system-site-packages "$work/venv"
-    # pytest and its needs travel as wheels in $carry/deps when the machine has none.
+    # The machine's python3 may itself be a virtual environment (PyTorch's), so the package and
+    # any carried test wheels go to a --target directory on PYTHONPATH, not into a new venv.
+    site="$work/site"
     if [ -d "$carry/deps" ]; then
-        step "test deps" "$work/venv/bin/pip" install -q --no-deps --no-index "$carry"/deps/*.whl
+        step "test deps" python3 -m pip install -q --no-deps --no-index --target "$site" "$carry"/deps/*.whl
     fi
-    step "wheel" "$work/venv/bin/pip" install -q --no-deps --no-index "$carry"/strata-*.whl
-    (cd "$work" && step pytest timeout 300 "$work/venv/bin/python" -m pytest -q -p no:cacheprovider \
+    step "wheel" python3 -m pip install -q --no-deps --no-index --target "$site" "$carry"/strata-*.whl
+    (cd "$work" && export PYTHONPATH="$site" && step pytest timeout 300 python3 -m pytest -q -p no:cacheprovider \
         "$root/crates/strata-py/tests") || status=1
     exit $status
     ;;

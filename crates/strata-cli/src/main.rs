@@ -22,6 +22,9 @@ enum Command {
     Bench(Box<strata_bench::cmd::BenchCommand>),
     /// Run a memory node that lends this machine's memory to Strata clients over UCX.
     Serve(cmd::serve::ServeArgs),
+    /// Run an unmodified program with its large allocations paged by Strata within one
+    /// memory budget: `strata run --memory 4GiB --store file -- PROGRAM ARGS...`.
+    Run(Box<cmd::run::RunArgs>),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -35,6 +38,7 @@ fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Info(args) => cmd::info::run(&args),
         Command::Serve(args) => cmd::serve::serve(&args),
+        Command::Run(args) => cmd::run::run(&args),
         Command::Bench(bench) => strata_bench::cmd::run(&bench),
     }
 }

@@ -66,6 +66,27 @@ pub const KNOWN_VARIABLES: &[(&str, &str)] = &[
         "STRATA_GPU_READ_THROUGH",
         "GPU spaces serve first-touch page reads from the host copy (true/false)",
     ),
+    (
+        "STRATA_RUN_MEMORY",
+        "strata run: resident budget of the whole program",
+    ),
+    (
+        "STRATA_RUN_THRESHOLD",
+        "strata run: smallest allocation paged by Strata",
+    ),
+    (
+        "STRATA_RUN_ARENA",
+        "strata run: virtual size of the paged arena",
+    ),
+    (
+        "STRATA_RUN_STATS",
+        "strata run: file to append a JSON report to at exit",
+    ),
+    (
+        "STRATA_RUN_REPORT_FD",
+        "strata run: report descriptor (set by strata run)",
+    ),
+    ("STRATA_RUN_LIBRARY", "strata run: path of libstrata_run.so"),
 ];
 
 /// Why a configuration was refused.

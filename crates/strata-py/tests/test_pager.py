@@ -2,6 +2,7 @@
 errors as exceptions."""
 
 import gc
+import os
 
 import numpy as np
 import pytest
@@ -44,7 +45,13 @@ def test_lz4_store_round_trip(rng):
 
 def test_zfp_store_is_within_tolerance(rng):
     n = 100_000
-    a = pager.array(n, np.float64, codec="zfp:1e-6", buffer=4 * 65536)
+    try:
+        a = pager.array(n, np.float64, codec="zfp:1e-6", buffer=4 * 65536)
+    except strata.StrataError as e:
+        # libzfp is a system library: CI installs it (a failure there), other machines may not.
+        if "needs libzfp" in str(e) and not os.environ.get("CI"):
+            pytest.skip(str(e))
+        raise
     want = np.cumsum(rng.standard_normal(n))
     a[:] = want
     a.evict()

@@ -6,6 +6,7 @@ pub mod gpu_micro;
 pub mod measure;
 pub mod pager;
 pub mod remote;
+pub mod run;
 pub mod workloads;
 
 /// `strata bench <what>`.
@@ -25,6 +26,9 @@ pub enum BenchCommand {
     Embed(workloads::EmbedArgs),
     /// Small CPU<->GPU copies (copylat, copybw, pplat, apiperf) against cudaMemcpy.
     Copy(copy::CopyBenchArgs),
+    /// Unmodified programs under `strata run` against the kernel swapping to zram and to a
+    /// swap file, at the same memory limit (root).
+    Run(run::RunBenchArgs),
     /// Measure this machine's ceilings (host memory, disk O_DIRECT, PCIe, page gathers, HBM)
     /// and cache them per host, device and driver.
     Ceilings(measure::CeilingsArgs),
@@ -45,6 +49,7 @@ pub fn run(command: &BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Graph(args) => workloads::graph(args),
         BenchCommand::Embed(args) => workloads::embed(args),
         BenchCommand::Copy(args) => copy::bench(args),
+        BenchCommand::Run(args) => run::run(args),
         BenchCommand::Ceilings(args) => measure::ceilings(args),
         BenchCommand::Compare(args) => measure::compare(args),
         BenchCommand::Plot(args) => measure::plot(args),

@@ -2,4 +2,5 @@
 //! commands live in `strata_bench::cmd`.
 
 pub mod info;
+pub mod run;
 pub mod serve;

@@ -1,0 +1,321 @@
+//! `strata run`: runs an unmodified program with `libstrata_run.so` preloaded, so that its
+//! large allocations are paged by Strata over the chosen store within one memory budget.
+//! Settings are checked (and a remote store is reached once) before the program starts; the
+//! program's exit status or signal is passed through; a summary and a JSON report come from
+//! the per-process reports the library writes at exit.
+
+use std::ffi::OsString;
+use std::io::{Read, Seek};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::process::ExitStatusExt;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context as _, bail};
+use strata_core::config::{EnvVars, StoreKind};
+use strata_core::{PagerConfig, StoreConfig, format_size, parse_size};
+
+/// `strata run [OPTIONS] -- PROGRAM ARGS...`
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    /// Resident budget of the whole program's paged memory (STRATA_RUN_MEMORY).
+    #[arg(long)]
+    memory: Option<String>,
+    /// memory | file[:DIR] | remote:HOST:PORT[,...] (STRATA_STORE; file stores are created in
+    /// DIR, default the temporary directory, and removed at once).
+    #[arg(long)]
+    store: Option<String>,
+    /// none | lz4 | zfp:TOL (STRATA_CODEC).
+    #[arg(long)]
+    codec: Option<String>,
+    /// Pager page size (STRATA_PAGE_SIZE, default 64KiB).
+    #[arg(long)]
+    page_size: Option<String>,
+    /// Smallest allocation paged by Strata (STRATA_RUN_THRESHOLD, default 256KiB).
+    #[arg(long)]
+    threshold: Option<String>,
+    /// Write a JSON report (per process and totals) to this file.
+    #[arg(long)]
+    stats: Option<PathBuf>,
+    /// Print a summary (faults, bytes per tier, time waiting on faults) on stderr.
+    #[arg(long)]
+    summary: bool,
+    /// The program and its arguments, after `--`.
+    #[arg(last = true, required = true, value_name = "PROGRAM")]
+    program: Vec<OsString>,
+}
+
+/// Runs the program; never returns when the program ran (exits with its status).
+pub fn run(args: &RunArgs) -> anyhow::Result<()> {
+    let env = settings(args)?;
+    let mut check: EnvVars = strata_core::config::process_env()?;
+    check.extend(env.iter().cloned());
+    validate(&check)?;
+    let library = library()?;
+    let report = sys::memfd().context("creating the report file (memfd_create)")?;
+    let mut preload = library.into_os_string();
+    if let Some(old) = std::env::var_os("LD_PRELOAD").filter(|o| !o.is_empty()) {
+        preload.push(":");
+        preload.push(old);
+    }
+    let mut cmd = std::process::Command::new(&args.program[0]);
+    cmd.args(&args.program[1..])
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .env("STRATA_RUN_REPORT_FD", report.as_raw_fd().to_string())
+        .env("LD_PRELOAD", preload);
+    let started = Instant::now();
+    let mut child = cmd.spawn().with_context(|| {
+        format!(
+            "cannot start {:?}; check the program's name and that it is executable",
+            args.program[0]
+        )
+    })?;
+    sys::forward_signals(child.id());
+    let status = child.wait().context("waiting for the program")?;
+    let wall = started.elapsed().as_secs_f64();
+    let reports = read_reports(report);
+    for r in &reports {
+        if let Some(e) = r.get("error").and_then(|e| e.as_str()) {
+            match r.get("store_failed").and_then(|s| s.as_str()) {
+                Some(store) => eprintln!("strata run: store {store} failed: {e}"),
+                None => eprintln!("strata run: {e}"),
+            }
+        }
+    }
+    let totals = totals(&reports);
+    if args.summary {
+        eprintln!("{}", summary(&totals, wall, reports.len()));
+    }
+    if let Some(path) = &args.stats {
+        let doc = serde_json::json!({
+            "program": args.program.iter().map(|a| a.to_string_lossy()).collect::<Vec<_>>(),
+            "exit_code": status.code(),
+            "signal": status.signal(),
+            "wall_s": wall,
+            "totals": totals,
+            "processes": reports,
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&doc)?)
+            .with_context(|| format!("writing the report to {}", path.display()))?;
+    }
+    if let Some(sig) = status.signal() {
+        if sig == sys::SIGBUS {
+            eprintln!(
+                "strata run: the program died of SIGBUS (a store that cannot serve a page, or the program's own bus error)"
+            );
+        }
+        sys::die_by_signal(sig);
+    }
+    std::process::exit(status.code().unwrap_or(1))
+}
+
+/// The `STRATA_*` settings for the program, from the options (the environment supplies the
+/// rest).
+fn settings(args: &RunArgs) -> anyhow::Result<EnvVars> {
+    let mut env = EnvVars::new();
+    let mut size = |flag: &str, name: &str, v: &Option<String>| -> anyhow::Result<()> {
+        if let Some(v) = v {
+            parse_size(v)
+                .with_context(|| format!("--{flag} {v:?} is not a size; write e.g. 2GiB"))?;
+            env.push((name.into(), v.clone()));
+        }
+        Ok(())
+    };
+    size("memory", "STRATA_RUN_MEMORY", &args.memory)?;
+    size("page-size", "STRATA_PAGE_SIZE", &args.page_size)?;
+    size("threshold", "STRATA_RUN_THRESHOLD", &args.threshold)?;
+    if let Some(s) = &args.store {
+        let spec = if s == "file" {
+            format!("file:{}", std::env::temp_dir().display())
+        } else {
+            s.clone()
+        };
+        env.push(("STRATA_STORE".into(), spec));
+    }
+    if let Some(c) = &args.codec {
+        env.push(("STRATA_CODEC".into(), c.clone()));
+    }
+    Ok(env)
+}
+
+/// Refuses settings the library would refuse, before the program starts; reaches a remote
+/// store once so that an unreachable node is reported here.
+fn validate(env: &EnvVars) -> anyhow::Result<()> {
+    let lookup = |k: &str| {
+        env.iter()
+            .rev()
+            .find(|(n, _)| n == k)
+            .map(|(_, v)| v.clone())
+    };
+    let mut pager = PagerConfig::builder()
+        .page_bytes(64 << 10)
+        .buffer_bytes(1 << 30)
+        .with_env_vars(env)?;
+    if let Some(m) = lookup("STRATA_RUN_MEMORY") {
+        let bytes = parse_size(&m)?;
+        if bytes == 0 {
+            bail!("a memory budget of 0 cannot run anything; give --memory a size such as 1GiB");
+        }
+        pager = pager.buffer_bytes(bytes);
+    }
+    let pager = pager.build().context(
+        "the memory budget is too small to run at all (the pager needs at least 4 pages); raise --memory or lower --page-size",
+    )?;
+    if let Some(t) = lookup("STRATA_RUN_THRESHOLD")
+        && parse_size(&t)? < pager.page_bytes
+    {
+        bail!(
+            "--threshold {t} is below the page size ({}); use at least one page",
+            format_size(pager.page_bytes)
+        );
+    }
+    let store = StoreConfig::builder().with_env_vars(env)?.build()?;
+    match &store.kind {
+        StoreKind::Memory => {}
+        StoreKind::File { path } => {
+            if !path.is_dir() {
+                bail!(
+                    "the file store's directory {} does not exist; create it or pass --store file:DIR",
+                    path.display()
+                );
+            }
+        }
+        StoreKind::Remote { .. } => {
+            strata_net::open_store_with_page(&store, pager.page_bytes, pager.page_bytes)
+                .with_context(|| {
+                    format!(
+                        "the store {} cannot be reached",
+                        lookup("STRATA_STORE").unwrap_or_default()
+                    )
+                })?;
+        }
+    }
+    Ok(())
+}
+
+/// `libstrata_run.so`: `STRATA_RUN_LIBRARY`, else next to this executable.
+fn library() -> anyhow::Result<PathBuf> {
+    if let Some(p) = std::env::var_os("STRATA_RUN_LIBRARY") {
+        return Ok(PathBuf::from(p));
+    }
+    let exe = std::env::current_exe().context("finding the strata executable")?;
+    let lib = exe.with_file_name("libstrata_run.so");
+    if !lib.is_file() {
+        bail!(
+            "{} is missing; build it with `cargo build -p strata-run` (same profile as strata) or set STRATA_RUN_LIBRARY",
+            lib.display()
+        );
+    }
+    Ok(lib)
+}
+
+fn read_reports(fd: OwnedFd) -> Vec<serde_json::Value> {
+    let mut file = std::fs::File::from(fd);
+    let mut text = String::new();
+    if file.rewind().is_err() || file.read_to_string(&mut text).is_err() {
+        eprintln!("strata run: the program's reports could not be read");
+    }
+    text.lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+/// Sums the per-process statistics.
+fn totals(reports: &[serde_json::Value]) -> serde_json::Value {
+    let mut t = std::collections::BTreeMap::<&str, u64>::new();
+    let num = |v: &serde_json::Value, path: &[&str]| {
+        let mut v = v;
+        for p in path {
+            v = &v[*p];
+        }
+        v.as_u64().unwrap_or(0)
+    };
+    for r in reports.iter().filter(|r| r.get("stats").is_some()) {
+        *t.entry("processes_paged").or_default() += 1;
+        *t.entry("faults").or_default() += num(r, &["stats", "faults"]);
+        *t.entry("evictions").or_default() += num(r, &["stats", "evictions"]);
+        *t.entry("writebacks").or_default() += num(r, &["stats", "writebacks"]);
+        *t.entry("fault_wait_ns").or_default() += num(r, &["stats", "service_time", "sum_ns"]);
+        *t.entry("arena_peak_bytes").or_default() += num(r, &["arena_peak_bytes"]);
+        if let Some(tiers) = r["stats"]["tiers"].as_array() {
+            for tier in tiers {
+                *t.entry("bytes_read").or_default() += num(tier, &["bytes_read"]);
+                *t.entry("bytes_written").or_default() += num(tier, &["bytes_written"]);
+            }
+        }
+    }
+    serde_json::json!(t)
+}
+
+fn summary(t: &serde_json::Value, wall: f64, reports: usize) -> String {
+    let n = |k: &str| t[k].as_u64().unwrap_or(0);
+    #[allow(clippy::cast_precision_loss)] // seconds for display
+    let wait = n("fault_wait_ns") as f64 / 1e9;
+    format!(
+        "strata run: {wall:.2} s wall, {} paged process(es) of {reports} reporting; {} faults, {} evictions, {} write-backs; read {} and wrote {} from/to the store; {wait:.2} s waiting on faults (summed over threads); peak arena {}",
+        n("processes_paged"),
+        n("faults"),
+        n("evictions"),
+        n("writebacks"),
+        format_size(n("bytes_read")),
+        format_size(n("bytes_written")),
+        format_size(n("arena_peak_bytes")),
+    )
+}
+
+/// The raw calls `strata run` needs.
+mod sys {
+    use super::{FromRawFd, OwnedFd};
+    use std::sync::atomic::{AtomicI32, Ordering};
+
+    pub const SIGBUS: i32 = libc::SIGBUS;
+    static CHILD: AtomicI32 = AtomicI32::new(0);
+
+    /// An anonymous file the program's processes append their reports to.
+    pub fn memfd() -> std::io::Result<OwnedFd> {
+        // SAFETY: a NUL-terminated name; flags 0 leave the descriptor inheritable on purpose.
+        let fd = unsafe { libc::memfd_create(c"strata-run-report".as_ptr(), 0) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: `fd` is a fresh descriptor owned by nobody else.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+
+    extern "C" fn forward(sig: libc::c_int) {
+        let pid = CHILD.load(Ordering::Relaxed);
+        if pid > 0 {
+            // SAFETY: kill is async-signal-safe.
+            unsafe { libc::kill(pid, sig) };
+        }
+    }
+
+    /// Terminal signals reach the program directly (same process group), so `strata run`
+    /// ignores them while it waits; signals sent to `strata run` alone are passed on.
+    pub fn forward_signals(child: u32) {
+        CHILD.store(i32::try_from(child).unwrap_or(0), Ordering::Relaxed);
+        for sig in [libc::SIGINT, libc::SIGQUIT] {
+            // SAFETY: ignoring a signal is always valid.
+            unsafe { libc::signal(sig, libc::SIG_IGN) };
+        }
+        for sig in [libc::SIGTERM, libc::SIGHUP, libc::SIGUSR1, libc::SIGUSR2] {
+            // SAFETY: `forward` is async-signal-safe (one atomic load and kill).
+            unsafe { libc::signal(sig, forward as *const () as usize) };
+        }
+    }
+
+    /// Ends this process by `sig`, as the program ended, so the caller sees the same status.
+    pub fn die_by_signal(sig: i32) -> ! {
+        // SAFETY: restoring the default action, unblocking and raising are plain calls.
+        unsafe {
+            libc::signal(sig, libc::SIG_DFL);
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&raw mut set);
+            libc::sigaddset(&raw mut set, sig);
+            libc::sigprocmask(libc::SIG_UNBLOCK, &raw const set, std::ptr::null_mut());
+            libc::raise(sig);
+        }
+        // Signals whose default is to continue (or a core-dump limit) land here.
+        std::process::exit(128 + sig)
+    }
+}

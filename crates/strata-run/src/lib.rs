@@ -1,0 +1,41 @@
+//! `libstrata_run.so`: run an unmodified program with its large allocations paged by Strata.
+//!
+//! Preloaded by `strata run` (or by hand: `LD_PRELOAD=libstrata_run.so STRATA_RUN_MEMORY=2GiB
+//! program`), the library replaces `malloc`, `calloc`, `realloc`, `free`, `posix_memalign`,
+//! `aligned_alloc`, `memalign`, `valloc`, `pvalloc`, `malloc_usable_size` (C++ `new` reaches
+//! these) and `mmap`/`munmap`/`mremap` of private anonymous memory called through the
+//! dynamic linker. Requests at or above a threshold (`STRATA_RUN_THRESHOLD`, default 256 KiB)
+//! get space in one large pager region, the *arena*, over the chosen store; smaller ones and
+//! everything else go to the C library. The arena's one buffer is the process's whole
+//! resident budget (`STRATA_RUN_MEMORY`), shared by all its blocks, so no pager change is
+//! needed; `free`/`munmap` drop a block's pages with `Region::evict`.
+//!
+//! Semantics a user should know:
+//! - Each process that makes a large allocation gets its own arena, store and budget
+//!   (started lazily, so small helpers started by `system()` cost nothing).
+//! - `fork` then `exec` works. A forked child that does *not* exec keeps working with memory
+//!   it allocates itself (from the C library), but the parent's arena is not copied into it
+//!   (`MADV_DONTFORK`): touching it is refused with a message and `SIGSEGV`, never silent
+//!   zeros.
+//! - A store that fails on a fault delivers `SIGBUS` to the faulting thread (as the pager
+//!   does); a message names the store and the error first.
+//! - File stores (`file:DIR`) are created in `DIR` and unlinked at once, so they vanish
+//!   however the process ends.
+//! - `free` writes dirty pages of the freed block back before dropping them: the pager has
+//!   no discard operation yet. Partial `munmap` of an arena mapping keeps the memory until
+//!   the whole mapping is unmapped.
+//!
+//! Layout: [`sys`] raw calls and the lookup of the real functions; [`arena`] the block
+//! allocator's bookkeeping; [`options`] settings; [`runtime`] the arena region and blocks;
+//! `interpose` the exported C functions (left out of unit-test builds, where they would
+//! replace the test harness's allocator).
+#![warn(missing_docs)]
+#![allow(missing_docs)] // sys's Real fields are C prototypes, named after the functions
+
+pub mod arena;
+pub mod options;
+pub mod runtime;
+pub mod sys;
+
+#[cfg(not(test))]
+mod interpose;

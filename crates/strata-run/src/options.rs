@@ -1,0 +1,131 @@
+//! The interposer's settings, read from `STRATA_*` variables (set by `strata run`, or by hand
+//! when the library is preloaded on its own).
+
+use std::path::PathBuf;
+
+use strata_core::config::{StoreKind, check_env_names, process_env};
+use strata_core::{ConfigError, PagerConfig, StoreConfig, parse_size};
+
+/// Default smallest allocation placed in the arena. Below this, the C library's allocator
+/// is used: its per-block overhead is lower and small objects are rarely the bulk of a
+/// large footprint.
+pub const DEFAULT_THRESHOLD: u64 = 256 << 10;
+/// Default page size of the arena region.
+pub const DEFAULT_PAGE: u64 = 64 << 10;
+/// Default resident budget when none is given.
+pub const DEFAULT_MEMORY: u64 = 1 << 30;
+/// Default virtual size of the arena (address space and store size, not memory).
+pub const DEFAULT_ARENA: u64 = 64 << 30;
+
+/// Why the settings were refused.
+#[derive(Debug)]
+pub enum OptionsError {
+    /// A `STRATA_*` value or combination the core configuration refused.
+    Config(ConfigError),
+    /// A value this crate checks itself.
+    Bad(String),
+}
+
+impl std::fmt::Display for OptionsError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Config(e) => write!(f, "{e}"),
+            Self::Bad(s) => f.write_str(s),
+        }
+    }
+}
+
+impl From<ConfigError> for OptionsError {
+    fn from(e: ConfigError) -> Self {
+        Self::Config(e)
+    }
+}
+
+/// Everything the runtime needs.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The arena region's pager configuration (its buffer is the process's budget).
+    pub pager: PagerConfig,
+    /// The store (for `file:DIR`, the directory each process creates its store file in).
+    pub store: StoreConfig,
+    /// Smallest allocation placed in the arena.
+    pub threshold: u64,
+    /// Virtual size of the arena.
+    pub arena_bytes: u64,
+    /// Descriptor to append a JSON report line to at exit (set by `strata run`).
+    pub report_fd: Option<i32>,
+    /// File to append a JSON report line to at exit (for standalone use).
+    pub stats_path: Option<PathBuf>,
+}
+
+fn size_var(name: &str) -> Result<Option<u64>, OptionsError> {
+    match std::env::var(name) {
+        Ok(v) => parse_size(&v).map(Some).map_err(|e| {
+            OptionsError::Bad(format!("{name}={v:?} is not a size: {e}; write e.g. 4GiB"))
+        }),
+        Err(_) => Ok(None),
+    }
+}
+
+/// The threshold alone, read cheaply at the first allocation (before anything else is set
+/// up); a bad value falls back to the default here and is reported by [`Options::from_env`].
+pub fn threshold_from_env() -> u64 {
+    size_var("STRATA_RUN_THRESHOLD")
+        .ok()
+        .flatten()
+        .unwrap_or(DEFAULT_THRESHOLD)
+}
+
+impl Options {
+    /// Reads and validates every setting.
+    pub fn from_env() -> Result<Self, OptionsError> {
+        check_env_names(&process_env()?)?;
+        let mut pager = PagerConfig::builder()
+            .page_bytes(DEFAULT_PAGE)
+            .buffer_bytes(DEFAULT_MEMORY)
+            .with_env()?;
+        if let Some(m) = size_var("STRATA_RUN_MEMORY")? {
+            pager = pager.buffer_bytes(m);
+        }
+        let pager = pager.build()?;
+        let store = StoreConfig::builder().with_env()?.build()?;
+        let threshold = size_var("STRATA_RUN_THRESHOLD")?.unwrap_or(DEFAULT_THRESHOLD);
+        if threshold < pager.page_bytes {
+            return Err(OptionsError::Bad(format!(
+                "STRATA_RUN_THRESHOLD ({threshold} bytes) is below the page size ({} bytes): every arena block takes whole pages; use a threshold of at least one page",
+                pager.page_bytes
+            )));
+        }
+        let arena_bytes = size_var("STRATA_RUN_ARENA")?.unwrap_or(DEFAULT_ARENA);
+        if arena_bytes < pager.buffer_bytes {
+            return Err(OptionsError::Bad(format!(
+                "STRATA_RUN_ARENA ({arena_bytes} bytes) is smaller than the memory budget ({} bytes); give the arena at least the budget",
+                pager.buffer_bytes
+            )));
+        }
+        let report_fd = match std::env::var("STRATA_RUN_REPORT_FD") {
+            Ok(v) => Some(v.trim().parse::<i32>().map_err(|_| {
+                OptionsError::Bad(format!(
+                    "STRATA_RUN_REPORT_FD={v:?} is not a descriptor number (it is set by `strata run`; unset it)"
+                ))
+            })?),
+            Err(_) => None,
+        };
+        if let StoreKind::File { path } = &store.kind
+            && !path.is_dir()
+        {
+            return Err(OptionsError::Bad(format!(
+                "STRATA_STORE=file:{} must name a directory (each process creates its own store file there and removes it at once); create it or pick another",
+                path.display()
+            )));
+        }
+        Ok(Self {
+            pager,
+            store,
+            threshold,
+            arena_bytes,
+            report_fd,
+            stats_path: std::env::var_os("STRATA_RUN_STATS").map(PathBuf::from),
+        })
+    }
+}

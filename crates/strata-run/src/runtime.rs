@@ -1,0 +1,583 @@
+//! The process-wide runtime: one pager region (the arena) over the chosen store, whose
+//! buffer is the process's whole resident budget, and the blocks handed out inside it.
+//!
+//! Started lazily by the first allocation at or above the threshold, so programs that never
+//! make one (shells, small tools started by `system()`) pay nothing. Everything Strata does
+//! runs with the thread's guard set, so allocations made meanwhile (by Rust's std, the
+//! pager's threads, the C library on our behalf) go to the real allocator.
+
+use std::cell::Cell;
+use std::collections::BTreeMap;
+use std::ffi::c_int;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use strata_core::config::StoreKind;
+use strata_core::{Store, StoreConfig};
+use strata_pager::Region;
+
+use crate::arena::{Arena, Extent};
+use crate::options::{Options, threshold_from_env};
+use crate::sys;
+
+thread_local! {
+    /// Set while this thread runs Strata code: its allocations go to the real allocator.
+    static GUARD: Cell<bool> = const { Cell::new(false) };
+    /// 0 unknown, 1 a Strata thread (named `strata-*`), 2 a program thread.
+    static THREAD_KIND: Cell<u8> = const { Cell::new(0) };
+}
+
+/// Marks the current thread as inside Strata for its lifetime.
+#[derive(Debug)]
+pub struct Guard(bool);
+
+impl Guard {
+    /// Enters (nesting is allowed).
+    pub fn enter() -> Self {
+        Self(GUARD.with(|g| g.replace(true)))
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        GUARD.with(|g| g.set(self.0));
+    }
+}
+
+fn guarded() -> bool {
+    GUARD.with(Cell::get)
+}
+
+/// First and one-past-last address of the arena (0, 0 until started): checked without a
+/// lock on every free, and valid in a forked child whose locks may be held.
+static ARENA_START: AtomicUsize = AtomicUsize::new(0);
+static ARENA_END: AtomicUsize = AtomicUsize::new(0);
+/// Threshold in bytes (0 = not read yet).
+static THRESHOLD: AtomicU64 = AtomicU64::new(0);
+/// Set in a forked child: it has no pager, so everything goes to the real allocator.
+static FORKED: AtomicBool = AtomicBool::new(false);
+static RUNTIME: OnceLock<Runtime> = OnceLock::new();
+
+/// Whether this is a forked child (of a process whose arena was started).
+pub fn forked() -> bool {
+    FORKED.load(Ordering::Relaxed)
+}
+
+/// Whether `p` lies in the arena.
+pub fn in_arena(p: usize) -> bool {
+    let start = ARENA_START.load(Ordering::Acquire);
+    start != 0 && p >= start && p < ARENA_END.load(Ordering::Relaxed)
+}
+
+/// Whether a request of `size` bytes should be served from the arena by this thread now.
+pub fn wants_arena(size: usize) -> bool {
+    let mut t = THRESHOLD.load(Ordering::Relaxed);
+    if t == 0 {
+        if guarded() {
+            return false;
+        }
+        let _g = Guard::enter();
+        t = threshold_from_env().max(1);
+        THRESHOLD.store(t, Ordering::Relaxed);
+    }
+    if (size as u64) < t || FORKED.load(Ordering::Relaxed) {
+        return false;
+    }
+    program_thread()
+}
+
+/// Whether the calling thread is the program's, running the program's code (not inside
+/// Strata, and not one of the pager's `strata-*` threads, whose calls are Strata's own).
+pub fn program_thread() -> bool {
+    if guarded() {
+        return false;
+    }
+    THREAD_KIND.with(|k| {
+        if k.get() == 0 {
+            k.set(if sys::thread_name_starts_with(b"strata-") {
+                1
+            } else {
+                2
+            });
+        }
+        k.get() == 2
+    })
+}
+
+/// The runtime, started on first use. A runtime that cannot start ends the process with a
+/// message saying why (the program cannot get the memory it is about to ask for).
+pub fn runtime() -> &'static Runtime {
+    RUNTIME.get_or_init(|| {
+        let _g = Guard::enter();
+        match Runtime::start() {
+            Ok(rt) => rt,
+            Err(msg) => {
+                let line = format!("strata run: {msg}\n");
+                report_line(&serde_json::json!({"pid": sys::pid(), "error": msg}));
+                sys::die(line.as_bytes())
+            }
+        }
+    })
+}
+
+/// The runtime if it was started (never starts it).
+pub fn started() -> Option<&'static Runtime> {
+    RUNTIME.get()
+}
+
+/// Appends one JSON line to the report descriptor or stats file, if either is set.
+fn report_line(v: &serde_json::Value) {
+    let mut line = v.to_string();
+    line.push('\n');
+    if let Some(fd) = std::env::var("STRATA_RUN_REPORT_FD")
+        .ok()
+        .and_then(|v| v.trim().parse::<c_int>().ok())
+    {
+        sys::write_fd(fd, line.as_bytes());
+    } else if let Some(path) = std::env::var_os("STRATA_RUN_STATS") {
+        use std::io::Write;
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+        {
+            let _ = f.write_all(line.as_bytes());
+        }
+    }
+}
+
+/// How a block was asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// malloc and friends.
+    Heap,
+    /// Anonymous mmap: `mapped` bytes (4 KiB multiple) of which `unmapped` were unmapped.
+    Map { mapped: usize, unmapped: usize },
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Block {
+    extent: Extent,
+    kind: Kind,
+}
+
+#[derive(Debug)]
+struct State {
+    arena: Arena,
+    /// Keyed by the address handed to the program.
+    blocks: BTreeMap<usize, Block>,
+    peak_pages: u64,
+    arena_allocs: u64,
+}
+
+/// The started runtime.
+#[derive(Debug)]
+pub struct Runtime {
+    region: Region,
+    store: Arc<dyn Store>,
+    base: usize,
+    page: usize,
+    zero_via_store: bool,
+    state: Mutex<State>,
+    description: String,
+    options: Options,
+}
+
+// Pages of zeros written to the store to clear reused space (see `zero`).
+const ZERO_CHUNK: usize = 1 << 20;
+
+impl Runtime {
+    fn start() -> Result<Self, String> {
+        let options = Options::from_env().map_err(|e| e.to_string())?;
+        let page = options.pager.page_bytes;
+        let arena_bytes = options.arena_bytes.div_ceil(page) * page;
+        let mut store_config = options.store.clone();
+        let mut created: Option<std::path::PathBuf> = None;
+        if let StoreKind::File { path } = &options.store.kind {
+            let file = path.join(format!(
+                "strata-run-{}-{}.store",
+                sys::pid(),
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_nanos())
+            ));
+            store_config = StoreConfig {
+                kind: StoreKind::File { path: file.clone() },
+                grow: true,
+                ..store_config
+            };
+            created = Some(file);
+        }
+        let described = describe(&options.store);
+        let store = strata_net::open_store_with_page(&store_config, arena_bytes, page)
+            .map_err(|e| format!("cannot open the store {described}: {e}"));
+        // The store file is only a name until now: remove it at once, so that it goes away
+        // with the process however the process ends.
+        if let Some(file) = &created {
+            let _ = std::fs::remove_file(file);
+        }
+        let store = store?;
+        let region = Region::builder(Arc::clone(&store), arena_bytes)
+            .config(options.pager.clone())
+            .build()
+            .map_err(|e| format!("cannot map the arena over {described}: {e}"))?;
+        let base = region.as_ptr() as usize;
+        let len = region.len();
+        sys::dont_fork(region.as_ptr(), len)
+            .map_err(|e| format!("madvise(MADV_DONTFORK) on the arena failed: {e}"))?;
+        let pages = (len / usize::try_from(page).unwrap_or(usize::MAX)) as u64;
+        let rt = Self {
+            zero_via_store: options.pager.read_ahead == 0,
+            store,
+            base,
+            page: usize::try_from(page).unwrap_or(usize::MAX),
+            state: Mutex::new(State {
+                arena: Arena::new(pages),
+                blocks: BTreeMap::new(),
+                peak_pages: 0,
+                arena_allocs: 0,
+            }),
+            description: described,
+            options,
+            region,
+        };
+        ARENA_START.store(base, Ordering::Release);
+        ARENA_END.store(base + len, Ordering::Release);
+        sys::at_fork_child(after_fork_child);
+        sys::at_exit(at_exit);
+        if let Some(old) = sys::install_handler(libc::SIGBUS, on_sigbus) {
+            let _ = OLD_SIGBUS.set(old);
+        }
+        Ok(rt)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn addr(&self, e: &Extent) -> usize {
+        self.base + usize::try_from(e.start).unwrap_or(0) * self.page
+    }
+
+    fn bytes(&self, e: &Extent) -> usize {
+        usize::try_from(e.pages).unwrap_or(0) * self.page
+    }
+
+    /// A block of at least `size` bytes aligned to `align` (a power of two); zeroed if
+    /// asked. Null when the arena is full (the caller falls back to the real allocator).
+    pub fn alloc(&self, size: usize, align: usize, zeroed: bool, map: bool) -> *mut u8 {
+        let _g = Guard::enter();
+        // The arena starts on a 4 KiB boundary and blocks on page boundaries; larger
+        // alignments take a little more space and an aligned address inside it.
+        let base_align = 4096.min(self.page);
+        let extra = align.saturating_sub(base_align);
+        let Some(need) = size.max(1).checked_add(extra) else {
+            return std::ptr::null_mut();
+        };
+        let pages = need.div_ceil(self.page) as u64;
+        let (extent, user) = {
+            let mut st = self.lock();
+            let Some(extent) = st.arena.alloc(pages, zeroed) else {
+                return std::ptr::null_mut();
+            };
+            let addr = self.addr(&extent);
+            let user = addr.next_multiple_of(align.max(1));
+            let kind = if map {
+                Kind::Map {
+                    mapped: size.next_multiple_of(4096),
+                    unmapped: 0,
+                }
+            } else {
+                Kind::Heap
+            };
+            st.blocks.insert(user, Block { extent, kind });
+            st.arena_allocs += 1;
+            st.peak_pages = st.peak_pages.max(st.arena.in_use());
+            (extent, user)
+        };
+        if zeroed && !extent.fresh {
+            self.zero(&extent);
+        }
+        user as *mut u8
+    }
+
+    /// Clears a reused extent. Its pages were dropped when it was freed, so with read-ahead
+    /// off nothing can bring them back in meanwhile, and writing zeros to the store costs
+    /// no fault; with read-ahead on, the pages are cleared through memory instead.
+    fn zero(&self, e: &Extent) {
+        let offset = (self.addr(e) - self.base) as u64;
+        let len = self.bytes(e);
+        if self.zero_via_store {
+            let zeros = vec![0u8; ZERO_CHUNK.min(len)];
+            let mut done = 0;
+            while done < len {
+                let n = zeros.len().min(len - done);
+                if self
+                    .store
+                    .write_at(offset + done as u64, &zeros[..n])
+                    .is_err()
+                {
+                    break;
+                }
+                done += n;
+            }
+            if done == len {
+                return;
+            }
+        }
+        // SAFETY: the extent was just handed out to this caller and lies inside the arena.
+        unsafe { std::ptr::write_bytes(self.addr(e) as *mut u8, 0, len) };
+    }
+
+    /// The block holding `p`: (its address for the program, the block).
+    fn find(st: &State, p: usize) -> Option<(usize, Block)> {
+        st.blocks.range(..=p).next_back().map(|(&u, &b)| (u, b))
+    }
+
+    /// Usable bytes of the block starting at `p` (0 if `p` is no block of ours).
+    pub fn usable(&self, p: usize) -> usize {
+        let st = self.lock();
+        match st.blocks.get(&p) {
+            Some(b) => self.addr(&b.extent) + self.bytes(&b.extent) - p,
+            None => 0,
+        }
+    }
+
+    /// Frees the block at `p`: its pages are dropped (written back if dirty: the pager has
+    /// no discard), then its space is reused.
+    pub fn free(&self, p: usize) {
+        let _g = Guard::enter();
+        let block = self.lock().blocks.remove(&p);
+        match block {
+            Some(b) => self.release(&b.extent),
+            None => sys::write_stderr(
+                b"strata run: free() of an address inside the arena that is not a live block (double free?); ignored\n",
+            ),
+        }
+    }
+
+    fn release(&self, e: &Extent) {
+        let offset = (self.addr(e) - self.base) as u64;
+        match self.region.evict(offset, self.bytes(e) as u64) {
+            Ok(_) => self.lock().arena.release(e.start, e.pages),
+            Err(err) => {
+                // The pages stay resident and dirty; keep the space out of use so that
+                // nothing reads the store under them.
+                let msg = format!(
+                    "strata run: dropping freed pages of {} failed: {err}; the space is kept out of use\n",
+                    self.description
+                );
+                sys::write_stderr(msg.as_bytes());
+            }
+        }
+    }
+
+    /// Resizes the block at `p` to `size` bytes (at or above the threshold). Returns the
+    /// block's new address, or null if the arena is full (the old block is kept).
+    pub fn realloc(&self, p: usize, size: usize) -> *mut u8 {
+        let _g = Guard::enter();
+        let (old_cap, extent) = {
+            let mut st = self.lock();
+            let Some(&b) = st.blocks.get(&p) else {
+                return std::ptr::null_mut();
+            };
+            let cap = self.addr(&b.extent) + self.bytes(&b.extent) - p;
+            if size <= cap {
+                return p as *mut u8;
+            }
+            let more = (size - cap).div_ceil(self.page) as u64;
+            if st.arena.grow(b.extent.start, b.extent.pages, more) {
+                let grown = Extent {
+                    pages: b.extent.pages + more,
+                    ..b.extent
+                };
+                st.blocks.insert(p, Block { extent: grown, ..b });
+                st.peak_pages = st.peak_pages.max(st.arena.in_use());
+                return p as *mut u8;
+            }
+            (cap, b.extent)
+        };
+        let _ = extent;
+        let new = self.alloc(size, 16, false, false);
+        if new.is_null() {
+            return new;
+        }
+        // SAFETY: both blocks are live, distinct, and at least `old_cap` bytes long.
+        unsafe { std::ptr::copy_nonoverlapping(p as *const u8, new, old_cap.min(size)) };
+        self.free(p);
+        new
+    }
+
+    /// Unmaps `[p, p+len)` of an anonymous mapping in the arena; the block goes when all
+    /// of it is unmapped. Returns false if the range is no mapping of ours.
+    pub fn munmap(&self, p: usize, len: usize) -> bool {
+        let _g = Guard::enter();
+        let done = {
+            let mut st = self.lock();
+            let Some((user, b)) = Self::find(&st, p) else {
+                return false;
+            };
+            let Kind::Map { mapped, unmapped } = b.kind else {
+                return false;
+            };
+            if p >= user + mapped {
+                return false;
+            }
+            let cut = (p + len.next_multiple_of(4096)).min(user + mapped) - p;
+            // Partial unmaps (allocators trimming an over-sized mapping) are counted; a
+            // range unmapped twice is counted twice, so free on exact totals only.
+            let unmapped = unmapped + cut;
+            if unmapped >= mapped {
+                st.blocks.remove(&user);
+                Some(b.extent)
+            } else {
+                st.blocks.insert(
+                    user,
+                    Block {
+                        kind: Kind::Map { mapped, unmapped },
+                        ..b
+                    },
+                );
+                None
+            }
+        };
+        if let Some(e) = done {
+            self.release(&e);
+        }
+        true
+    }
+
+    /// `mremap` of an arena mapping at `p`: shrinks in place, or moves (if allowed) to a
+    /// larger zeroed block. Null with `errno` set when refused.
+    pub fn mremap(&self, p: usize, old: usize, new: usize, may_move: bool) -> *mut u8 {
+        let _g = Guard::enter();
+        let mapped = {
+            let st = self.lock();
+            match st.blocks.get(&p) {
+                Some(Block {
+                    kind: Kind::Map { mapped, .. },
+                    ..
+                }) => *mapped,
+                _ => return std::ptr::null_mut(),
+            }
+        };
+        let new_mapped = new.next_multiple_of(4096);
+        if new_mapped <= mapped {
+            if new_mapped < mapped {
+                self.munmap(p + new_mapped, mapped - new_mapped);
+            }
+            return p as *mut u8;
+        }
+        if !may_move {
+            return std::ptr::null_mut();
+        }
+        let dst = self.alloc(new, 4096, true, true);
+        if dst.is_null() {
+            return dst;
+        }
+        // SAFETY: both mappings are live and distinct; `old` bytes of the source are mapped.
+        unsafe { std::ptr::copy_nonoverlapping(p as *const u8, dst, old.min(mapped)) };
+        self.munmap(p, mapped);
+        dst
+    }
+
+    fn report(&self) -> serde_json::Value {
+        let stats = self.region.stats();
+        let counters = self.region.counters();
+        let st = self.lock();
+        serde_json::json!({
+            "pid": sys::pid(),
+            "store": self.description,
+            "budget_bytes": self.options.pager.buffer_bytes,
+            "page_bytes": self.options.pager.page_bytes,
+            "threshold_bytes": self.options.threshold,
+            "arena_allocations": st.arena_allocs,
+            "arena_peak_bytes": st.peak_pages * self.page as u64,
+            "stats": stats,
+            "counters": counters,
+        })
+    }
+}
+
+fn describe(c: &StoreConfig) -> String {
+    let kind = match &c.kind {
+        StoreKind::Memory => "memory".to_string(),
+        StoreKind::File { path } => format!("file:{}", path.display()),
+        StoreKind::Remote { nodes } => format!("remote:{}", nodes.join(",")),
+    };
+    format!("{kind} (codec {:?})", c.codec)
+}
+
+extern "C" fn at_exit() {
+    report_at_exit();
+}
+
+static REPORTED: AtomicBool = AtomicBool::new(false);
+
+/// Writes this process's report once (from `exit` or `_exit`).
+pub fn report_at_exit() {
+    let _g = Guard::enter();
+    if FORKED.load(Ordering::Relaxed) || REPORTED.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    if let Some(rt) = started() {
+        report_line(&rt.report());
+    }
+}
+
+static OLD_SIGBUS: OnceLock<libc::sigaction> = OnceLock::new();
+static OLD_SIGSEGV: OnceLock<libc::sigaction> = OnceLock::new();
+
+/// A fault on an arena page that the store could not serve: say which store failed and
+/// why, then let the default action (or the program's handler) take the signal.
+extern "C" fn on_sigbus(sig: c_int, info: *mut libc::siginfo_t, _ctx: *mut std::ffi::c_void) {
+    // SAFETY: the kernel passes a valid siginfo to an SA_SIGINFO handler.
+    let addr = unsafe { sys::fault_address(info) };
+    if in_arena(addr) {
+        let _g = Guard::enter();
+        if let Some(rt) = started() {
+            let why = rt
+                .region
+                .take_error()
+                .map_or_else(|| "no error recorded".to_string(), |e| e.to_string());
+            let msg = format!(
+                "strata run: the store {} failed to serve address {addr:#x}: {why}\n",
+                rt.description
+            );
+            sys::write_stderr(msg.as_bytes());
+            report_line(&serde_json::json!({
+                "pid": sys::pid(), "store_failed": rt.description, "error": why
+            }));
+        }
+    }
+    if let Some(old) = OLD_SIGBUS.get() {
+        sys::restore_handler(sig, old);
+    }
+    // Returning re-runs the access, which faults again under the restored action.
+}
+
+/// In a forked child: there is no pager behind the arena (it is not even mapped, see
+/// `MADV_DONTFORK`), so touching it is refused with a message instead of reading zeros.
+extern "C" fn on_child_sigsegv(
+    sig: c_int,
+    info: *mut libc::siginfo_t,
+    _ctx: *mut std::ffi::c_void,
+) {
+    // SAFETY: the kernel passes a valid siginfo to an SA_SIGINFO handler.
+    let addr = unsafe { sys::fault_address(info) };
+    if in_arena(addr) {
+        sys::write_stderr(
+            b"strata run: a forked child touched memory that Strata pages for its parent; a child must exec (or use only memory it allocates itself): such memory is not copied into children\n",
+        );
+    }
+    if let Some(old) = OLD_SIGSEGV.get() {
+        sys::restore_handler(sig, old);
+    }
+}
+
+unsafe extern "C" fn after_fork_child() {
+    FORKED.store(true, Ordering::Relaxed);
+    if let Some(old) = sys::install_handler(libc::SIGSEGV, on_child_sigsegv) {
+        let _ = OLD_SIGSEGV.set(old);
+    }
+}

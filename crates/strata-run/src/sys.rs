@@ -1,0 +1,257 @@
+//! Every raw call of the interposer: the next definitions of the allocation functions (found
+//! with `dlsym(RTLD_NEXT)`), a small bootstrap heap for the allocations `dlsym` itself makes
+//! before those are known, and the few kernel calls the runtime needs.
+
+use std::ffi::{CStr, c_int, c_void};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+/// The allocation functions of the next library in the lookup order (normally glibc).
+#[derive(Debug, Clone, Copy)]
+pub struct Real {
+    pub malloc: unsafe extern "C" fn(usize) -> *mut c_void,
+    pub free: unsafe extern "C" fn(*mut c_void),
+    pub calloc: unsafe extern "C" fn(usize, usize) -> *mut c_void,
+    pub realloc: unsafe extern "C" fn(*mut c_void, usize) -> *mut c_void,
+    pub posix_memalign: unsafe extern "C" fn(*mut *mut c_void, usize, usize) -> c_int,
+    pub aligned_alloc: unsafe extern "C" fn(usize, usize) -> *mut c_void,
+    pub memalign: unsafe extern "C" fn(usize, usize) -> *mut c_void,
+    pub valloc: unsafe extern "C" fn(usize) -> *mut c_void,
+    pub malloc_usable_size: unsafe extern "C" fn(*mut c_void) -> usize,
+    pub mmap: unsafe extern "C" fn(*mut c_void, usize, c_int, c_int, c_int, i64) -> *mut c_void,
+    pub munmap: unsafe extern "C" fn(*mut c_void, usize) -> c_int,
+    pub mremap: unsafe extern "C" fn(*mut c_void, usize, usize, c_int, ...) -> *mut c_void,
+    pub madvise: unsafe extern "C" fn(*mut c_void, usize, c_int) -> c_int,
+    pub mprotect: unsafe extern "C" fn(*mut c_void, usize, c_int) -> c_int,
+    pub exit_now: unsafe extern "C" fn(c_int) -> !,
+}
+
+/// 0 until resolved, then a leaked `&'static Real`.
+static REAL: AtomicUsize = AtomicUsize::new(0);
+/// Set while one thread runs `dlsym`: allocations then come from the bootstrap heap.
+static RESOLVING: AtomicBool = AtomicBool::new(false);
+
+/// The real functions, or `None` while they are being looked up (the caller then serves the
+/// request from the bootstrap heap).
+pub fn real() -> Option<&'static Real> {
+    let p = REAL.load(Ordering::Acquire);
+    if p != 0 {
+        // SAFETY: a non-zero value is the address of a leaked, never-freed `Real` published
+        // with release ordering below.
+        return Some(unsafe { &*(p as *const Real) });
+    }
+    resolve()
+}
+
+fn resolve() -> Option<&'static Real> {
+    if RESOLVING.swap(true, Ordering::AcqRel) {
+        // Another call (dlsym's own calloc on this thread, or another thread in the same
+        // short window) is resolving: serve it from the bootstrap heap.
+        return None;
+    }
+    let real = Real {
+        malloc: next(c"malloc"),
+        free: next(c"free"),
+        calloc: next(c"calloc"),
+        realloc: next(c"realloc"),
+        posix_memalign: next(c"posix_memalign"),
+        aligned_alloc: next(c"aligned_alloc"),
+        memalign: next(c"memalign"),
+        valloc: next(c"valloc"),
+        malloc_usable_size: next(c"malloc_usable_size"),
+        mmap: next(c"mmap"),
+        munmap: next(c"munmap"),
+        mremap: next(c"mremap"),
+        madvise: next(c"madvise"),
+        mprotect: next(c"mprotect"),
+        exit_now: next(c"_exit"),
+    };
+    // The `Real` lives in the bootstrap heap, which is never freed.
+    let slot = bootstrap_alloc(std::mem::size_of::<Real>()).cast::<Real>();
+    if slot.is_null() {
+        die(b"strata run: the bootstrap heap is exhausted while looking up malloc\n");
+    }
+    // SAFETY: `slot` is a fresh, 16-byte aligned bootstrap block of `size_of::<Real>()` bytes.
+    unsafe { slot.write(real) };
+    REAL.store(slot as usize, Ordering::Release);
+    RESOLVING.store(false, Ordering::Release);
+    // SAFETY: just written and never freed.
+    Some(unsafe { &*slot })
+}
+
+/// Looks `name` up in the libraries after this one; a missing allocation function means
+/// there is no C library to forward to, and nothing can work.
+fn next<F: Copy>(name: &CStr) -> F {
+    // SAFETY: `name` is NUL-terminated; RTLD_NEXT is a valid pseudo-handle.
+    let p = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) };
+    if p.is_null() {
+        die(b"strata run: dlsym(RTLD_NEXT) found no C library allocation function\n");
+    }
+    assert_eq!(std::mem::size_of::<F>(), std::mem::size_of::<*mut c_void>());
+    // SAFETY: `F` is the function-pointer type of `name`'s C prototype (see `Real`), and
+    // function pointers and data pointers have one size and representation on Linux.
+    unsafe { std::mem::transmute_copy::<*mut c_void, F>(&p) }
+}
+
+// ---------------------------------------------------------------------------------------
+// Bootstrap heap: serves `dlsym`'s own calloc (and anything else that allocates while the
+// real functions are looked up). Blocks carry their size in a 16-byte header and are never
+// reused; freeing one is a no-op.
+
+const BOOT_BYTES: usize = 256 << 10;
+#[repr(C, align(16))]
+struct BootHeap(std::cell::UnsafeCell<[u8; BOOT_BYTES]>);
+// SAFETY: blocks are handed out by an atomic bump pointer, so no two callers share bytes.
+unsafe impl Sync for BootHeap {}
+static BOOT: BootHeap = BootHeap(std::cell::UnsafeCell::new([0; BOOT_BYTES]));
+static BOOT_USED: AtomicUsize = AtomicUsize::new(0);
+const HEADER: usize = 16;
+
+/// A zeroed block from the bootstrap heap, or null when it is exhausted.
+pub fn bootstrap_alloc(size: usize) -> *mut u8 {
+    let Some(need) = size.checked_add(HEADER + 15).map(|n| n & !15) else {
+        return std::ptr::null_mut();
+    };
+    let start = BOOT_USED.fetch_add(need, Ordering::Relaxed);
+    if start.saturating_add(need) > BOOT_BYTES {
+        return std::ptr::null_mut();
+    }
+    let base = BOOT.0.get().cast::<u8>();
+    // SAFETY: `[start, start+need)` lies inside the heap and belongs to this caller alone;
+    // the header is 16-byte aligned because `start` and the heap are.
+    unsafe {
+        base.add(start).cast::<usize>().write(size);
+        base.add(start + HEADER)
+    }
+}
+
+/// Whether `p` points into the bootstrap heap.
+pub fn is_bootstrap(p: *const u8) -> bool {
+    let base = BOOT.0.get() as usize;
+    (base..base + BOOT_BYTES).contains(&(p as usize))
+}
+
+/// The size a bootstrap block was asked for.
+///
+/// # Safety
+/// `p` must be a pointer returned by [`bootstrap_alloc`].
+pub unsafe fn bootstrap_size(p: *const u8) -> usize {
+    // SAFETY: the caller vouches that a header precedes `p`.
+    unsafe { p.sub(HEADER).cast::<usize>().read() }
+}
+
+// ---------------------------------------------------------------------------------------
+// Kernel calls.
+
+/// Writes `msg` to standard error with one `write(2)`; safe in signal handlers and inside
+/// malloc (no allocation).
+pub fn write_stderr(msg: &[u8]) {
+    // SAFETY: `msg` is a valid buffer; a short or failed write is acceptable for a message.
+    let _ = unsafe { libc::write(2, msg.as_ptr().cast(), msg.len()) };
+}
+
+/// Writes `msg` to `fd` (a report descriptor) with one `write(2)`.
+pub fn write_fd(fd: c_int, msg: &[u8]) -> bool {
+    // SAFETY: as in `write_stderr`.
+    let n = unsafe { libc::write(fd, msg.as_ptr().cast(), msg.len()) };
+    usize::try_from(n).is_ok_and(|n| n == msg.len())
+}
+
+/// Prints `msg` and ends the process at once (no atexit handlers, no unwinding).
+pub fn die(msg: &[u8]) -> ! {
+    write_stderr(msg);
+    // SAFETY: `_exit` never returns and touches no user-space state.
+    unsafe { libc::_exit(125) }
+}
+
+/// This thread's name as the kernel holds it (`PR_GET_NAME`, at most 15 bytes).
+pub fn thread_name_starts_with(prefix: &[u8]) -> bool {
+    let mut name = [0u8; 17];
+    // SAFETY: PR_GET_NAME writes at most 16 bytes into the buffer.
+    let rc = unsafe { libc::prctl(libc::PR_GET_NAME, name.as_mut_ptr()) };
+    rc == 0 && name.starts_with(prefix)
+}
+
+/// Keeps `[addr, addr+len)` out of forked children (`MADV_DONTFORK`): a child has no pager
+/// behind it, so it gets no mapping there rather than one that silently reads zeros.
+pub fn dont_fork(addr: *mut u8, len: usize) -> std::io::Result<()> {
+    // SAFETY: the range is a mapping the runtime owns; MADV_DONTFORK changes only how fork
+    // copies it.
+    let rc = unsafe { libc::madvise(addr.cast(), len, libc::MADV_DONTFORK) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// Registers `child` to run in the child after every `fork`.
+pub fn at_fork_child(child: unsafe extern "C" fn()) {
+    // SAFETY: `child` is a valid `extern "C"` function for the life of the process.
+    let _ = unsafe { libc::pthread_atfork(None, None, Some(child)) };
+}
+
+/// Registers `f` to run at normal process exit.
+pub fn at_exit(f: extern "C" fn()) {
+    // SAFETY: `f` is a valid function for the life of the process (this library is never
+    // unloaded: it is preloaded).
+    let _ = unsafe { libc::atexit(f) };
+}
+
+/// Signal handler type used with `SA_SIGINFO`.
+pub type SigInfoHandler = extern "C" fn(c_int, *mut libc::siginfo_t, *mut c_void);
+
+/// Installs `handler` for `sig` (with `SA_SIGINFO | SA_NODEFER`-free defaults); returns the
+/// previous action so the handler can chain to it.
+pub fn install_handler(sig: c_int, handler: SigInfoHandler) -> Option<libc::sigaction> {
+    // SAFETY: zeroed sigaction is a valid starting point; the mask is emptied explicitly.
+    let mut act: libc::sigaction = unsafe { std::mem::zeroed() };
+    act.sa_sigaction = handler as *const () as usize;
+    act.sa_flags = libc::SA_SIGINFO;
+    // SAFETY: `act.sa_mask` is a valid sigset_t.
+    unsafe { libc::sigemptyset(&raw mut act.sa_mask) };
+    // SAFETY: zeroed is valid output storage.
+    let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+    // SAFETY: both pointers are valid for the call.
+    let rc = unsafe { libc::sigaction(sig, &raw const act, &raw mut old) };
+    (rc == 0).then_some(old)
+}
+
+/// Puts `old` back as the action for `sig`.
+pub fn restore_handler(sig: c_int, old: &libc::sigaction) {
+    // SAFETY: `old` came from a successful sigaction call.
+    let _ = unsafe { libc::sigaction(sig, old, std::ptr::null_mut()) };
+}
+
+/// The faulting address of a SIGSEGV/SIGBUS.
+///
+/// # Safety
+/// `info` must be the `siginfo_t` the kernel passed to an `SA_SIGINFO` handler.
+pub unsafe fn fault_address(info: *mut libc::siginfo_t) -> usize {
+    // SAFETY: per the caller, `info` is valid; si_addr is set for SIGSEGV and SIGBUS.
+    unsafe { (*info).si_addr() as usize }
+}
+
+/// This process's id.
+pub fn pid() -> u32 {
+    std::process::id()
+}
+
+/// The parent's process id.
+pub fn parent_pid() -> u32 {
+    // SAFETY: getppid cannot fail.
+    let p = unsafe { libc::getppid() };
+    u32::try_from(p).unwrap_or(0)
+}
+
+/// Reads an environment variable without allocating (safe before init and inside malloc).
+pub fn getenv(name: &CStr) -> Option<&'static [u8]> {
+    // SAFETY: `name` is NUL-terminated; the returned string lives in the environment block,
+    // which this library never modifies.
+    let p = unsafe { libc::getenv(name.as_ptr()) };
+    if p.is_null() {
+        None
+    } else {
+        // SAFETY: getenv returns a NUL-terminated string.
+        Some(unsafe { CStr::from_ptr(p) }.to_bytes())
+    }
+}

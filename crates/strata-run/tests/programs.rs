@@ -1,0 +1,398 @@
+//! Unmodified programs under `strata run` with a budget well below their footprint must print
+//! what they print without it: `sort -S`, NumPy, `stress-ng --vm --verify`, a multi-threaded
+//! C program that checks every byte, and fork/exec. Plus bad input to `strata run`.
+//!
+//! Needs the `strata` binary and `libstrata_run.so` of the same profile (both built by
+//! `cargo test --workspace`; `cargo build -p strata-cli -p strata-run` otherwise), gcc, and
+//! for two tests Debian's `stress-ng` and Python's NumPy (installed here with pip if missing).
+//! Each program runs in a child process with a deadline.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn target_dir() -> PathBuf {
+    // target/<profile>/deps/<test binary>
+    let exe = std::env::current_exe().expect("test executable path");
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("test binaries live in target/<profile>/deps")
+        .to_path_buf()
+}
+
+fn strata() -> Option<PathBuf> {
+    let bin = target_dir().join("strata");
+    let lib = target_dir().join("libstrata_run.so");
+    if bin.is_file() && lib.is_file() {
+        Some(bin)
+    } else {
+        eprintln!(
+            "\n*** SKIPPED: {} or {} is missing; run `cargo build -p strata-cli -p strata-run` first (cargo test --workspace builds both) ***\n",
+            bin.display(),
+            lib.display()
+        );
+        None
+    }
+}
+
+fn seed() -> u64 {
+    let s = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| u64::from(d.subsec_nanos()) ^ d.as_secs());
+    println!("seed {s}");
+    s
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("strata-run-test-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&d).expect("scratch directory");
+    d
+}
+
+/// Runs `cmd` with a deadline, killing it if it overruns. Output is collected by a helper
+/// thread, so a program printing more than a pipe holds never blocks.
+fn run(mut cmd: Command, limit: Duration) -> Output {
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let child = cmd.spawn().expect("spawn");
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(out) => out.expect("output"),
+        Err(_) => {
+            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+            let out = rx.recv().expect("output after kill").expect("output");
+            panic!(
+                "{cmd:?} ran past {limit:?}; stderr: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+}
+
+fn compile(name: &str, dir: &Path) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/programs/{name}.c"));
+    let out = dir.join(name);
+    let st = Command::new("gcc")
+        .args(["-O2", "-pthread", "-o"])
+        .arg(&out)
+        .arg(&src)
+        .status()
+        .expect("gcc is needed for these tests (apt-get install gcc)");
+    assert!(st.success(), "compiling {}", src.display());
+    out
+}
+
+/// `strata run OPTIONS -- PROGRAM ARGS`.
+fn under(strata: &Path, opts: &[&str], program: &[&str]) -> Command {
+    let mut c = Command::new(strata);
+    c.arg("run").args(opts).arg("--").args(program);
+    c
+}
+
+fn native(program: &[&str]) -> Command {
+    let mut c = Command::new(program[0]);
+    c.args(&program[1..]);
+    c
+}
+
+/// Output of the program alone and under `strata run` (each store and codec) must match.
+fn same_output(strata: &Path, program: &[&str], configs: &[&[&str]], limit: Duration) {
+    let want = run(native(program), limit);
+    assert!(
+        want.status.success(),
+        "{program:?} failed natively: {want:?}"
+    );
+    for opts in configs {
+        let stats = scratch("stats").join("report.json");
+        let mut all: Vec<&str> = opts.to_vec();
+        let stats_s = stats.to_string_lossy().into_owned();
+        all.extend(["--stats", &stats_s]);
+        let t = Instant::now();
+        let got = run(under(strata, &all, program), limit);
+        println!("{program:?} {opts:?}: {:?}", t.elapsed());
+        assert!(
+            got.status.success(),
+            "{program:?} under {opts:?} failed: {}",
+            String::from_utf8_lossy(&got.stderr)
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&got.stdout),
+            String::from_utf8_lossy(&want.stdout),
+            "{program:?} under {opts:?} printed something else"
+        );
+        let report: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&stats).expect("--stats file")).expect("JSON");
+        let faults = report["totals"]["faults"].as_u64().unwrap_or(0);
+        assert!(
+            faults > 0,
+            "{program:?} under {opts:?} never faulted: the budget did not bind ({report})"
+        );
+    }
+}
+
+const CONFIGS: &[&[&str]] = &[
+    &["--memory", "16MiB"],
+    &["--memory", "16MiB", "--codec", "lz4"],
+    &["--memory", "16MiB", "--store", "file"],
+    &["--memory", "16MiB", "--store", "file", "--codec", "lz4"],
+];
+
+#[test]
+fn threads_check_every_byte_over_each_store() {
+    let Some(strata) = strata() else { return };
+    let dir = scratch("bytes");
+    let prog = compile("check_bytes", &dir);
+    let s = seed().to_string();
+    // 4 threads x 24 MiB plus a 16 MiB mapping, with a 16 MiB budget.
+    let p = prog.to_string_lossy();
+    same_output(
+        &strata,
+        &[&p, &s, "4", "24"],
+        CONFIGS,
+        Duration::from_secs(60),
+    );
+}
+
+#[test]
+fn sort_of_a_file_larger_than_the_budget() {
+    let Some(strata) = strata() else { return };
+    let dir = scratch("sort");
+    let input = dir.join("input.txt");
+    let mut x = seed();
+    let mut text = String::with_capacity(12 << 20);
+    while text.len() < 12 << 20 {
+        x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+        text.push_str(&format!("{:016x} {}\n", x, x >> 50));
+    }
+    std::fs::write(&input, text).expect("input");
+    let i = input.to_string_lossy();
+    same_output(
+        &strata,
+        &["sort", "-S", "64M", "--parallel=2", &i],
+        &CONFIGS[..2],
+        Duration::from_secs(60),
+    );
+}
+
+#[test]
+fn numpy_sorts_an_array_four_times_the_budget() {
+    let Some(strata) = strata() else { return };
+    let has_numpy = || {
+        Command::new("python3")
+            .args(["-c", "import numpy"])
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if !has_numpy() {
+        let pip = Command::new("python3")
+            .args(["-m", "pip", "install", "-q", "numpy"])
+            .status();
+        if !pip.is_ok_and(|s| s.success()) || !has_numpy() {
+            eprintln!(
+                "\n*** SKIPPED: NumPy is missing and `python3 -m pip install numpy` failed; install pip ***\n"
+            );
+            return;
+        }
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/numpy_sort.py");
+    let s = seed().to_string();
+    let sc = script.to_string_lossy();
+    // 64 MiB of float64 against a 16 MiB budget.
+    same_output(
+        &strata,
+        &["python3", &sc, &s, "64"],
+        &CONFIGS[..2],
+        Duration::from_secs(90),
+    );
+}
+
+#[test]
+fn stress_ng_vm_verifies_under_the_budget() {
+    let Some(strata) = strata() else { return };
+    if Command::new("stress-ng").arg("--version").output().is_err() {
+        eprintln!(
+            "\n*** SKIPPED: stress-ng is missing; apt-get install stress-ng (.ci/run does) ***\n"
+        );
+        return;
+    }
+    for opts in &CONFIGS[..2] {
+        let mut all = opts.to_vec();
+        all.push("--summary");
+        let out = run(
+            under(
+                &strata,
+                &all,
+                &[
+                    "stress-ng",
+                    "--vm",
+                    "2",
+                    "--vm-bytes",
+                    "32M",
+                    "--verify",
+                    "--vm-ops",
+                    "300",
+                    "-t",
+                    "30s",
+                ],
+            ),
+            Duration::from_secs(60),
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        println!("{err}");
+        assert!(
+            out.status.success(),
+            "stress-ng failed under {opts:?}: {err}"
+        );
+        assert!(
+            err.contains("successful run completed") && !err.contains("fail"),
+            "stress-ng did not verify cleanly under {opts:?}: {err}"
+        );
+        assert!(
+            !err.contains(" 0 faults"),
+            "stress-ng's memory was not paged: {err}"
+        );
+    }
+}
+
+#[test]
+fn fork_exec_works_and_a_forked_child_is_refused_clearly() {
+    let Some(strata) = strata() else { return };
+    let dir = scratch("fork");
+    let prog = compile("fork_exec", &dir);
+    let p = prog.to_string_lossy();
+    same_output(
+        &strata,
+        &[&p, "exec"],
+        &[&["--memory", "4MiB"]],
+        Duration::from_secs(30),
+    );
+    let out = run(
+        under(&strata, &["--memory", "4MiB"], &[&p, "touch"]),
+        Duration::from_secs(30),
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stdout.contains("child own memory ok"), "{stdout}");
+    assert!(
+        stdout.contains("child signal 11"),
+        "the child must be refused, not read zeros: {stdout}"
+    );
+    assert!(
+        stderr.contains("forked child touched memory that Strata pages"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn exit_status_and_signals_pass_through() {
+    let Some(strata) = strata() else { return };
+    let out = run(
+        under(&strata, &[], &["sh", "-c", "exit 7"]),
+        Duration::from_secs(10),
+    );
+    assert_eq!(out.status.code(), Some(7));
+    let out = run(
+        under(&strata, &[], &["sh", "-c", "kill -USR1 $$"]),
+        Duration::from_secs(10),
+    );
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(out.status.signal(), Some(libc_sigusr1()));
+}
+
+fn libc_sigusr1() -> i32 {
+    10
+}
+
+#[test]
+fn bad_input_is_refused_before_the_program_starts() {
+    let Some(strata) = strata() else { return };
+    let marker = scratch("bad").join("started");
+    let m = marker.to_string_lossy().into_owned();
+    let touch = ["sh", "-c", "touch \"$0\"", m.as_str()];
+    let cases: &[(&[&str], &str)] = &[
+        (&["--bogus"], "unexpected argument"),
+        (&["--memory", "0"], "budget of 0"),
+        (&["--memory", "64KiB"], "too small to run at all"),
+        (&["--memory", "lots"], "is not a size"),
+        (&["--codec", "gzip"], "codec"),
+        (&["--store", "file:/nonexistent/dir"], "does not exist"),
+        (&["--store", "remote:127.0.0.1:1"], "token"),
+    ];
+    for (opts, want) in cases {
+        let out = run(under(&strata, opts, &touch), Duration::from_secs(30));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{opts:?} was accepted");
+        assert!(err.contains(want), "{opts:?}: expected {want:?} in {err}");
+        assert!(!marker.exists(), "{opts:?}: the program started anyway");
+    }
+    // An unreachable memory node is reported before the program starts.
+    let mut c = under(&strata, &["--store", "remote:127.0.0.1:1"], &touch);
+    c.env("STRATA_REMOTE_TOKEN", "x")
+        .env("STRATA_REMOTE_TIMEOUT", "2");
+    let out = run(c, Duration::from_secs(60));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("cannot be reached"),
+        "{err}"
+    );
+    assert!(!marker.exists());
+    // No program at all.
+    let out = run(
+        {
+            let mut c = Command::new(&strata);
+            c.args(["run", "--memory", "1GiB"]);
+            c
+        },
+        Duration::from_secs(10),
+    );
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("PROGRAM"));
+    // A program that does not exist.
+    let out = run(
+        under(&strata, &[], &["/nonexistent/program"]),
+        Duration::from_secs(10),
+    );
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot start"));
+}
+
+#[test]
+fn preloaded_alone_writes_its_report_and_leaves_no_store_file() {
+    let Some(_) = strata() else { return };
+    let dir = scratch("alone");
+    let prog = compile("check_bytes", &dir);
+    let stats = dir.join("stats.jsonl");
+    let store_dir = dir.join("store");
+    std::fs::create_dir_all(&store_dir).expect("store dir");
+    let mut c = Command::new(&prog);
+    c.args([&seed().to_string(), "2", "8"])
+        .env("LD_PRELOAD", target_dir().join("libstrata_run.so"))
+        .env("STRATA_RUN_MEMORY", "4MiB")
+        .env("STRATA_STORE", format!("file:{}", store_dir.display()))
+        .env("STRATA_RUN_STATS", &stats);
+    let out = run(c, Duration::from_secs(60));
+    assert!(out.status.success(), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("ok "));
+    let line = std::fs::read_to_string(&stats).expect("report written at exit");
+    let v: serde_json::Value = serde_json::from_str(line.lines().next().unwrap()).unwrap();
+    assert!(v["stats"]["faults"].as_u64().unwrap() > 0, "{v}");
+    assert_eq!(
+        std::fs::read_dir(&store_dir).unwrap().count(),
+        0,
+        "the store file must be gone"
+    );
+    // A program killed mid-run leaves no store file either (it was unlinked when opened).
+    let mut c = Command::new("sh");
+    c.args([
+        "-c",
+        "python3 -c 'import time; b = bytearray(64 << 20); time.sleep(30)' & sleep 2; kill -9 $!",
+    ])
+    .env("LD_PRELOAD", target_dir().join("libstrata_run.so"))
+    .env("STRATA_RUN_MEMORY", "4MiB")
+    .env("STRATA_STORE", format!("file:{}", store_dir.display()));
+    let _ = run(c, Duration::from_secs(30));
+    assert_eq!(std::fs::read_dir(&store_dir).unwrap().count(), 0);
+}
