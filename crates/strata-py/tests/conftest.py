@@ -38,7 +38,9 @@ def memory_node():
         pytest.skip("no strata binary (set PYSTRATA_BIN) to start a memory node")
     token = "pytest-" + os.urandom(8).hex()
     proc = subprocess.Popen(
-        [binary, "serve", "--listen", "127.0.0.1:0", "--capacity", "256MiB", "--token", token],
+        [binary, "serve", "--listen", "127.0.0.1:0", "--capacity", "256MiB"],
+        # The node takes its token from the environment or a file, never from argv.
+        env={**os.environ, "STRATA_REMOTE_TOKEN": token},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
