@@ -173,20 +173,66 @@ pub fn measure(ordinal: usize) -> Result<BTreeMap<String, Probe>, GpuProbeError>
         .and_then(|g| g.into_iter().find(|g| g.ordinal == ordinal))
         .map(|g| g.peers)
         .unwrap_or_default();
-    let why = if peers.is_empty() {
-        "no peer GPU".to_string()
-    } else {
-        format!(
-            "peers {peers:?} present, but strata-gpu's driver wrappers offer no peer access yet"
-        )
-    };
-    out.insert(
-        "peer-read".into(),
-        Probe {
-            value: None,
-            unit: "GB/s".into(),
-            note: format!("skipped: {why}"),
-        },
-    );
+    match peers.first() {
+        None => {
+            for name in ["peer-read", "peer-page-gather-4k"] {
+                out.insert(
+                    name.into(),
+                    Probe {
+                        value: None,
+                        unit: if name == "peer-read" {
+                            "GB/s"
+                        } else {
+                            "Mpages/s"
+                        }
+                        .into(),
+                        note: "skipped: no peer GPU".into(),
+                    },
+                );
+            }
+        }
+        Some(&peer_ordinal) => {
+            // The peer's memory, read by this GPU's SMs through the peer mapping.
+            let peer = Gpu::open(peer_ordinal)?;
+            let remote = DeviceBuffer::zeroed(&peer, STREAM_BYTES)?;
+            gpu.enable_peer_access(&peer)?;
+            gpu.bind()?;
+            let ms = median_ms(&gpu, || {
+                let args = Args::new()
+                    .arg(remote.ptr())
+                    .arg(STREAM_BYTES as u64)
+                    .arg(sink.ptr());
+                launch_full(&stream_read, &args)
+            })?;
+            out.insert(
+                "peer-read".into(),
+                Probe {
+                    value: Some(gbs(STREAM_BYTES, ms)),
+                    unit: "GB/s".into(),
+                    note: format!("SMs stream 1 GiB of GPU {peer_ordinal}'s memory (peer access)"),
+                },
+            );
+            let count: u64 = 1 << 21;
+            let ms = median_ms(&gpu, || {
+                let args = Args::new()
+                    .arg(remote.ptr())
+                    .arg(STREAM_BYTES as u64 / 4096)
+                    .arg(frames.ptr())
+                    .arg(GATHER_FRAMES_BYTES as u64 / 4096)
+                    .arg(4096u64)
+                    .arg(count)
+                    .arg(0x5eed_u64);
+                launch_full(&page_gather, &args)
+            })?;
+            out.insert(
+                "peer-page-gather-4k".into(),
+                Probe {
+                    value: Some(mps(count, ms)),
+                    unit: "Mpages/s".into(),
+                    note: format!("one warp per random 4 KiB page, GPU {peer_ordinal} -> this GPU"),
+                },
+            );
+        }
+    }
     Ok(out)
 }

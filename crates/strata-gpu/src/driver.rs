@@ -187,6 +187,21 @@ impl Gpu {
         )
     }
 
+    /// Lets kernels in this GPU's context read and write `peer`'s device memory (over NVLink
+    /// or PCIe peer-to-peer), by the pointers `peer`'s allocations already have. Enabling
+    /// twice is not an error. Fails where the two GPUs cannot reach each other (see
+    /// `probe::gpus()`'s `peers`).
+    pub fn enable_peer_access(&self, peer: &Gpu) -> Result<(), DriverError> {
+        self.bind()?;
+        // SAFETY: this context is current (bind above); `peer.ctx` is a live context; flags
+        // must be 0.
+        let code = unsafe { sys::cuCtxEnablePeerAccess(peer.ctx.cu_ctx(), 0) };
+        if code == sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED {
+            return Ok(());
+        }
+        check(code, "cuCtxEnablePeerAccess")
+    }
+
     /// `sm_XY` for NVRTC.
     pub fn arch(&self) -> String {
         format!(
