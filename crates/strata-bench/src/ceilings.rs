@@ -180,8 +180,8 @@ pub struct ProbeOptions {
     pub disk_bytes: u64,
     /// Directory of the disk probe's file (the disk that benchmarks page from).
     pub disk_dir: PathBuf,
-    /// Run the GPU probes (GPU 0), when a driver is present.
-    pub gpu: bool,
+    /// Run the GPU probes on this GPU ordinal, when a driver is present (`None`: skip them).
+    pub gpu: Option<usize>,
 }
 
 impl Default for ProbeOptions {
@@ -190,18 +190,14 @@ impl Default for ProbeOptions {
             host_bytes: 512 << 20,
             disk_bytes: 256 << 20,
             disk_dir: std::env::temp_dir(),
-            gpu: true,
+            gpu: Some(0),
         }
     }
 }
 
 /// Runs every probe.
 pub fn measure(opts: &ProbeOptions, log: &mut dyn FnMut(String)) -> Ceilings {
-    let device = if opts.gpu {
-        crate::record::Device::of(0)
-    } else {
-        None
-    };
+    let device = opts.gpu.and_then(crate::record::Device::of);
     let mut c = Ceilings {
         key: key(device.as_ref()),
         probes: Default::default(),
@@ -217,13 +213,15 @@ pub fn measure(opts: &ProbeOptions, log: &mut dyn FnMut(String)) -> Ceilings {
         "disk-direct-read".into(),
         disk_direct_read(&opts.disk_dir, opts.disk_bytes),
     );
-    let gpu_probes = if !opts.gpu {
-        Err("GPU probes not asked for".to_string())
-    } else if !strata_gpu::probe::driver_present() {
-        Err("no CUDA driver".to_string())
-    } else {
-        log("probing GPU 0 (PCIe, page gathers, HBM)".into());
-        crate::gpu_ceilings::measure(0).map_err(|e| format!("GPU probe failed: {e}"))
+    let gpu_probes = match opts.gpu {
+        None => Err("GPU probes not asked for".to_string()),
+        Some(_) if !strata_gpu::probe::driver_present() => Err("no CUDA driver".to_string()),
+        Some(ordinal) => {
+            log(format!(
+                "probing GPU {ordinal} (PCIe, page gathers, HBM, peers)"
+            ));
+            crate::gpu_ceilings::measure(ordinal).map_err(|e| format!("GPU probe failed: {e}"))
+        }
     };
     match gpu_probes {
         Ok(probes) => c.probes.extend(probes),
@@ -374,7 +372,7 @@ pub fn for_run(
     ));
     let opts = ProbeOptions {
         disk_dir: disk_dir.to_path_buf(),
-        gpu,
+        gpu: gpu.then_some(0),
         ..ProbeOptions::default()
     };
     let c = measure(&opts, log);
@@ -399,7 +397,7 @@ mod tests {
             host_bytes: 64 << 20,
             disk_bytes: 16 << 20,
             disk_dir: dir,
-            gpu: true,
+            gpu: Some(0),
         };
         let c = measure(&opts, &mut |_| {});
         let host = c

@@ -1,6 +1,7 @@
 //! `strata bench ceilings` (probe this machine's limits and cache them) and `strata bench
 //! compare OLD.json NEW.json` (per-figure ratios, drops beyond the run-to-run spread).
 
+use anyhow::Context as _;
 use std::path::PathBuf;
 
 use crate::ceilings::{self, ProbeOptions};
@@ -23,6 +24,9 @@ pub struct CeilingsArgs {
     /// Bytes the host-memory probe reads.
     #[arg(long, default_value = "512MiB", value_parser = size_arg)]
     host_size: u64,
+    /// GPU whose ceilings to probe (its peers are probed from it).
+    #[arg(long, default_value_t = 0)]
+    gpu: usize,
     /// Skip the GPU probes.
     #[arg(long)]
     no_gpu: bool,
@@ -36,7 +40,7 @@ pub fn ceilings(args: &CeilingsArgs) -> anyhow::Result<()> {
     let device = if args.no_gpu {
         None
     } else {
-        record::Device::of(0)
+        record::Device::of(args.gpu)
     };
     let key = ceilings::key(device.as_ref());
     if args.show {
@@ -51,11 +55,15 @@ pub fn ceilings(args: &CeilingsArgs) -> anyhow::Result<()> {
         args.disk_size >= 1 << 20 && args.host_size >= 1 << 20,
         "--disk-size and --host-size must be at least 1MiB"
     );
+    if let Some(dir) = &args.dir {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("cannot create --dir {}", dir.display()))?;
+    }
     let opts = ProbeOptions {
         host_bytes: usize::try_from(args.host_size)?,
         disk_bytes: args.disk_size,
         disk_dir: args.dir.clone().unwrap_or_else(std::env::temp_dir),
-        gpu: !args.no_gpu,
+        gpu: (!args.no_gpu).then_some(args.gpu),
     };
     let c = ceilings::measure(&opts, &mut |line| eprintln!("{line}"));
     print!("{}", c.table());
