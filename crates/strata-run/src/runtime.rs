@@ -10,10 +10,10 @@ use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::ffi::c_int;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Mutex, OnceLock};
 
+use strata_core::StoreConfig;
 use strata_core::config::StoreKind;
-use strata_core::{Store, StoreConfig};
 use strata_pager::Region;
 
 use crate::arena::{Arena, Extent};
@@ -174,17 +174,12 @@ struct State {
 #[derive(Debug)]
 pub struct Runtime {
     region: Region,
-    store: Arc<dyn Store>,
     base: usize,
     page: usize,
-    zero_via_store: bool,
     state: Mutex<State>,
     description: String,
     options: Options,
 }
-
-// Pages of zeros written to the store to clear reused space (see `zero`).
-const ZERO_CHUNK: usize = 1 << 20;
 
 impl Runtime {
     fn start() -> Result<Self, String> {
@@ -217,7 +212,7 @@ impl Runtime {
             let _ = std::fs::remove_file(file);
         }
         let store = store?;
-        let region = Region::builder(Arc::clone(&store), arena_bytes)
+        let region = Region::builder(store, arena_bytes)
             .config(options.pager.clone())
             .build()
             .map_err(|e| format!("cannot map the arena over {described}: {e}"))?;
@@ -227,8 +222,6 @@ impl Runtime {
             .map_err(|e| format!("madvise(MADV_DONTFORK) on the arena failed: {e}"))?;
         let pages = (len / usize::try_from(page).unwrap_or(usize::MAX)) as u64;
         let rt = Self {
-            zero_via_store: options.pager.read_ahead == 0,
-            store,
             base,
             page: usize::try_from(page).unwrap_or(usize::MAX),
             state: Mutex::new(State {
@@ -301,29 +294,15 @@ impl Runtime {
         user as *mut u8
     }
 
-    /// Clears a reused extent. Its pages were dropped when it was freed, so with read-ahead
-    /// off nothing can bring them back in meanwhile, and writing zeros to the store costs
-    /// no fault; with read-ahead on, the pages are cleared through memory instead.
+    /// Clears a reused extent by discarding its pages: they read as zeros from then on,
+    /// filled without touching the store. (A freed extent was discarded already; this also
+    /// covers space whose discard at free time was only partly done.) If the discard is
+    /// refused, the zeros are written through memory instead.
     fn zero(&self, e: &Extent) {
         let offset = (self.addr(e) - self.base) as u64;
         let len = self.bytes(e);
-        if self.zero_via_store {
-            let zeros = vec![0u8; ZERO_CHUNK.min(len)];
-            let mut done = 0;
-            while done < len {
-                let n = zeros.len().min(len - done);
-                if self
-                    .store
-                    .write_at(offset + done as u64, &zeros[..n])
-                    .is_err()
-                {
-                    break;
-                }
-                done += n;
-            }
-            if done == len {
-                return;
-            }
+        if self.region.discard(offset, len as u64).is_ok() {
+            return;
         }
         // SAFETY: the extent was just handed out to this caller and lies inside the arena.
         unsafe { std::ptr::write_bytes(self.addr(e) as *mut u8, 0, len) };
@@ -343,8 +322,8 @@ impl Runtime {
         }
     }
 
-    /// Frees the block at `p`: its pages are dropped (written back if dirty: the pager has
-    /// no discard), then its space is reused.
+    /// Frees the block at `p`: its pages are discarded (dropped without being written back;
+    /// they read as zeros from then on), then its space is reused.
     pub fn free(&self, p: usize) {
         let _g = Guard::enter();
         let block = self.lock().blocks.remove(&p);
@@ -358,11 +337,11 @@ impl Runtime {
 
     fn release(&self, e: &Extent) {
         let offset = (self.addr(e) - self.base) as u64;
-        match self.region.evict(offset, self.bytes(e) as u64) {
+        match self.region.discard(offset, self.bytes(e) as u64) {
             Ok(_) => self.lock().arena.release(e.start, e.pages),
             Err(err) => {
-                // The pages stay resident and dirty; keep the space out of use so that
-                // nothing reads the store under them.
+                // The pages may still be resident; keep the space out of use so that
+                // nothing handed out later sees them.
                 let msg = format!(
                     "strata run: dropping freed pages of {} failed: {err}; the space is kept out of use\n",
                     self.description
@@ -381,8 +360,18 @@ impl Runtime {
             let Some(&b) = st.blocks.get(&p) else {
                 return std::ptr::null_mut();
             };
-            let cap = self.addr(&b.extent) + self.bytes(&b.extent) - p;
+            let end = self.addr(&b.extent) + self.bytes(&b.extent);
+            let cap = end - p;
             if size <= cap {
+                drop(st);
+                // Shrinking: the whole pages past the new size hold nothing the program may
+                // read again (realloc keeps only `size` bytes), so drop them unwritten.
+                let tail = (p + size).next_multiple_of(self.page);
+                if tail < end {
+                    let _ = self
+                        .region
+                        .discard((tail - self.base) as u64, (end - tail) as u64);
+                }
                 return p as *mut u8;
             }
             let more = (size - cap).div_ceil(self.page) as u64;

@@ -44,6 +44,18 @@ pub enum RegionError {
         /// What to do.
         hint: &'static str,
     },
+    /// A discard range that does not cover whole pages.
+    #[error(
+        "discard of {len} bytes at offset {offset} is not page-aligned (pages of {page_bytes} bytes); round the start up and the end down to whole pages"
+    )]
+    Unaligned {
+        /// Offset asked for.
+        offset: u64,
+        /// Length asked for.
+        len: u64,
+        /// Page size.
+        page_bytes: u64,
+    },
     /// A page could not be read from the store.
     #[error("filling page {page} (store offset {offset}) failed: {source}")]
     Fill {

@@ -137,14 +137,7 @@ impl Shared {
             return (Vec::new(), first_error);
         }
         claimed.sort_unstable_by_key(|&(page, _)| page);
-        let mut ranges: Vec<(usize, usize)> = Vec::new();
-        for &(page, _) in &claimed {
-            let addr = self.page_addr(page);
-            match ranges.last_mut() {
-                Some((start, len)) if *start + *len == addr => *len += self.page_bytes,
-                _ => ranges.push((addr, self.page_bytes)),
-            }
-        }
+        let ranges = self.page_ranges(&claimed);
         if let Err(e) = self.drop_ranges(&ranges) {
             // Nothing was lost: dirty pages were written back (and are protected again).
             eprintln!("strata-pager: MADV_DONTNEED failed: {e}");
@@ -161,6 +154,19 @@ impl Shared {
         }
         self.stats.add_evictions(claimed.len() as u64);
         (frames, first_error)
+    }
+
+    /// The address ranges of `claimed` pages (sorted by page), neighbours merged.
+    pub(super) fn page_ranges(&self, claimed: &[(usize, u64)]) -> Vec<(usize, usize)> {
+        let mut ranges: Vec<(usize, usize)> = Vec::new();
+        for &(page, _) in claimed {
+            let addr = self.page_addr(page);
+            match ranges.last_mut() {
+                Some((start, len)) if *start + *len == addr => *len += self.page_bytes,
+                _ => ranges.push((addr, self.page_bytes)),
+            }
+        }
+        ranges
     }
 
     /// Drops the pages of `ranges` (addresses inside the mapping) from memory.
@@ -265,7 +271,7 @@ impl Shared {
                     if let Err(e) = cleared {
                         eprintln!("strata-pager: clearing a poisoned page failed: {e}");
                     }
-                    self.finish(page, State::Absent as u64);
+                    self.finish(page, self.released(page, State::Absent));
                 }
                 _ => {}
             }

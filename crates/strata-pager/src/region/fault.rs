@@ -6,6 +6,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use super::RegionError;
+use super::discard::DISCARDED;
 use super::shared::{Scratch, Shared, bump};
 use crate::pages::{REF, STAMP_BITS, State, word};
 use crate::sys::{self, FaultPoller, UffdMsg};
@@ -237,6 +238,14 @@ impl Shared {
         on_error: &OnFillError,
         scratch: &mut Scratch,
     ) -> Result<usize, RegionError> {
+        // A discarded page is filled alone with zeros, without reading the store.
+        let zero = self.pages.load(first) & DISCARDED != 0;
+        let count = if zero && count > 1 {
+            self.release_run(first + 1, count - 1);
+            1
+        } else {
+            count
+        };
         let mut frames = Vec::with_capacity(count);
         for i in 0..count {
             let frame = match (source, i) {
@@ -269,13 +278,16 @@ impl Shared {
         let bytes = got * self.page_bytes;
         let buf = scratch.get(bytes);
         let inside = (0..got).map(|i| self.io_len(first + i)).sum::<usize>();
-        if inside < bytes {
-            buf[inside..].fill(0);
+        if inside < bytes || zero {
+            buf[if zero { 0 } else { inside }..].fill(0);
         }
-        if let Err(source) = self
-            .store
-            .read_at(self.store_offset(first), &mut buf[..inside])
-        {
+        let read = if zero {
+            Ok(())
+        } else {
+            self.store
+                .read_at(self.store_offset(first), &mut buf[..inside])
+        };
+        if let Err(source) = read {
             for f in &frames {
                 self.frames.push(*f);
             }
@@ -293,7 +305,9 @@ impl Shared {
             }
             return Err(error);
         }
-        self.stats.add_read(self.tier, inside as u64);
+        if !zero {
+            self.stats.add_read(self.tier, inside as u64);
+        }
         for (i, f) in frames.iter().enumerate() {
             self.frames.assign(*f, first + i);
         }
@@ -326,7 +340,12 @@ impl Shared {
                     bump(&self.counters.refaults, 1);
                 }
             }
-            let state = if write { State::Dirty } else { State::Clean };
+            // A zero page differs from the store's copy: dirty, so eviction writes it.
+            let state = if write || zero {
+                State::Dirty
+            } else {
+                State::Clean
+            };
             self.finish(page, word::with_frame(word::with_state(new, state), *f));
         }
         Ok(got)
@@ -334,7 +353,7 @@ impl Shared {
 
     pub(super) fn release_run(&self, first: usize, count: usize) {
         for page in first..first + count {
-            self.finish(page, State::Absent as u64);
+            self.finish(page, self.released(page, State::Absent));
         }
     }
 
@@ -344,7 +363,7 @@ impl Shared {
         if self.use_poison {
             match self.uffd.poison(self.page_addr(page), self.page_bytes) {
                 Ok(()) => {
-                    self.finish(page, State::Poisoned as u64);
+                    self.finish(page, self.released(page, State::Poisoned));
                     return;
                 }
                 Err(e) => eprintln!("strata-pager: UFFDIO_POISON failed: {e}; sending SIGBUS"),
@@ -353,7 +372,7 @@ impl Shared {
         if let Err(e) = sys::sigbus_thread(tid) {
             eprintln!("strata-pager: cannot deliver SIGBUS to thread {tid}: {e}");
         }
-        self.finish(page, State::Absent as u64);
+        self.finish(page, self.released(page, State::Absent));
         self.wake(page);
     }
 

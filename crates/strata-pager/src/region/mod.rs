@@ -42,6 +42,7 @@
 //! - this file: the public [`Region`] API (access, statistics, flush, prefetch, evict, unmap).
 
 mod builder;
+mod discard;
 mod error;
 mod evict;
 mod fault;
@@ -257,6 +258,33 @@ impl Region {
     pub fn evict(&self, offset: u64, len: u64) -> Result<u64, RegionError> {
         let (first, last) = self.check_range(offset, len)?;
         self.shared.evict_pages(first, last)
+    }
+
+    /// Discards `[offset, offset+len)`: its pages are dropped without being written back, and
+    /// every later access reads zeros (filled without reading the store) until written.
+    /// The store's bytes for the range are unspecified until the pages are written back again
+    /// (a zero page filled after a discard is dirty, so its eviction writes the zeros).
+    ///
+    /// `offset` must be a multiple of the page size, and `offset + len` too unless it is the
+    /// end of the region. Safe against concurrent faults, evictions and flushes: a fill,
+    /// write-back or flush in progress on a page of the range finishes first, pages outside
+    /// the range are untouched. An access racing with the discard of its own page sees either
+    /// the old contents (if it completed first) or zeros, never a fault error. Returns the
+    /// number of resident pages dropped.
+    pub fn discard(&self, offset: u64, len: u64) -> Result<u64, RegionError> {
+        let pb = self.shared.config.page_bytes;
+        let end = offset.checked_add(len);
+        let aligned = offset.is_multiple_of(pb)
+            && end.is_some_and(|e| e.is_multiple_of(pb) || e == self.shared.size);
+        let (first, last) = self.check_range(offset, len)?;
+        if !aligned {
+            return Err(RegionError::Unaligned {
+                offset,
+                len,
+                page_bytes: pb,
+            });
+        }
+        self.shared.discard_pages(first, last)
     }
 
     /// Drops every resident page (writing dirty ones back).

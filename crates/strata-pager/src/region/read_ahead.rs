@@ -5,6 +5,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::RegionError;
+use super::discard::joins_run;
 use super::fault::{FrameSource, OnFillError};
 use super::shared::{MAX_RUN_BYTES, Scratch, Shared, bump};
 use crate::pages::{State, word};
@@ -20,9 +21,7 @@ impl Shared {
         let mut count = 0;
         for q in first..end {
             let w = self.pages.load(q);
-            if word::state(w) != State::Absent
-                || !self.pages.cas(q, w, word::with_state(w, State::Filling))
-            {
+            if !joins_run(w) || !self.pages.cas(q, w, word::with_state(w, State::Filling)) {
                 break;
             }
             count += 1;
@@ -100,9 +99,12 @@ impl Shared {
             while page + count < last && count < max_run {
                 let q = page + count;
                 let w = self.pages.load(q);
-                if word::state(w) != State::Absent
-                    || !self.pages.cas(q, w, word::with_state(w, State::Filling))
-                {
+                let joins = if count == 0 {
+                    word::state(w) == State::Absent
+                } else {
+                    joins_run(w)
+                };
+                if !joins || !self.pages.cas(q, w, word::with_state(w, State::Filling)) {
                     break;
                 }
                 count += 1;
