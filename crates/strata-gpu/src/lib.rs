@@ -72,6 +72,7 @@ pub mod driver;
 pub mod layout;
 pub mod nvrtc;
 pub mod probe;
+pub mod ring;
 pub mod space;
 
 pub use space::{
