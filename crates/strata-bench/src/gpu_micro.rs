@@ -252,6 +252,7 @@ impl Ctx<'_> {
             element: ElementType::U64,
             policy,
             read_through: false,
+            host_cache_bytes: None,
         };
         let mut space = self.strata.space(self.opts.cache_bytes * ratio, &o)?;
         let seed = self.seed ^ ratio ^ page;

@@ -112,6 +112,7 @@ pub fn space_options(o: &CSpaceOptions) -> Result<SpaceOptions, Error> {
         element,
         policy,
         read_through: o.read_through != 0,
+        host_cache_bytes: None,
     })
 }
 

@@ -158,6 +158,11 @@ pub struct SpaceOptions {
     /// referenced again migrates (`evict` forgets the history of its range). For read-only
     /// data read about once per kernel; kernels must not write pages they read this way.
     pub read_through: bool,
+    /// Spaces over a store ([`Strata::space_over_store`]): bytes of pinned host memory for the
+    /// host cache between the GPU cache and the store (whole pages, at least 2). `None`: a
+    /// quarter of the host's available memory, at most the space's size. Spaces backed by a
+    /// full pinned host copy ([`Strata::space`]) ignore it.
+    pub host_cache_bytes: Option<u64>,
 }
 
 impl Default for SpaceOptions {
@@ -168,6 +173,7 @@ impl Default for SpaceOptions {
             element: ElementType::U64,
             policy: EvictionPolicy::Clock,
             read_through: false,
+            host_cache_bytes: None,
         }
     }
 }
@@ -266,6 +272,24 @@ impl Strata {
     /// Creates a space of `size_bytes`, zero-filled, with an empty cache.
     pub fn space(&self, size_bytes: u64, options: &SpaceOptions) -> Result<Space, SpaceError> {
         Space::new(self, size_bytes, options)
+    }
+
+    /// Creates a space of `size_bytes` whose bytes live in `store` (from its offset 0; the
+    /// store must hold at least `size_bytes`): memory, file, a memory node, a compressed store.
+    /// Pages move store -> host cache (pinned, `options.host_cache_bytes`) -> GPU cache on
+    /// demand, through a request ring that host threads serve; dirty pages go back down the
+    /// same chain. [`Space::flush`] makes the store current; [`Space::close`] flushes and
+    /// hands back what it could not write.
+    pub fn space_over_store(
+        &self,
+        store: Arc<dyn Store>,
+        size_bytes: u64,
+        options: &SpaceOptions,
+    ) -> Result<Space, SpaceError> {
+        let _ = (store, size_bytes, options);
+        Err(SpaceError::Invalid(
+            "spaces over a store are being built in this branch".into(),
+        ))
     }
 
     fn maintenance_grid(&self) -> Grid {
@@ -895,6 +919,7 @@ mod tests {
             element: ElementType::F64,
             policy,
             read_through: false,
+            host_cache_bytes: None,
         }
     }
 

@@ -48,5 +48,6 @@ pub fn opts(page: u64, cache: u64, policy: EvictionPolicy) -> SpaceOptions {
         element: ElementType::U64,
         policy,
         read_through: false,
+        host_cache_bytes: None,
     }
 }
