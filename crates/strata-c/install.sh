@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs libstrata for C, C++ and CUDA programs under PREFIX:
-#   PREFIX/lib/libstrata.so, PREFIX/include/{strata.h,strata.cuh},
+#   PREFIX/lib/libstrata.so, PREFIX/include/{strata.h,strata.cuh,strata/*.cuh},
 #   PREFIX/lib/pkgconfig/strata.pc, PREFIX/lib/cmake/Strata/StrataConfig{,Version}.cmake
 # Usage: crates/strata-c/install.sh PREFIX [LIBDIR]  (LIBDIR: where libstrata.so was built,
 # default target/release; build it first with `cargo build --release -p strata-c`).
@@ -15,6 +15,8 @@ mkdir -p "$prefix/lib/pkgconfig" "$prefix/lib/cmake/Strata" "$prefix/include"
 prefix="$(cd "$prefix" && pwd)"
 install -m 0755 "$libdir/libstrata.so" "$prefix/lib/libstrata.so"
 install -m 0644 "$here/include/strata.h" "$root/crates/strata-gpu/cuda/strata.cuh" "$prefix/include/"
+mkdir -p "$prefix/include/strata"
+install -m 0644 "$root"/crates/strata-gpu/cuda/strata/*.cuh "$prefix/include/strata/"
 sed -e "s|@PREFIX@|$prefix|" -e "s|@VERSION@|$version|" "$here/strata.pc.in" > "$prefix/lib/pkgconfig/strata.pc"
 install -m 0644 "$here/cmake/StrataConfig.cmake" "$prefix/lib/cmake/Strata/"
 sed -e "s|@VERSION@|$version|" "$here/cmake/StrataConfigVersion.cmake.in" > "$prefix/lib/cmake/Strata/StrataConfigVersion.cmake"

@@ -1,6 +1,6 @@
 //! GPU spaces from C: open a GPU (`strata_gpu`), create spaces on it (`strata_space`), fill
 //! and read them back, prefetch, evict and flush ranges, read statistics, and hand kernels the
-//! `StrataSpace` handle (`strata_space_handle`, the same 72 bytes as `strata.cuh`'s struct).
+//! `StrataSpace` handle (`strata_space_handle`, the same 88 bytes as `strata.cuh`'s struct).
 
 use std::ffi::c_void;
 
@@ -231,7 +231,7 @@ fn bytes<'a>(data: *const c_void, len: u64) -> Result<&'a [u8], Error> {
     Ok(unsafe { std::slice::from_raw_parts(data.cast::<u8>(), len) })
 }
 
-/// The handle kernels take by value (`StrataSpace` in `strata.cuh`, same 72 bytes).
+/// The handle kernels take by value (`StrataSpace` in `strata.cuh`, same 88 bytes).
 ///
 /// # Safety
 /// `s` is a live space; `out` valid for a write.

@@ -107,6 +107,8 @@ fn installed_pkg_config_file_builds_the_program() {
         "lib/libstrata.so",
         "include/strata.h",
         "include/strata.cuh",
+        "include/strata/fault.cuh",
+        "include/strata/tier_ring.cuh",
         "lib/cmake/Strata/StrataConfig.cmake",
         "lib/cmake/Strata/StrataConfigVersion.cmake",
     ] {

@@ -5,17 +5,18 @@
 // concurrency.
 #include "strata.cuh"
 
-// Copies frame `f` (holding `page`) back to the host copy; the whole warp calls it.
-__device__ void write_back_frame(const StrataSpace& s, strata_u32 page, strata_u64 f, unsigned lane) {
+// Writes frame `f` (holding `page`) down the space's tier chain; the whole warp calls it.
+// False: the tier below failed (STRATA_ERR_STORE recorded): the page stays dirty where it is.
+__device__ bool write_back_frame(const StrataSpace& s, strata_u32 page, strata_u64 f, unsigned lane) {
     const strata_u64 ps = 1ull << s.page_shift;
-    strata::detail::warp_copy(s.host + ((strata_u64)page << s.page_shift), s.frame_data + f * ps, ps, lane,
-                              0xFFFFFFFFu);
+    const bool ok = strata::detail::tier_write_back(s, page, s.frame_data + f * ps, lane, 0xFFFFFFFFu, 0);
     __syncwarp();
-    if (lane == 0) {
+    if (lane == 0 && ok) {
         __threadfence_system();  // the CPU reads the host copy next
         atomicAdd(&s.counters->writebacks, 1ull);
         atomicAdd(&s.counters->bytes_out, ps);
     }
+    return ok;
 }
 
 // Frames handled by this warp: a warp per frame, grid-strided.
@@ -33,8 +34,7 @@ extern "C" __global__ void strata_flush(StrataSpace s) {
         if (strata::detail::state_of(w) != STRATA_RESIDENT || (w & STRATA_FRAME_MASK) != f ||
             !(w & STRATA_DIRTY))
             continue;
-        write_back_frame(s, page, f, lane);
-        if (lane == 0) atomicAnd(&s.page_table[page], ~STRATA_DIRTY);
+        if (write_back_frame(s, page, f, lane) && lane == 0) atomicAnd(&s.page_table[page], ~STRATA_DIRTY);
     }
 }
 
@@ -53,7 +53,8 @@ extern "C" __global__ void strata_evict(StrataSpace s, strata_u64 first, strata_
         if (page == STRATA_NO_PAGE || page < first || page >= last) continue;
         const strata_u64 w = s.page_table[page];
         const bool owns = strata::detail::state_of(w) == STRATA_RESIDENT && (w & STRATA_FRAME_MASK) == f;
-        if (owns && (w & STRATA_DIRTY)) write_back_frame(s, page, f, lane);
+        // A dirty page the tier below refused stays resident and dirty (nothing is dropped).
+        if (owns && (w & STRATA_DIRTY) && !write_back_frame(s, page, f, lane)) continue;
         if (lane == 0) {
             if (owns) {
                 strata::detail::retire_page_word(&s.page_table[page]);
@@ -97,6 +98,8 @@ extern "C" __global__ void strata_layout_probe(strata_u64* out) {
     out[i++] = (const char*)&s.page_shift - sb;
     out[i++] = (const char*)&s.policy - sb;
     out[i++] = (const char*)&s.protected_quota - sb;
+    out[i++] = (const char*)&s.ring - sb;
+    out[i++] = (const char*)&s.tier - sb;
     out[i++] = sizeof(StrataCounters);
     out[i++] = (const char*)&c.faults - cb;
     out[i++] = (const char*)&c.error_flags - cb;
@@ -106,7 +109,13 @@ extern "C" __global__ void strata_layout_probe(strata_u64* out) {
     out[i++] = (const char*)&c.wait_limit_ns - cb;
     out[i++] = (const char*)&c.first_bad_page - cb;
     out[i++] = (const char*)&c.no_frame_page - cb;
+    out[i++] = (const char*)&c.store_error_page - cb;
+    out[i++] = (const char*)&c.host_cache_loads - cb;
     out[i++] = sizeof(StrataFrame);
+    out[i++] = sizeof(StrataRing);
+    StrataRing rg;
+    out[i++] = (const char*)&rg.slot_count - (const char*)&rg;
+    out[i++] = sizeof(StrataRequest);
     out[i++] = STRATA_PIN_ONE;
     out[i++] = STRATA_DIRTY;
 }

@@ -38,6 +38,12 @@ pub const ERR_OUT_OF_RANGE: u64 = 1;
 pub const ERR_NO_FRAME: u64 = 2;
 /// Error flag: a kernel named a page index past the end (acquire, acquire_page, view_page).
 pub const ERR_PAGE_OUT_OF_RANGE: u64 = 4;
+/// Error flag: a lower tier failed a page (the store, or a host that did not answer).
+pub const ERR_STORE: u64 = 8;
+/// Tier chain: the whole space in pinned host memory.
+pub const TIER_HOST_COPY: u32 = 0;
+/// Tier chain: a pinned host cache over a store, through the request ring.
+pub const TIER_RING: u32 = 1;
 /// Hit counter shards.
 pub const HIT_SHARDS: usize = 32;
 /// u64s between hit shards.
@@ -127,15 +133,16 @@ pub struct DeviceCounters {
     pub optimistic_retries: u64,
     /// Page reads served from the host copy by read-through.
     pub read_through: u64,
-    /// Reserved.
     /// Longest a warp waits for a page or a frame before it gives up with `ERR_NO_FRAME`, ns.
     pub wait_limit_ns: u64,
     /// First out-of-range page index seen (`u64::MAX` if none).
     pub first_bad_page: u64,
     /// First page a warp gave up waiting for (`u64::MAX` if none).
     pub no_frame_page: u64,
-    /// Unused.
-    pub reserved: [u64; 2],
+    /// First page a lower tier failed (`u64::MAX` if none).
+    pub store_error_page: u64,
+    /// Faults served from the host cache without a request (ring tier).
+    pub host_cache_loads: u64,
 }
 
 /// The wait limit new spaces start with (see `Space::set_wait_limit`).
@@ -165,7 +172,8 @@ impl DeviceCounters {
             wait_limit_ns: DEFAULT_WAIT_LIMIT_NS,
             first_bad_page: u64::MAX,
             no_frame_page: u64::MAX,
-            reserved: [0; 2],
+            store_error_page: u64::MAX,
+            host_cache_loads: 0,
         }
     }
 }
@@ -200,6 +208,12 @@ pub struct SpaceHandle<'space> {
     pub policy: u32,
     /// Most frames the protected segment holds.
     pub protected_quota: u32,
+    /// Ring tier: the device address of the ring's descriptor (0 otherwise).
+    pub ring: u64,
+    /// `TIER_*`.
+    pub tier: u32,
+    /// Unused (zero).
+    pub reserved: u32,
     /// The borrow of the space (zero-sized; also keeps handles from being made outside).
     pub(crate) space: std::marker::PhantomData<&'space ()>,
 }
@@ -208,7 +222,8 @@ pub struct SpaceHandle<'space> {
 unsafe impl crate::driver::KernelParam for SpaceHandle<'_> {}
 
 const _: () = assert!(size_of::<FrameEntry>() == 8);
-const _: () = assert!(size_of::<SpaceHandle<'static>>() == 72);
+const _: () = assert!(size_of::<SpaceHandle<'static>>() == 88);
+const _: () = assert!(offset_of!(SpaceHandle<'static>, ring) == 72);
 const _: () = assert!(offset_of!(SpaceHandle<'static>, size_bytes) == 40);
 const _: () = assert!(offset_of!(SpaceHandle<'static>, frame_count) == 56);
 const _: () = assert!(offset_of!(SpaceHandle<'static>, protected_quota) == 68);
@@ -229,6 +244,8 @@ pub fn host_layout() -> Vec<u64> {
         offset_of!(SpaceHandle<'static>, page_shift),
         offset_of!(SpaceHandle<'static>, policy),
         offset_of!(SpaceHandle<'static>, protected_quota),
+        offset_of!(SpaceHandle<'static>, ring),
+        offset_of!(SpaceHandle<'static>, tier),
         size_of::<DeviceCounters>(),
         offset_of!(DeviceCounters, faults),
         offset_of!(DeviceCounters, error_flags),
@@ -238,7 +255,12 @@ pub fn host_layout() -> Vec<u64> {
         offset_of!(DeviceCounters, wait_limit_ns),
         offset_of!(DeviceCounters, first_bad_page),
         offset_of!(DeviceCounters, no_frame_page),
+        offset_of!(DeviceCounters, store_error_page),
+        offset_of!(DeviceCounters, host_cache_loads),
         size_of::<FrameEntry>(),
+        size_of::<crate::ring::layout::RingDescriptor>(),
+        offset_of!(crate::ring::layout::RingDescriptor, slot_count),
+        size_of::<crate::ring::layout::RingRequest>(),
     ];
     let mut out: Vec<u64> = v.iter().map(|&x| x as u64).collect();
     out.push(PIN_ONE);
@@ -262,7 +284,11 @@ pub fn static_check_source() -> String {
          static_assert(STRATA_NO_PAGE == {}u, \"no page\");\n\
          static_assert(STRATA_RESIDENT == {}ull && STRATA_LOADING == {}ull && STRATA_EVICTING == {}ull, \"states\");\n\
          static_assert(STRATA_HIT_SHARDS == {} && STRATA_SHARD_STRIDE == {}, \"shards\");\n\
-         static_assert(STRATA_ERR_OUT_OF_RANGE == {}ull && STRATA_ERR_NO_FRAME == {}ull && STRATA_ERR_PAGE_OUT_OF_RANGE == {}ull, \"error flags\");\n\
+         static_assert(STRATA_ERR_OUT_OF_RANGE == {}ull && STRATA_ERR_NO_FRAME == {}ull && STRATA_ERR_PAGE_OUT_OF_RANGE == {}ull && STRATA_ERR_STORE == {}ull, \"error flags\");\n\
+         static_assert(STRATA_TIER_HOST_COPY == {}u && STRATA_TIER_RING == {}u, \"tiers\");\n\
+         static_assert(sizeof(StrataRing) == {} && sizeof(StrataRequest) == {}, \"ring structs\");\n\
+         static_assert(STRATA_REQ_READ == {}u && STRATA_REQ_WRITE == {}u && STRATA_REQ_READ_AHEAD == {}u, \"request kinds\");\n\
+         static_assert(STRATA_SLOT_PRESENT == {}ull && STRATA_SLOT_ERROR == {}ull && STRATA_SLOT_GEN_SHIFT == {}, \"slot words\");\n\
          extern \"C\" __global__ void strata_static_layout_check() {{}}\n",
         size_of::<SpaceHandle<'static>>(),
         size_of::<DeviceCounters>(),
@@ -281,6 +307,17 @@ pub fn static_check_source() -> String {
         ERR_OUT_OF_RANGE,
         ERR_NO_FRAME,
         ERR_PAGE_OUT_OF_RANGE,
+        ERR_STORE,
+        TIER_HOST_COPY,
+        TIER_RING,
+        size_of::<crate::ring::layout::RingDescriptor>(),
+        size_of::<crate::ring::layout::RingRequest>(),
+        crate::ring::layout::REQ_READ,
+        crate::ring::layout::REQ_WRITE,
+        crate::ring::layout::REQ_READ_AHEAD,
+        crate::ring::layout::SLOT_PRESENT,
+        crate::ring::layout::SLOT_ERROR,
+        crate::ring::layout::SLOT_GEN_SHIFT,
     )
 }
 
@@ -335,7 +372,7 @@ mod tests {
 
     #[test]
     fn host_layout_lists_every_probe_field() {
-        assert_eq!(host_layout().len(), 24);
-        assert_eq!(host_layout()[0], 72);
+        assert_eq!(host_layout().len(), 31);
+        assert_eq!(host_layout()[0], 88);
     }
 }

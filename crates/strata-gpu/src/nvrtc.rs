@@ -7,8 +7,39 @@ use std::path::{Path, PathBuf};
 
 use cudarc::nvrtc::sys;
 
-/// The device header users' kernels include (`#include "strata.cuh"`).
+/// The device header users' kernels include (`#include "strata.cuh"`); it includes the files
+/// of [`HEADERS`].
 pub const STRATA_CUH: &str = include_str!("../cuda/strata.cuh");
+
+/// Every device header by the name kernels and headers include it with: `strata.cuh` and the
+/// files under `strata/` (one concept each: layout, policies, the eviction sweep, each tier,
+/// the fault path, the access API).
+pub const HEADERS: &[(&str, &str)] = &[
+    ("strata.cuh", STRATA_CUH),
+    ("strata/layout.cuh", include_str!("../cuda/strata/layout.cuh")),
+    ("strata/primitives.cuh", include_str!("../cuda/strata/primitives.cuh")),
+    ("strata/policy_clock.cuh", include_str!("../cuda/strata/policy_clock.cuh")),
+    ("strata/policy_scan_resistant.cuh", include_str!("../cuda/strata/policy_scan_resistant.cuh")),
+    ("strata/evict.cuh", include_str!("../cuda/strata/evict.cuh")),
+    ("strata/copy.cuh", include_str!("../cuda/strata/copy.cuh")),
+    ("strata/tier_host_copy.cuh", include_str!("../cuda/strata/tier_host_copy.cuh")),
+    ("strata/tier_ring.cuh", include_str!("../cuda/strata/tier_ring.cuh")),
+    ("strata/tiers.cuh", include_str!("../cuda/strata/tiers.cuh")),
+    ("strata/fault.cuh", include_str!("../cuda/strata/fault.cuh")),
+    ("strata/access.cuh", include_str!("../cuda/strata/access.cuh")),
+];
+
+/// Writes [`HEADERS`] under `dir` (`dir/strata.cuh`, `dir/strata/*.cuh`) for nvcc users.
+///
+/// # Errors
+/// A directory or file could not be written.
+pub fn write_headers(dir: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir.join("strata"))?;
+    for (name, text) in HEADERS {
+        std::fs::write(dir.join(name), text)?;
+    }
+    Ok(())
+}
 /// Strata's own maintenance kernels.
 pub const STRATA_KERNELS_CU: &str = include_str!("../cuda/strata_kernels.cu");
 
@@ -96,18 +127,27 @@ pub fn compile(
     }
     let src = CString::new(source).map_err(|_| CompileError::Nul)?;
     let cname = CString::new(name).map_err(|_| CompileError::Nul)?;
-    let header = CString::new(STRATA_CUH).map_err(|_| CompileError::Nul)?;
-    let header_name = CString::new("strata.cuh").map_err(|_| CompileError::Nul)?;
-    let headers = [header.as_ptr()];
-    let include_names = [header_name.as_ptr()];
+    let texts = HEADERS
+        .iter()
+        .map(|(_, text)| CString::new(*text))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|_| CompileError::Nul)?;
+    let names = HEADERS
+        .iter()
+        .map(|(name, _)| CString::new(*name))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|_| CompileError::Nul)?;
+    let headers: Vec<*const c_char> = texts.iter().map(|t| t.as_ptr()).collect();
+    let include_names: Vec<*const c_char> = names.iter().map(|n| n.as_ptr()).collect();
     let mut prog: sys::nvrtcProgram = std::ptr::null_mut();
-    // SAFETY: every pointer is a live NUL-terminated string; one header with its name.
+    // SAFETY: every pointer is a live NUL-terminated string (`texts`, `names` outlive the
+    // call); the two arrays have one entry per header.
     let rc = unsafe {
         sys::nvrtcCreateProgram(
             &raw mut prog,
             src.as_ptr(),
             cname.as_ptr(),
-            1,
+            c_int::try_from(headers.len()).unwrap_or(c_int::MAX),
             headers.as_ptr(),
             include_names.as_ptr(),
         )
@@ -233,13 +273,10 @@ pub fn compile_cached(
     let (major, minor) = version()?;
     let nv = format!("{major}.{minor}");
     let opts = extra_options.join("\u{1}");
-    let key = fnv128(&[
-        source.as_bytes(),
-        STRATA_CUH.as_bytes(),
-        arch.as_bytes(),
-        opts.as_bytes(),
-        nv.as_bytes(),
-    ]);
+    let mut parts: Vec<&[u8]> = vec![source.as_bytes()];
+    parts.extend(HEADERS.iter().map(|(_, text)| text.as_bytes()));
+    parts.extend([arch.as_bytes(), opts.as_bytes(), nv.as_bytes()]);
+    let key = fnv128(&parts);
     let dir = cache_dir();
     let path = dir.join(format!("{key:032x}.cubin"));
     if let Ok(bytes) = std::fs::read(&path)

@@ -390,6 +390,9 @@ impl Space {
                 0
             },
             protected_quota,
+            ring: 0,
+            tier: crate::layout::TIER_HOST_COPY,
+            reserved: 0,
             space: std::marker::PhantomData,
         };
         let mut space = Space {

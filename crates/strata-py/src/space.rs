@@ -128,11 +128,11 @@ impl PySpace {
         self.lock().frames()
     }
 
-    /// The `StrataSpace` handle kernels take by value: 72 bytes, as in `strata.cuh`.
+    /// The `StrataSpace` handle kernels take by value: 88 bytes, as in `strata.cuh`.
     fn handle<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
         let space = self.lock();
         let h = space.handle();
-        let mut b = Vec::with_capacity(72);
+        let mut b = Vec::with_capacity(88);
         for w in [
             h.page_table,
             h.frames,
@@ -145,6 +145,10 @@ impl PySpace {
             b.extend_from_slice(&w.to_ne_bytes());
         }
         for w in [h.frame_count, h.page_shift, h.policy, h.protected_quota] {
+            b.extend_from_slice(&w.to_ne_bytes());
+        }
+        b.extend_from_slice(&h.ring.to_ne_bytes());
+        for w in [h.tier, h.reserved] {
             b.extend_from_slice(&w.to_ne_bytes());
         }
         PyBytes::new(py, &b)

@@ -1,0 +1,171 @@
+// strata/layout.cuh: the words and structures a kernel shares with the host (page table, frame
+// table, counters, the space handle, the request ring of store-backed spaces). Their layout is
+// checked on both sides: static_asserts here, const asserts and a layout-probe kernel in Rust
+// (`strata_gpu::layout`, `strata_gpu::ring::layout`).
+#pragma once
+
+
+typedef unsigned long long strata_u64;
+typedef unsigned int strata_u32;
+
+// ---- page-table word (one per page, 64 bits) ---------------------------------------------------
+// bits  0..31  frame number (valid while RESIDENT, LOADING keeps 0 until publish)
+// bits 32..33  state
+// bit  34      dirty
+// bit  35      history: the page was resident before (kept across eviction); the scan-resistant
+//              policy admits a page that faults again as referenced, so a loop larger than the
+//              cache gets its re-used pages into the protected segment
+// bits 36..43  version: bumped each time the page leaves its frame (eviction), so a word read
+//              twice during an optimistic read proves the frame held this page throughout
+//              (a page evicted and reloaded into the same frame has a new version)
+// bits 44..63  pin count: pins live in the page word itself, so a pinned access is one atomic
+//              that both pins the page and reads its state, and an evictor's single
+//              compare-and-swap can never race with a pin (it fails if any pin appears).
+//              20 bits hold a million pins, more than a GPU has threads.
+#define STRATA_FRAME_MASK 0xFFFFFFFFull
+#define STRATA_STATE_SHIFT 32
+#define STRATA_STATE_MASK (3ull << STRATA_STATE_SHIFT)
+#define STRATA_NOT_RESIDENT 0ull
+#define STRATA_LOADING 1ull
+#define STRATA_RESIDENT 2ull
+#define STRATA_EVICTING 3ull
+#define STRATA_DIRTY (1ull << 34)
+#define STRATA_HISTORY (1ull << 35)
+#define STRATA_VERSION_SHIFT 36
+#define STRATA_VERSION_MASK (0xFFull << STRATA_VERSION_SHIFT)
+#define STRATA_PIN_SHIFT 44
+#define STRATA_PIN_ONE (1ull << STRATA_PIN_SHIFT)
+#define STRATA_PIN_MASK (0xFFFFFull << STRATA_PIN_SHIFT)
+
+// ---- frame table (one entry per frame of the page cache) --------------------------------------
+#define STRATA_NO_PAGE 0xFFFFFFFFu
+#define STRATA_FRAME_REF 1u        // referenced since the clock hand last passed
+#define STRATA_FRAME_PROTECTED 2u  // in the protected segment (scan-resistant policy)
+#define STRATA_STAMP_SHIFT 16
+#define STRATA_STAMP_MASK (0xFFFFu << STRATA_STAMP_SHIFT)
+// A protected frame is demoted once this many epochs (an epoch = as many faults as the cache
+// has frames) pass without a reference. Counting faults rather than clock-hand passes keeps
+// the age independent of how often sweeps skip busy frames.
+#define STRATA_AGE_EPOCHS 16u
+// A probationary frame's stamp counts faults in units of this many (16 bits span a million
+// faults): a probationary page stays at least half the probationary segment's turnover,
+// measured in faults, after its last second chance. Sweeps that skip pinned frames spin the
+// clock hand many laps while few faults complete; without this floor they would strip the
+// second chance of a page loaded a moment ago, and a page that two warps need one after the
+// other in the same pass (a row straddling two pages) would be loaded twice.
+#define STRATA_TICK_SHIFT 4u
+
+// ---- policies and error flags ----------------------------------------------------------------
+#define STRATA_POLICY_CLOCK 0u
+#define STRATA_POLICY_SCAN_RESISTANT 1u
+#define STRATA_POLICY_KIND_MASK 0xFFu
+// Flag on top of either policy: a page-granular read (acquire_page without write) that misses
+// on a page with no history is served straight from the pinned host copy (zero-copy, no frame
+// taken) and only marks the page; a page referenced again after that migrates as usual. For
+// read-only data that is mostly read once (a BFS's edge lists), so only re-used pages take
+// frames. The host copy is current for any page not resident, so this needs no write-back;
+// a kernel must not write a page it reads this way while it runs.
+#define STRATA_POLICY_READ_THROUGH 0x100u
+#define STRATA_ERR_OUT_OF_RANGE 1ull       // an element index past the end (first_bad_index)
+#define STRATA_ERR_NO_FRAME 2ull           // a wait passed wait_limit_ns (no_frame_page)
+#define STRATA_ERR_PAGE_OUT_OF_RANGE 4ull  // a page index past the end (first_bad_page)
+#define STRATA_ERR_STORE 8ull              // a lower tier failed a page (store_error_page)
+
+// ---- tiers under the GPU cache --------------------------------------------------------------
+// Where a page not in a GPU frame lives (StrataSpace::tier says which chain the space has):
+//   HOST_COPY: a full copy of the space in pinned host memory (`host`), loaded directly.
+//   RING:      a bounded pinned host cache (slot words say which pages it holds), filled from
+//              a store by host threads through a request ring (`ring`; tier_ring.cuh).
+#define STRATA_TIER_HOST_COPY 0u
+#define STRATA_TIER_RING 1u
+
+#define STRATA_HIT_SHARDS 32
+#define STRATA_SHARD_STRIDE 16  // u64s between shards: one 128-byte line each
+
+struct StrataFrame {
+    strata_u32 page;   // page held, or STRATA_NO_PAGE
+    strata_u32 flags;  // STRATA_FRAME_* bits and the age
+};
+
+struct StrataCounters {
+    strata_u64 hits[STRATA_HIT_SHARDS * STRATA_SHARD_STRIDE];  // sharded by SM
+    strata_u64 faults;
+    strata_u64 evictions;
+    strata_u64 writebacks;
+    strata_u64 bytes_in;       // host -> GPU frames
+    strata_u64 bytes_out;      // GPU frames -> host
+    strata_u64 fault_ns_total; // sum of fault service times (claim to publish)
+    strata_u64 fault_ns_max;
+    strata_u64 prefetched;
+    strata_u64 error_flags;    // STRATA_ERR_* bits
+    strata_u64 first_bad_index;// first out-of-range element index seen (~0 if none)
+    strata_u64 no_frame_retries;
+    strata_u32 clock_hand;
+    strata_u32 protected_now;  // frames in the protected segment
+    strata_u64 lifetime_faults;// never reset: the clock of protected-segment ageing
+    strata_u64 optimistic_retries; // optimistic reads whose page moved under them (then pinned)
+    strata_u64 read_through;   // page reads served from the host copy (STRATA_POLICY_READ_THROUGH)
+    strata_u64 wait_limit_ns;  // longest a warp waits for a page or frame before STRATA_ERR_NO_FRAME
+    strata_u64 first_bad_page; // first out-of-range page index seen (~0 if none)
+    strata_u64 no_frame_page;  // first page a warp gave up waiting for (~0 if none)
+    strata_u64 store_error_page; // first page a lower tier failed (~0 if none)
+    strata_u64 host_cache_loads; // faults served from the host cache without a request
+};
+
+// The space handle a kernel receives (by value). Pointers are device addresses.
+struct StrataSpace {
+    strata_u64* page_table;      // [pages]
+    StrataFrame* frames;         // [frame_count]
+    unsigned char* frame_data;   // (frame_count + 1) * page_size bytes, in GPU memory; the last
+                                 // page is scratch that failed accesses point at
+    unsigned char* host;         // the backing copy: pinned host memory mapped into the GPU
+    StrataCounters* counters;    // in GPU memory
+    strata_u64 size_bytes;       // bytes addressable by kernels
+    strata_u64 pages;
+    strata_u32 frame_count;
+    strata_u32 page_shift;
+    strata_u32 policy;           // STRATA_POLICY_*
+    strata_u32 protected_quota;  // most frames the protected segment may hold
+    struct StrataRing* ring;     // RING tier: the request ring's descriptor (GPU memory)
+    strata_u32 tier;             // STRATA_TIER_*
+    strata_u32 reserved;
+};
+
+// ---- the request ring of store-backed spaces (protocol: strata_gpu::ring::layout) --------------
+#define STRATA_REQ_READ 1u
+#define STRATA_REQ_WRITE 2u
+#define STRATA_REQ_READ_AHEAD 3u
+#define STRATA_SLOT_INDEX_MASK 0xFFFFFFFFull
+#define STRATA_SLOT_PRESENT (1ull << 32)
+#define STRATA_SLOT_ERROR (1ull << 33)
+#define STRATA_SLOT_GEN_SHIFT 40
+
+struct StrataRequest {     // in pinned host memory; one warp writes it, seq last
+    strata_u64 seq;        // ticket + 1 once published
+    strata_u64 page;
+    strata_u32 kind;       // STRATA_REQ_*
+    strata_u32 reserved;
+    strata_u64 reserved2;
+};
+
+struct StrataRing {                // in GPU memory
+    strata_u64 tail;               // tickets claimed (device atomics)
+    StrataRequest* entries;        // [capacity], pinned host
+    strata_u64* head;              // tickets the host consumed, pinned host
+    strata_u64* done;              // [capacity] write completions (ticket + 1), pinned host
+    strata_u64* slot_words;        // [pages] where each page sits in the host cache, pinned host
+    unsigned char* slot_refs;      // [slot_count] reference bytes the device sets, pinned host
+    unsigned char* slots;          // [slot_count << page_shift] the host cache, pinned host
+    unsigned char* staging;        // [capacity << page_shift] pages on their way down
+    strata_u64 slot_count;
+    strata_u32 capacity;           // a power of two
+    strata_u32 flags;
+};
+
+static_assert(sizeof(StrataRequest) == 32, "StrataRequest layout changed: update strata_gpu::ring::layout");
+static_assert(sizeof(StrataRing) == 80, "StrataRing layout changed: update strata_gpu::ring::layout");
+
+static_assert(sizeof(StrataFrame) == 8, "StrataFrame layout changed: update strata_gpu::layout");
+static_assert(sizeof(StrataCounters) == 8 * (STRATA_HIT_SHARDS * STRATA_SHARD_STRIDE + 11) + 8 + 64,
+              "StrataCounters layout changed: update strata_gpu::layout");
+static_assert(sizeof(StrataSpace) == 88, "StrataSpace layout changed: update strata_gpu::layout");
