@@ -2,7 +2,9 @@
 //
 // A kernel that includes this header reads and writes a *space* (a byte range larger than the
 // GPU's memory) through a page cache in GPU memory. Every page fault is served by the warp that
-// takes it: no CPU, driver or OS is on the path.
+// takes it, from the tier below (tiers.cuh): a pinned host copy of the whole space, or a pinned
+// host cache over any store, which host threads fill through a request ring the warp posts to.
+// No kernel launch, driver call or OS is on the path.
 //
 //   #include "strata.cuh"
 //   extern "C" __global__ void sum(StrataSpace space, unsigned long long n, double* out) {

@@ -1,14 +1,36 @@
 //! GPU-driven demand paging: a *space* is a byte range that may be far larger than the GPU's
-//! memory. Its backing copy lives in pinned host memory mapped into the GPU; a page cache of
-//! frames in GPU memory holds the resident pages; a page table (one 64-bit word per page:
-//! state, dirty bit, frame, version, pin count) and a frame table (page, reference/protected bits) live
-//! in GPU memory. Kernels include `strata.cuh` and read and write elements or whole pages; a
-//! page fault is served by the faulting warp itself (claim, clock sweep with reference bits,
-//! dirty victim written back, 16-byte coalesced copy-in, release fence), with no CPU on the path.
+//! memory. A page cache of frames in GPU memory holds the resident pages; a page table (one
+//! 64-bit word per page: state, dirty bit, frame, version, pin count) and a frame table (page,
+//! reference/protected bits) live in GPU memory. Kernels include `strata.cuh` and read and write
+//! elements or whole pages; a page fault is served by the faulting warp itself (claim, clock
+//! sweep with reference bits, dirty victim written down, 16-byte coalesced copy-in, release
+//! fence), with no kernel launch or driver call on the path.
+//!
+//! # The tier chain
+//! Below the GPU cache, a page lives in one of these, and the fault path asks them in order
+//! (device side `cuda/strata/tiers.cuh`, host side the crate's `tier` module):
+//!
+//! ```text
+//!  GPU frames ──miss──> [host copy]  the whole space in pinned host memory (Strata::space):
+//!      ^                             the warp copies the page straight in; a dirty victim
+//!      │                             goes back in the same pass
+//!      │        ──or──> [host cache] bounded pinned slots (Strata::space_over_store): a page
+//!      │                     │       there is copied straight in (checked like a seqlock);
+//!      │                     │       else the warp posts a READ on the request ring and waits
+//!      │                     v       on the page's slot word; dirty victims go down as WRITEs
+//!      └──────────────  [store]      memory, file, memory node, compressed: host threads
+//!                                    (ring::RingServer) drain the ring in ticket order and
+//!                                    batch read_batch/write_batch, with read-ahead
+//! ```
+//! A new tier (a neighbour GPU's memory, one allocation shared with the CPU) is one device
+//! header beside `tier_host_copy.cuh` and `tier_ring.cuh` and one host module beside
+//! `tier/host_copy.rs` and `tier/store.rs`.
 //!
 //! Layers: [`driver`] (thin safe wrappers over the CUDA driver, loaded at run time), [`nvrtc`]
 //! (run-time compilation to CUBIN with a disk cache in `STRATA_KERNEL_CACHE`), [`layout`] (the
-//! `#[repr(C)]` structures shared with the header), [`space`] (spaces and the runtime).
+//! `#[repr(C)]` structures shared with the header), [`runtime`] (a GPU with Strata's kernels),
+//! [`space`] (spaces: options, errors, statistics, maintenance), [`ring`] (the request ring's
+//! host side and its host cache).
 //! The benchmarks (`strata bench gpu-micro`) live in the `strata-bench` crate.
 //!
 //! ```no_run
@@ -73,9 +95,11 @@ pub mod layout;
 pub mod nvrtc;
 pub mod probe;
 pub mod ring;
+pub mod runtime;
 pub mod space;
+mod tier;
 
+pub use runtime::{KernelModule, Strata};
 pub use space::{
-    ElementType, EvictionPolicy, GpuStats, KernelModule, Space, SpaceError, SpaceOptions,
-    SpacePlan, Strata,
+    ElementType, EvictionPolicy, GpuStats, Space, SpaceError, SpaceOptions, SpacePlan,
 };

@@ -1,0 +1,312 @@
+//! A space's options and its geometry ([`SpacePlan`]), validated without a GPU.
+
+use super::SpaceError;
+use crate::layout::{DeviceCounters, NO_PAGE};
+
+fn fmt(bytes: u64) -> String {
+    strata_core::units::format_size(bytes)
+}
+
+/// Element types a space may be declared with (4 or 8 bytes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum ElementType {
+    /// `int`.
+    I32,
+    /// `unsigned`.
+    U32,
+    /// `long long`.
+    I64,
+    /// `unsigned long long`.
+    U64,
+    /// `float`.
+    F32,
+    /// `double`.
+    F64,
+}
+
+impl ElementType {
+    /// Bytes per element.
+    pub fn size(self) -> u64 {
+        match self {
+            ElementType::I32 | ElementType::U32 | ElementType::F32 => 4,
+            _ => 8,
+        }
+    }
+}
+
+/// Eviction policy of a space's page cache.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub enum EvictionPolicy {
+    /// Clock with reference bits (second chance).
+    Clock,
+    /// Clock plus a protected segment: a page enters it only when referenced again after the
+    /// clock hand passed it (or when it faults again after an earlier stay), and leaves it
+    /// after 16 epochs (of as many faults as the cache has frames) without a reference. A loop
+    /// larger than the cache keeps the protected part resident instead of thrashing it all.
+    /// Probationary pages are evicted only once half the probationary segment's turnover (in
+    /// faults) has passed since their last second chance, unless a whole sweep finds none so
+    /// old; so leave the probationary part (1 - fraction) a few frames per concurrently
+    /// faulting warp, or pages two warps need one after the other are loaded twice.
+    ScanResistant {
+        /// Fraction of frames the protected segment may hold (0 to 0.95).
+        protected_fraction: f64,
+    },
+}
+
+/// Options of a new space.
+#[derive(Debug, Clone)]
+pub struct SpaceOptions {
+    /// Page size in bytes (power of two, 4 KiB to 2 MiB).
+    pub page_size: u64,
+    /// GPU memory for the page cache, in bytes (rounded down to whole pages, at least 2).
+    pub cache_bytes: u64,
+    /// Element type (for the typed host calls).
+    pub element: ElementType,
+    /// Eviction policy.
+    pub policy: EvictionPolicy,
+    /// Read-through: a page read (`acquire_page` without write) that misses on a page with no
+    /// history is served from the pinned host copy without taking a frame, and only a page
+    /// referenced again migrates (`evict` forgets the history of its range). For read-only
+    /// data read about once per kernel; kernels must not write pages they read this way.
+    pub read_through: bool,
+    /// Spaces over a store ([`Strata::space_over_store`]): bytes of pinned host memory for the
+    /// host cache between the GPU cache and the store (whole pages, at least 2). `None`: a
+    /// quarter of the host's available memory, at most the space's size. Spaces backed by a
+    /// full pinned host copy ([`Strata::space`]) ignore it.
+    pub host_cache_bytes: Option<u64>,
+}
+
+impl Default for SpaceOptions {
+    fn default() -> Self {
+        SpaceOptions {
+            page_size: 64 << 10,
+            cache_bytes: 1 << 30,
+            element: ElementType::U64,
+            policy: EvictionPolicy::Clock,
+            read_through: false,
+            host_cache_bytes: None,
+        }
+    }
+}
+
+/// The geometry of a space, validated without touching a GPU.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SpacePlan {
+    /// Page size.
+    pub page: strata_core::geometry::PageSize,
+    /// Pages in the space.
+    pub pages: u64,
+    /// Frames in the cache (never more than the pages, at least 2).
+    pub frames: u64,
+    /// Most frames the protected segment may hold.
+    pub protected_quota: u32,
+}
+
+impl SpacePlan {
+    /// Validates `options` for a space of `size_bytes`.
+    pub fn new(size_bytes: u64, options: &SpaceOptions) -> Result<Self, SpaceError> {
+        let page = strata_core::geometry::PageSize::new(options.page_size)
+            .map_err(|e| SpaceError::Invalid(e.to_string()))?;
+        let ps = page.bytes();
+        if size_bytes == 0 {
+            return Err(SpaceError::Invalid(
+                "a space needs at least one byte: give a positive size".into(),
+            ));
+        }
+        if !size_bytes.is_multiple_of(options.element.size()) {
+            return Err(SpaceError::Invalid(format!(
+                "size {size_bytes} is not a whole number of {}-byte elements",
+                options.element.size()
+            )));
+        }
+        let pages = size_bytes.div_ceil(ps);
+        if pages >= u64::from(NO_PAGE) {
+            return Err(SpaceError::Invalid(format!(
+                "{pages} pages is more than a space can index (2^32 - 1): use larger pages"
+            )));
+        }
+        let frames = (options.cache_bytes / ps).min(pages.max(2));
+        if frames < 2 {
+            return Err(SpaceError::Invalid(format!(
+                "a cache of {} holds fewer than 2 pages of {}: ask for at least {}",
+                fmt(options.cache_bytes),
+                fmt(ps),
+                fmt(2 * ps)
+            )));
+        }
+        let protected_quota = match options.policy {
+            EvictionPolicy::Clock => 0,
+            EvictionPolicy::ScanResistant { protected_fraction } => {
+                if !(0.0..=0.95).contains(&protected_fraction) {
+                    return Err(SpaceError::Invalid(format!(
+                        "protected fraction {protected_fraction} is outside 0..=0.95: give a fraction of the cache such as 0.5"
+                    )));
+                }
+                #[allow(
+                    clippy::cast_possible_truncation,
+                    clippy::cast_sign_loss,
+                    clippy::cast_precision_loss
+                )]
+                let q = (frames as f64 * protected_fraction) as u32;
+                q
+            }
+        };
+        Ok(SpacePlan {
+            page,
+            pages,
+            frames,
+            protected_quota,
+        })
+    }
+
+    /// Bytes of GPU memory the space takes: frames, and the rest (page table, frame table,
+    /// counters, the scratch page failed accesses get).
+    pub fn gpu_bytes(&self) -> (u64, u64) {
+        let frame_bytes = self.frames * self.page.bytes();
+        let table_bytes = self.pages * 8
+            + self.frames * 8
+            + std::mem::size_of::<DeviceCounters>() as u64
+            + self.page.bytes();
+        (frame_bytes, table_bytes)
+    }
+
+    /// Checks that the space fits in `free` bytes of GPU memory with 256 MiB to spare for
+    /// kernels, modules and other users of the GPU.
+    pub fn check_fits(&self, free: u64) -> Result<(), SpaceError> {
+        let (frame_bytes, table_bytes) = self.gpu_bytes();
+        if frame_bytes + table_bytes + (256 << 20) > free {
+            return Err(SpaceError::CacheTooLarge {
+                cache: fmt(frame_bytes),
+                tables: fmt(table_bytes),
+                free: fmt(free),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl SpaceOptions {
+    /// Applies `STRATA_PAGE_SIZE` and `STRATA_CACHE_SIZE` from the environment (through the
+    /// workspace's validated configuration).
+    pub fn with_env(mut self) -> Result<Self, SpaceError> {
+        let cfg = strata_core::config::SpaceConfig::builder()
+            .page_size(self.page_size)
+            .cache_bytes(self.cache_bytes)
+            .with_env()
+            .and_then(strata_core::config::SpaceConfigBuilder::build)
+            .map_err(|e| SpaceError::Invalid(e.to_string()))?;
+        self.page_size = cfg.page_size.bytes();
+        self.cache_bytes = cfg.cache_bytes;
+        if let Some(on) = read_through_from_env()? {
+            self.read_through = on;
+        }
+        Ok(self)
+    }
+}
+
+/// `STRATA_GPU_READ_THROUGH` (true/false) if set: whether new spaces read first touches
+/// through from the host copy ([`SpaceOptions::read_through`]).
+///
+/// # Errors
+/// The variable is set to something other than a boolean, or a `STRATA_*` variable is not
+/// UTF-8.
+pub fn read_through_from_env() -> Result<Option<bool>, SpaceError> {
+    strata_core::config::process_env()
+        .and_then(|env| strata_core::config::env_bool(&env, "STRATA_GPU_READ_THROUGH"))
+        .map_err(|e| SpaceError::Invalid(e.to_string()))
+}
+
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::space::GpuStats;
+
+    fn o(page: u64, cache: u64, policy: EvictionPolicy) -> SpaceOptions {
+        SpaceOptions {
+            page_size: page,
+            cache_bytes: cache,
+            element: ElementType::F64,
+            policy,
+            read_through: false,
+            host_cache_bytes: None,
+        }
+    }
+
+    #[test]
+    fn plan_validates_sizes_and_policies() {
+        let p = SpacePlan::new(10 << 20, &o(64 << 10, 1 << 20, EvictionPolicy::Clock)).unwrap();
+        assert_eq!((p.pages, p.frames, p.protected_quota), (160, 16, 0));
+        // The cache never exceeds the space.
+        let p = SpacePlan::new(1 << 20, &o(4096, 1 << 30, EvictionPolicy::Clock)).unwrap();
+        assert_eq!(p.frames, 256);
+        // A partial last page still counts.
+        let p = SpacePlan::new(4096 + 8, &o(4096, 1 << 20, EvictionPolicy::Clock)).unwrap();
+        assert_eq!(p.pages, 2);
+        let sr = EvictionPolicy::ScanResistant {
+            protected_fraction: 0.5,
+        };
+        assert_eq!(
+            SpacePlan::new(1 << 30, &o(1 << 20, 64 << 20, sr))
+                .unwrap()
+                .protected_quota,
+            32
+        );
+        for (size, opts) in [
+            (0, o(4096, 1 << 20, EvictionPolicy::Clock)),
+            (12, o(4096, 1 << 20, EvictionPolicy::Clock)),
+            (1 << 20, o(3000, 1 << 20, EvictionPolicy::Clock)),
+            (1 << 20, o(4096, 4096, EvictionPolicy::Clock)),
+            (
+                1 << 20,
+                o(
+                    4096,
+                    1 << 20,
+                    EvictionPolicy::ScanResistant {
+                        protected_fraction: 1.5,
+                    },
+                ),
+            ),
+            (1 << 50, o(4096, 1 << 20, EvictionPolicy::Clock)),
+        ] {
+            let e = SpacePlan::new(size, &opts).unwrap_err();
+            assert!(matches!(e, SpaceError::Invalid(_)), "{size} {opts:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn plan_checks_free_gpu_memory() {
+        let p = SpacePlan::new(8 << 30, &o(64 << 10, 1 << 30, EvictionPolicy::Clock)).unwrap();
+        let (frames, tables) = p.gpu_bytes();
+        assert_eq!(frames, 1 << 30);
+        assert!(p.check_fits(frames + tables + (256 << 20)).is_ok());
+        let e = p.check_fits(frames).unwrap_err();
+        assert!(e.to_string().contains("smaller cache"), "{e}");
+    }
+
+    #[test]
+    fn stats_convert_to_the_common_snapshot() {
+        let st = GpuStats {
+            hits: 30,
+            faults: 10,
+            evictions: 4,
+            writebacks: 2,
+            prefetched: 1,
+            bytes_in: 40960,
+            bytes_out: 8192,
+            fault_ns_total: 10_000,
+            fault_ns_max: 3_000,
+            no_frame_retries: 0,
+            protected_frames: 0,
+            optimistic_retries: 0,
+            read_through: 0,
+            host_cache_loads: 0,
+        };
+        assert_eq!(st.mean_fault_ns(), 1000);
+        let snap = st.to_snapshot();
+        assert_eq!(snap.faults, 10);
+        assert_eq!(snap.hit_rate(), Some(0.75));
+        assert_eq!(snap.tiers[0].bytes_read, 40960);
+    }
+}
+
