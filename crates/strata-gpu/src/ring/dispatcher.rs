@@ -21,12 +21,22 @@ use super::server::Inner;
 use super::store_io::{Job, submit};
 
 /// Recent READ pages, to spot sequential runs across interleaved warps.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Recent {
     pages: [u64; 16],
     next: usize,
     /// Read ahead already issued up to here (exclusive).
     ahead_to: u64,
+}
+
+impl Default for Recent {
+    fn default() -> Self {
+        Recent {
+            pages: [u64::MAX; 16],
+            next: 0,
+            ahead_to: 0,
+        }
+    }
 }
 
 impl Recent {
@@ -212,7 +222,7 @@ fn read(inner: &Inner, page: u64, ahead: bool, recent: &mut Recent) {
         cache.finish_fill_failed(shared, page, NO_SLOT);
         return;
     };
-    cache.begin_fill(page, slot);
+    cache.begin_fill(page, slot, false);
     submit(inner, &mut cache, Job::Fill(vec![(page, slot)]));
     let n = inner.options.read_ahead_pages;
     if n > 0 && recent.sequential(page) {
@@ -238,7 +248,7 @@ fn read_ahead(inner: &Inner, cache: &mut HostCache, pages: std::ops::Range<u64>)
         }
         match cache.take_clean(shared) {
             Some(slot) => {
-                cache.begin_fill(page, slot);
+                cache.begin_fill(page, slot, true);
                 items.push((page, slot));
             }
             None => {

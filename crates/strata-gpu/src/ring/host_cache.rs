@@ -46,6 +46,8 @@ struct Slot {
     dirty: bool,
     /// Referenced by a host request since the clock last passed.
     host_ref: bool,
+    /// Filling for read-ahead only: nobody waits, so a failed fill is forgotten, not an error.
+    ahead: bool,
 }
 
 /// Stores `word` for `page`: the next generation, with the given flags.
@@ -94,6 +96,7 @@ impl HostCache {
                     state: SlotState::Free,
                     dirty: false,
                     host_ref: false,
+                    ahead: false,
                 };
                 slot_count as usize
             ],
@@ -116,9 +119,12 @@ impl HostCache {
             .map(|&s| (s, self.slots[s as usize].state))
     }
 
-    /// Notes a host request for the slot's page (CLOCK spares it once).
+    /// Notes a host request for the slot's page (CLOCK spares it once); a read-ahead fill in
+    /// progress becomes a demand fill (a warp now waits on it).
     pub(crate) fn touch(&mut self, slot: u32) {
-        self.slots[slot as usize].host_ref = true;
+        let s = &mut self.slots[slot as usize];
+        s.host_ref = true;
+        s.ahead = false;
     }
 
     /// Dirty slots (including those being written).
@@ -194,21 +200,25 @@ impl HostCache {
         self.free.push(slot);
     }
 
-    /// `slot` (from [`HostCache::take_clean`]) starts filling with `page` from the store.
-    pub(crate) fn begin_fill(&mut self, page: u64, slot: u32) {
+    /// `slot` (from [`HostCache::take_clean`]) starts filling with `page` from the store;
+    /// `ahead`: for read-ahead (nobody waits yet).
+    pub(crate) fn begin_fill(&mut self, page: u64, slot: u32, ahead: bool) {
         let s = &mut self.slots[slot as usize];
         debug_assert_eq!(s.state, SlotState::Free);
         *s = Slot {
             page,
             state: SlotState::Filling,
             dirty: false,
-            host_ref: true,
+            host_ref: !ahead,
+            ahead,
         };
         self.map.insert(page, slot);
         self.filling += 1;
     }
 
-    /// The store read for `page` into `slot` ended: publish PRESENT, or ERROR and free the slot.
+    /// The store read for `page` into `slot` ended: publish PRESENT, or ERROR and free the slot
+    /// (a failed read-ahead nobody waits for only frees the slot and withdraws the word, so
+    /// the next access retries the store).
     pub(crate) fn finish_fill(
         &mut self,
         shared: &SharedRing,
@@ -229,12 +239,15 @@ impl HostCache {
                 store_word(shared, page, Some(slot), false);
             }
             Err(message) => {
+                let ahead = s.ahead;
                 s.state = SlotState::Free;
                 s.page = u64::MAX;
                 self.map.remove(&page);
                 self.free.push(slot);
-                self.failures.insert((page, PageOp::Read), message);
-                store_word(shared, page, None, true);
+                if !ahead {
+                    self.failures.insert((page, PageOp::Read), message);
+                }
+                store_word(shared, page, None, !ahead);
             }
         }
     }
@@ -275,6 +288,7 @@ impl HostCache {
             state: SlotState::Present,
             dirty: true,
             host_ref: true,
+            ahead: false,
         };
         store_word(shared, page, Some(slot), false);
     }
@@ -452,7 +466,7 @@ mod tests {
         let mut c = HostCache::new(3);
         for page in 0..3 {
             let s = c.take_clean(&r).unwrap();
-            c.begin_fill(page, s);
+            c.begin_fill(page, s, false);
             c.finish_fill(&r, page, s, Ok(()));
             assert!(word(&r, page).present);
             assert_eq!(word(&r, page).slot, s);
@@ -482,7 +496,7 @@ mod tests {
         // Page 1 is next (its reference was cleared); then nothing clean is left.
         assert!(c.take_clean(&r).is_some());
         let s = c.take_clean(&r).unwrap();
-        c.begin_fill(5, s);
+        c.begin_fill(5, s, false);
         assert!(
             c.take_clean(&r).is_none(),
             "page 0 is dirty, page 5 is filling"
@@ -502,7 +516,7 @@ mod tests {
         let r = SharedRing::in_heap(4, 2, 1, 64, 100).unwrap();
         let mut c = HostCache::new(1);
         let s = c.take_clean(&r).unwrap();
-        c.begin_fill(1, s);
+        c.begin_fill(1, s, false);
         c.finish_fill(&r, 1, s, Err("gone".into()));
         let w = word(&r, 1);
         assert!(w.error && !w.present);
