@@ -590,3 +590,81 @@ fn bad_setups_are_refused_with_advice() {
     let e = SharedRing::in_heap(3, 8, 2, 4096, 8 * 4096).unwrap_err();
     assert!(e.to_string().contains("power of two"), "{e}");
 }
+
+#[test]
+fn dirty_slots_above_the_high_water_mark_are_written_back_in_the_background() {
+    let seed = seed();
+    let model = Model::new(seed, 4096, 32 * 4096);
+    let store = memory(&model);
+    let (server, device) = start(
+        store.clone(),
+        &model,
+        16,
+        8,
+        RingServerOptions {
+            dirty_high_water: 0.25,
+            ..RingServerOptions::default()
+        },
+    );
+    for p in 0..3 {
+        device.write(p, &model.next(p)).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(
+        server.stats().dirty_slots,
+        3,
+        "below the mark nothing is written"
+    );
+    assert_eq!(server.stats().store_write_batches, 0);
+    for p in 3..12 {
+        device.write(p, &model.next(p)).unwrap();
+    }
+    let t = Instant::now();
+    while server.stats().dirty_slots > 4 {
+        assert!(t.elapsed() < Duration::from_secs(5), "{:?}", server.stats());
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(server.stats().store_write_batches > 0);
+    // The store has what was written back, without a flush.
+    let mut got = vec![0u8; 4096];
+    let written = (0..12)
+        .filter(|&p| {
+            store.read_at(p * 4096, &mut got).unwrap();
+            got == model.content(p, 1)
+        })
+        .count();
+    assert!(written >= 8, "{written} of 12 pages reached the store");
+    // Written-back pages stay cached and readable.
+    for p in 0..12 {
+        device.read(p, &mut got).unwrap();
+        model.check(p, &got, Some(1));
+    }
+    server.shutdown().unwrap();
+    model.check_store(&*store);
+}
+
+#[test]
+fn a_hanging_store_ends_in_an_error_within_its_bound() {
+    let seed = seed();
+    let model = Model::new(seed, 4096, 16 * 4096);
+    let faulty = Arc::new(FaultyStore::new(memory(&model), seed));
+    let (server, device) = start(faulty.clone(), &model, 4, 4, RingServerOptions::default());
+    faulty
+        .set_plan(FaultPlan {
+            read_hang: 1.0,
+            hang_for: Duration::from_millis(200),
+            ..FaultPlan::default()
+        })
+        .unwrap();
+    let mut buf = vec![0u8; 4096];
+    let t = Instant::now();
+    assert_eq!(device.read(7, &mut buf), Err(DeviceError::Error(7)));
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    let errors = server.take_errors();
+    assert_eq!(errors.len(), 1);
+    assert!(errors[0].message.contains("hung"), "{}", errors[0].message);
+    faulty.heal();
+    device.read(7, &mut buf).unwrap();
+    model.check(7, &buf, Some(0));
+    server.shutdown().unwrap();
+}

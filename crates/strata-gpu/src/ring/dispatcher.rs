@@ -25,8 +25,6 @@ use super::store_io::{Job, submit};
 struct Recent {
     pages: [u64; 16],
     next: usize,
-    /// Read ahead already issued up to here (exclusive).
-    ahead_to: u64,
 }
 
 impl Default for Recent {
@@ -34,7 +32,6 @@ impl Default for Recent {
         Recent {
             pages: [u64::MAX; 16],
             next: 0,
-            ahead_to: 0,
         }
     }
 }
@@ -226,16 +223,16 @@ fn read(inner: &Inner, page: u64, ahead: bool, recent: &mut Recent) {
     submit(inner, &mut cache, Job::Fill(vec![(page, slot)]));
     let n = inner.options.read_ahead_pages;
     if n > 0 && recent.sequential(page) {
-        let start = (page + 1).max(recent.ahead_to.min(page + 1 + n));
-        let end = (page + 1 + n).min(shared.pages());
-        if start < end {
-            read_ahead(inner, &mut cache, start..end);
-            recent.ahead_to = end;
-        }
+        let end = (page + 1).saturating_add(n).min(shared.pages());
+        read_ahead(inner, &mut cache, page + 1..end);
     }
 }
 
-/// Starts fills for the pages of `pages` that are absent, while free or clean slots last.
+/// Slots of the clock's path a read-ahead looks at for a spare one.
+const READ_AHEAD_WINDOW: usize = 64;
+
+/// Starts fills for the pages of `pages` that are absent, while spare slots last (free, or
+/// clean and unreferenced near the clock's hand: read-ahead never demotes a hot page).
 fn read_ahead(inner: &Inner, cache: &mut HostCache, pages: std::ops::Range<u64>) {
     let shared = &inner.shared;
     let mut items = Vec::new();
@@ -246,7 +243,7 @@ fn read_ahead(inner: &Inner, cache: &mut HostCache, pages: std::ops::Range<u64>)
         {
             continue;
         }
-        match cache.take_clean(shared) {
+        match cache.take_spare(shared, READ_AHEAD_WINDOW) {
             Some(slot) => {
                 cache.begin_fill(page, slot, true);
                 items.push((page, slot));

@@ -183,11 +183,44 @@ impl HostCache {
             if slot.dirty {
                 continue;
             }
-            withdraw_word(shared, slot.page);
-            self.map.remove(&slot.page);
-            slot.page = u64::MAX;
-            slot.state = SlotState::Free;
-            self.evictions += 1;
+            self.evict_clean(shared, s);
+            return Some(index);
+        }
+        None
+    }
+
+    /// Takes clean PRESENT slot `s` from its page (word withdrawn first).
+    fn evict_clean(&mut self, shared: &SharedRing, s: usize) {
+        let slot = &mut self.slots[s];
+        debug_assert!(slot.state == SlotState::Present && !slot.dirty);
+        withdraw_word(shared, slot.page);
+        self.map.remove(&slot.page);
+        slot.page = u64::MAX;
+        slot.state = SlotState::Free;
+        self.evictions += 1;
+    }
+
+    /// A spare slot for read-ahead: a free one, or the first clean, unreferenced PRESENT slot
+    /// among the next `window` on the clock's path (references are left alone, so that
+    /// read-ahead never takes a referenced page's second chance).
+    pub(crate) fn take_spare(&mut self, shared: &SharedRing, window: usize) -> Option<u32> {
+        if let Some(s) = self.free.pop() {
+            return Some(s);
+        }
+        let n = self.slots.len();
+        for i in 0..window.min(n) {
+            let s = (self.hand + i) % n;
+            let index = u32::try_from(s).unwrap_or(u32::MAX);
+            let slot = &mut self.slots[s];
+            if slot.state != SlotState::Present
+                || slot.dirty
+                || slot.host_ref
+                || shared.slot_ref(index).load(Ordering::Relaxed) != 0
+            {
+                continue;
+            }
+            self.evict_clean(shared, s);
+            self.hand = (s + 1) % n;
             return Some(index);
         }
         None
