@@ -668,3 +668,46 @@ fn a_hanging_store_ends_in_an_error_within_its_bound() {
     model.check(7, &buf, Some(0));
     server.shutdown().unwrap();
 }
+
+#[test]
+fn a_write_to_a_page_being_written_back_moves_on_and_the_newest_bytes_win() {
+    let seed = seed();
+    let model = Model::new(seed, 4096, 8 * 4096);
+    let inner = memory(&model);
+    let store = Arc::new(OddStore {
+        inner: inner.clone(),
+        delay: Duration::from_millis(40),
+        panic_at: None,
+    });
+    let (server, device) = start(
+        store,
+        &model,
+        4,
+        4,
+        RingServerOptions {
+            dirty_high_water: 0.0,
+            read_ahead_pages: 0,
+            ..RingServerOptions::default()
+        },
+    );
+    let mut buf = vec![0u8; 4096];
+    for _ in 0..5 {
+        let before = server.stats().store_write_batches;
+        device.write(1, &model.next(1)).unwrap();
+        // The background write-back of this version starts at once (high water 0).
+        let t = Instant::now();
+        while server.stats().store_write_batches == before {
+            assert!(t.elapsed() < Duration::from_secs(5), "{:?}", server.stats());
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        device.write(1, &model.next(1)).unwrap();
+        device.read(1, &mut buf).unwrap();
+        model.check(1, &buf, Some(model.version(1)));
+        server.flush().unwrap();
+        model.check_store(&*inner);
+    }
+    let st = server.stats();
+    eprintln!("{st:?}");
+    assert!(st.write_redirects >= 3, "{st:?}");
+    server.shutdown().unwrap();
+}

@@ -296,16 +296,22 @@ fn write(inner: &Inner, page: u64, index: u32) {
                 cache.put_dirty(shared, page, slot, copy);
                 return;
             }
-            Some(_) => {
-                // Filling: the store read must not land over the write; writing: the store
-                // must not see half of it. Both end within a store call.
-                if inner.stopping() {
+            Some((slot, SlotState::Writing)) => {
+                // The store must not see half of the new bytes: they go to another slot, or,
+                // with none clean, wait for the store write to end.
+                if let Some(new) = cache.take_clean(shared) {
+                    cache.redirect_write(shared, page, slot, new, copy);
                     return;
                 }
-                cache = inner.wait(cache);
             }
+            // Filling: the store read must not land over the write; it ends within a store call.
+            Some(_) => {}
             None => break,
         }
+        if inner.stopping() {
+            return;
+        }
+        cache = inner.wait(cache);
     }
     drop(cache.take_overflow(page)); // superseded by these bytes
     let (mut cache, slot) = obtain_slot(inner, cache);

@@ -15,7 +15,7 @@
 //!
 //! Not thread-safe by itself: the server keeps it behind one mutex.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ops::Range;
 use std::sync::atomic::{Ordering, fence};
 
@@ -48,6 +48,9 @@ struct Slot {
     host_ref: bool,
     /// Filling for read-ahead only: nobody waits, so a failed fill is forgotten, not an error.
     ahead: bool,
+    /// WRITING an old version of a page that has moved to another slot: when the store
+    /// write ends the slot is freed and the outcome ignored (the newer bytes are dirty there).
+    orphan: bool,
 }
 
 /// Stores `word` for `page`: the next generation, with the given flags.
@@ -82,8 +85,12 @@ pub(crate) struct HostCache {
     filling: u64,
     writing: u64,
     overflow: BTreeMap<u64, Vec<u8>>,
+    /// Pages with an orphaned store write in flight: none of their slots is written back
+    /// until it ends, so two writes of one page never race in the store.
+    orphan_pages: HashSet<u64>,
     failures: BTreeMap<(u64, PageOp), String>,
     evictions: u64,
+    redirects: u64,
 }
 
 impl HostCache {
@@ -97,6 +104,7 @@ impl HostCache {
                     dirty: false,
                     host_ref: false,
                     ahead: false,
+                    orphan: false,
                 };
                 slot_count as usize
             ],
@@ -107,8 +115,10 @@ impl HostCache {
             filling: 0,
             writing: 0,
             overflow: BTreeMap::new(),
+            orphan_pages: HashSet::new(),
             failures: BTreeMap::new(),
             evictions: 0,
+            redirects: 0,
         }
     }
 
@@ -147,16 +157,22 @@ impl HostCache {
         self.evictions
     }
 
+    /// WRITEs moved to another slot because theirs was being written to the store.
+    pub(crate) fn redirects(&self) -> u64 {
+        self.redirects
+    }
+
     /// Whether some page in `range` is being filled or written.
     pub(crate) fn busy_in(&self, range: &Range<u64>, filling_too: bool) -> bool {
-        self.map.iter().any(|(p, &s)| {
-            range.contains(p)
-                && match self.slots[s as usize].state {
-                    SlotState::Writing => true,
-                    SlotState::Filling => filling_too,
-                    _ => false,
-                }
-        })
+        self.orphan_pages.iter().any(|p| range.contains(p))
+            || self.map.iter().any(|(p, &s)| {
+                range.contains(p)
+                    && match self.slots[s as usize].state {
+                        SlotState::Writing => true,
+                        SlotState::Filling => filling_too,
+                        _ => false,
+                    }
+            })
     }
 
     /// A free slot, or a clean unreferenced PRESENT one taken from its page (CLOCK, at most
@@ -244,6 +260,7 @@ impl HostCache {
             dirty: false,
             host_ref: !ahead,
             ahead,
+            orphan: false,
         };
         self.map.insert(page, slot);
         self.filling += 1;
@@ -322,8 +339,35 @@ impl HostCache {
             dirty: true,
             host_ref: true,
             ahead: false,
+            orphan: false,
         };
         store_word(shared, page, Some(slot), false);
+    }
+
+    /// A WRITE for `page`, whose slot `old` is being written to the store: the new bytes go to
+    /// free slot `new` (from [`HostCache::take_clean`]) instead of waiting, and `old` becomes
+    /// an orphan, freed when its store write ends.
+    pub(crate) fn redirect_write(
+        &mut self,
+        shared: &SharedRing,
+        page: u64,
+        old: u32,
+        new: u32,
+        fill: impl FnOnce(u32),
+    ) {
+        let o = &mut self.slots[old as usize];
+        assert!(
+            o.page == page && o.state == SlotState::Writing && o.dirty,
+            "slot {old} is not writing page {page}"
+        );
+        withdraw_word(shared, page);
+        o.orphan = true;
+        o.dirty = false;
+        self.dirty -= 1;
+        self.orphan_pages.insert(page);
+        self.map.remove(&page);
+        self.redirects += 1;
+        self.put_dirty(shared, page, new, fill);
     }
 
     /// Marks up to `max` dirty PRESENT slots whose pages pass `want` as WRITING, in clock order
@@ -341,7 +385,11 @@ impl HostCache {
             }
             let s = (self.hand + i) % n;
             let slot = &mut self.slots[s];
-            if slot.state == SlotState::Present && slot.dirty && want(slot.page) {
+            if slot.state == SlotState::Present
+                && slot.dirty
+                && want(slot.page)
+                && !self.orphan_pages.contains(&slot.page)
+            {
                 slot.state = SlotState::Writing;
                 self.writing += 1;
                 picked.push((slot.page, u32::try_from(s).unwrap_or(u32::MAX)));
@@ -359,8 +407,16 @@ impl HostCache {
                 s.page == *page && s.state == SlotState::Writing,
                 "slot {slot} is not writing page {page}"
             );
-            s.state = SlotState::Present;
             self.writing -= 1;
+            if s.orphan {
+                s.orphan = false;
+                s.state = SlotState::Free;
+                s.page = u64::MAX;
+                self.free.push(*slot);
+                self.orphan_pages.remove(page);
+                continue;
+            }
+            s.state = SlotState::Present;
             match result {
                 Ok(()) => {
                     s.dirty = false;
@@ -377,7 +433,7 @@ impl HostCache {
 
     /// Whether some dirty slot is PRESENT (can be written back now).
     pub(crate) fn has_dirty_present(&self) -> bool {
-        self.dirty > self.writing
+        self.dirty + self.orphan_pages.len() as u64 > self.writing
     }
 
     /// Keeps a dirty page that no slot could take.
@@ -542,6 +598,38 @@ mod tests {
         assert_eq!(f.len(), 1);
         assert_eq!((f[0].page, f[0].op), (0, PageOp::Write));
         assert_eq!(c.dirty_copies(&r), vec![(0, vec![1; 64])]);
+    }
+
+    #[test]
+    fn a_write_to_a_slot_being_written_moves_to_another_slot() {
+        let r = SharedRing::in_heap(4, 4, 3, 64, 4 * 64).unwrap();
+        let mut c = HostCache::new(3);
+        let s0 = c.take_clean(&r).unwrap();
+        // SAFETY: single-threaded test.
+        c.put_dirty(&r, 2, s0, |s| unsafe { r.copy_into_slot(s, &[1; 64]) });
+        let batch = c.begin_write_back(8, |_| true);
+        assert_eq!(batch, vec![(2, s0)]);
+        let s1 = c.take_clean(&r).unwrap();
+        // SAFETY: single-threaded test.
+        c.redirect_write(&r, 2, s0, s1, |s| unsafe { r.copy_into_slot(s, &[2; 64]) });
+        assert_eq!(c.lookup(2), Some((s1, SlotState::Present)));
+        assert_eq!(word(&r, 2).slot, s1);
+        assert!(c.busy_in(&(2..3), false), "the orphan's write is in flight");
+        assert!(
+            c.begin_write_back(8, |_| true).is_empty(),
+            "no second write of page 2 while the first is in flight"
+        );
+        assert_eq!(
+            c.dirty_copies(&r),
+            vec![(2, vec![2; 64])],
+            "only the new bytes"
+        );
+        c.finish_write_back(&[(batch[0], Ok(()))]);
+        assert_eq!(c.dirty_count(), 1, "the new bytes are still dirty");
+        assert!(!c.busy_in(&(2..3), false));
+        assert_eq!(c.begin_write_back(8, |_| true), vec![(2, s1)]);
+        assert_eq!(c.redirects(), 1);
+        assert!(c.take_clean(&r).is_some(), "the orphan slot was freed");
     }
 
     #[test]

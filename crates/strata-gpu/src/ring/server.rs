@@ -91,6 +91,8 @@ pub struct RingStats {
     pub store_bytes_out: u64,
     /// Clean host-cache slots taken for other pages.
     pub evictions: u64,
+    /// WRITEs whose page's slot was being written to the store, moved to another slot.
+    pub write_redirects: u64,
     /// Times the dispatcher waited for a slot (back-pressure).
     pub slot_waits: u64,
     /// Dirty host-cache slots now.
@@ -225,11 +227,21 @@ impl Inner {
 
 /// The host side of a store-backed space's request ring. See the module docs and
 /// [`super::layout`].
-#[derive(Debug)]
 pub struct RingServer {
     inner: Arc<Inner>,
     dispatcher: Option<JoinHandle<()>>,
     workers: Vec<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for RingServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RingServer")
+            .field("geometry", &self.inner.shared.geometry())
+            .field("store", &self.inner.store.describe())
+            .field("options", &self.inner.options)
+            .field("alive", &self.is_alive())
+            .finish_non_exhaustive()
+    }
 }
 
 impl RingServer {
@@ -350,9 +362,9 @@ impl RingServer {
     pub fn stats(&self) -> RingStats {
         let c = &self.inner.counters;
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let (evictions, dirty_slots) = {
+        let (evictions, dirty_slots, write_redirects) = {
             let cache = self.inner.lock();
-            (cache.evictions(), cache.dirty_count())
+            (cache.evictions(), cache.dirty_count(), cache.redirects())
         };
         let batches = get(&c.read_batches) + get(&c.write_batches);
         #[allow(clippy::cast_precision_loss)] // counts far below 2^52
@@ -372,6 +384,7 @@ impl RingServer {
             store_bytes_in: get(&c.bytes_in),
             store_bytes_out: get(&c.bytes_out),
             evictions,
+            write_redirects,
             slot_waits: get(&c.slot_waits),
             dirty_slots,
             max_batch: get(&c.max_batch),
