@@ -711,3 +711,82 @@ fn a_write_to_a_page_being_written_back_moves_on_and_the_newest_bytes_win() {
     assert!(st.write_redirects >= 3, "{st:?}");
     server.shutdown().unwrap();
 }
+
+/// A store whose `describe` panics on demand: the one call the workers make outside their
+/// guarded store calls, so the panic kills the worker thread itself.
+#[derive(Debug)]
+struct WorkerKiller {
+    inner: Arc<dyn Store>,
+    armed: std::sync::atomic::AtomicBool,
+}
+
+impl Store for WorkerKiller {
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+        self.inner.read_at(offset, buf)
+    }
+    fn write_at(&self, offset: u64, buf: &[u8]) -> Result<(), StoreError> {
+        self.inner.write_at(offset, buf)
+    }
+    fn flush(&self) -> Result<(), StoreError> {
+        self.inner.flush()
+    }
+    fn describe(&self) -> String {
+        assert!(!self.armed.load(Ordering::Acquire), "worker killer armed");
+        "worker-killer".into()
+    }
+}
+
+#[test]
+fn dead_workers_fail_their_pages_instead_of_hanging_them() {
+    let seed = seed();
+    let model = Model::new(seed, 4096, 64 * 4096);
+    let store = Arc::new(WorkerKiller {
+        inner: memory(&model),
+        armed: false.into(),
+    });
+    let (server, device) = start(
+        store.clone(),
+        &model,
+        8,
+        8,
+        RingServerOptions {
+            threads: 2,
+            read_ahead_pages: 0,
+            ..RingServerOptions::default()
+        },
+    );
+    let mut buf = vec![0u8; 4096];
+    device.read(0, &mut buf).unwrap();
+    device.write(1, &model.next(1)).unwrap();
+    store.armed.store(true, Ordering::Release);
+    let t = Instant::now();
+    let mut messages = Vec::new();
+    for p in (10..40).step_by(3) {
+        assert_eq!(device.read(p, &mut buf), Err(DeviceError::Error(p)));
+        messages.extend(server.take_errors().into_iter().map(|e| e.message));
+        if messages
+            .iter()
+            .any(|m| m.contains("no store worker thread is alive"))
+        {
+            break;
+        }
+    }
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+    assert!(messages.iter().any(|m| m.contains("died")), "{messages:?}");
+    assert!(
+        messages
+            .iter()
+            .any(|m| m.contains("no store worker thread is alive")),
+        "{messages:?}"
+    );
+    assert!(server.is_alive(), "the dispatcher lives on");
+    // Cached pages still serve, and flushing runs on the caller's thread.
+    store.armed.store(false, Ordering::Release);
+    device.read(0, &mut buf).unwrap();
+    model.check(0, &buf, Some(0));
+    server.shutdown().unwrap();
+    model.check_store(&*store.inner);
+}
