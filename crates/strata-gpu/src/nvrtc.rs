@@ -16,17 +16,38 @@ pub const STRATA_CUH: &str = include_str!("../cuda/strata.cuh");
 /// the fault path, the access API).
 pub const HEADERS: &[(&str, &str)] = &[
     ("strata.cuh", STRATA_CUH),
-    ("strata/layout.cuh", include_str!("../cuda/strata/layout.cuh")),
-    ("strata/primitives.cuh", include_str!("../cuda/strata/primitives.cuh")),
-    ("strata/policy_clock.cuh", include_str!("../cuda/strata/policy_clock.cuh")),
-    ("strata/policy_scan_resistant.cuh", include_str!("../cuda/strata/policy_scan_resistant.cuh")),
+    (
+        "strata/layout.cuh",
+        include_str!("../cuda/strata/layout.cuh"),
+    ),
+    (
+        "strata/primitives.cuh",
+        include_str!("../cuda/strata/primitives.cuh"),
+    ),
+    (
+        "strata/policy_clock.cuh",
+        include_str!("../cuda/strata/policy_clock.cuh"),
+    ),
+    (
+        "strata/policy_scan_resistant.cuh",
+        include_str!("../cuda/strata/policy_scan_resistant.cuh"),
+    ),
     ("strata/evict.cuh", include_str!("../cuda/strata/evict.cuh")),
     ("strata/copy.cuh", include_str!("../cuda/strata/copy.cuh")),
-    ("strata/tier_host_copy.cuh", include_str!("../cuda/strata/tier_host_copy.cuh")),
-    ("strata/tier_ring.cuh", include_str!("../cuda/strata/tier_ring.cuh")),
+    (
+        "strata/tier_host_copy.cuh",
+        include_str!("../cuda/strata/tier_host_copy.cuh"),
+    ),
+    (
+        "strata/tier_ring.cuh",
+        include_str!("../cuda/strata/tier_ring.cuh"),
+    ),
     ("strata/tiers.cuh", include_str!("../cuda/strata/tiers.cuh")),
     ("strata/fault.cuh", include_str!("../cuda/strata/fault.cuh")),
-    ("strata/access.cuh", include_str!("../cuda/strata/access.cuh")),
+    (
+        "strata/access.cuh",
+        include_str!("../cuda/strata/access.cuh"),
+    ),
 ];
 
 /// Writes [`HEADERS`] under `dir` (`dir/strata.cuh`, `dir/strata/*.cuh`) for nvcc users.

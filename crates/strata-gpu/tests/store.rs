@@ -45,7 +45,11 @@ fn replay(initial: &[u64], threads: u64, ops: u64, seed: u64) -> (Vec<u64>, Vec<
     let halves = n / 2;
     let mut sums = vec![0u64; threads as usize];
     for t in 0..threads {
-        let owned = if t < halves { (halves - t).div_ceil(threads) } else { 0 };
+        let owned = if t < halves {
+            (halves - t).div_ceil(threads)
+        } else {
+            0
+        };
         let mut sum = 0u64;
         for j in 0..ops {
             let r = mix(seed ^ (t << 24) ^ j);
@@ -63,7 +67,13 @@ fn replay(initial: &[u64], threads: u64, ops: u64, seed: u64) -> (Vec<u64>, Vec<
 }
 
 /// Runs `random_rw` on `space` and checks the reads and the final contents against the replay.
-fn random_rw_matches_replay(strata: &Strata, module: &KernelModule, space: &Space, initial: &[u64], s: u64) -> Vec<u64> {
+fn random_rw_matches_replay(
+    strata: &Strata,
+    module: &KernelModule,
+    space: &Space,
+    initial: &[u64],
+    s: u64,
+) -> Vec<u64> {
     let threads = u64::from(GRID.blocks * GRID.threads);
     let ops = 48;
     let sums = DeviceBuffer::zeroed(strata.gpu(), (threads * 8) as usize).unwrap();
@@ -71,15 +81,29 @@ fn random_rw_matches_replay(strata: &Strata, module: &KernelModule, space: &Spac
     module
         .function("random_rw")
         .unwrap()
-        .launch(GRID, &Args::new().arg(space.handle()).arg(ops).arg(s).arg(sums.ptr()))
+        .launch(
+            GRID,
+            &Args::new()
+                .arg(space.handle())
+                .arg(ops)
+                .arg(s)
+                .arg(sums.ptr()),
+        )
         .unwrap();
     space.check_errors().unwrap();
     let took = t0.elapsed();
     let (expect, expect_sums) = replay(initial, threads, ops, s);
     let mut got_sums = vec![0u64; threads as usize];
     sums.download(0, &mut got_sums).unwrap();
-    let bad_sums = got_sums.iter().zip(&expect_sums).filter(|(a, b)| a != b).count();
-    assert_eq!(bad_sums, 0, "{bad_sums} threads read something else than the replay");
+    let bad_sums = got_sums
+        .iter()
+        .zip(&expect_sums)
+        .filter(|(a, b)| a != b)
+        .count();
+    assert_eq!(
+        bad_sums, 0,
+        "{bad_sums} threads read something else than the replay"
+    );
     let back = read_all(space);
     let bad = back.iter().zip(&expect).filter(|(a, b)| a != b).count();
     let st = space.stats().unwrap();
@@ -93,7 +117,10 @@ fn random_rw_matches_replay(strata: &Strata, module: &KernelModule, space: &Spac
         st.host_cache_loads
     );
     assert_eq!(bad, 0, "{bad} words differ from the replay");
-    assert!(st.faults > u64::from(space.frames()), "the cache must have turned over");
+    assert!(
+        st.faults > u64::from(space.frames()),
+        "the cache must have turned over"
+    );
     expect
 }
 
@@ -128,21 +155,36 @@ fn random_reads_and_writes_match_a_cpu_replay_over_memory_and_file() {
         };
         write_words(store.as_ref(), &initial);
         let space = strata
-            .space_over_store(store.clone(), space_bytes, &store_opts(page, space_bytes, policy))
+            .space_over_store(
+                store.clone(),
+                space_bytes,
+                &store_opts(page, space_bytes, policy),
+            )
             .unwrap();
         let expect = random_rw_matches_replay(&strata, &module, &space, &initial, s);
         space.close().unwrap();
         // After close the store itself holds the result...
         let mut back = vec![0u64; expect.len()];
-        store.read_at(0, bytemuck::cast_slice_mut(&mut back)).unwrap();
-        assert!(back == expect, "the store differs from the replay after close");
+        store
+            .read_at(0, bytemuck::cast_slice_mut(&mut back))
+            .unwrap();
+        assert!(
+            back == expect,
+            "the store differs from the replay after close"
+        );
         drop(store);
         // ... and a file holds it for whoever opens it next.
         if file {
-            let reopened =
-                FileStore::open(&path, space_bytes, &strata_core::store::FileStoreOptions::default()).unwrap();
+            let reopened = FileStore::open(
+                &path,
+                space_bytes,
+                &strata_core::store::FileStoreOptions::default(),
+            )
+            .unwrap();
             let mut back = vec![0u64; expect.len()];
-            reopened.read_at(0, bytemuck::cast_slice_mut(&mut back)).unwrap();
+            reopened
+                .read_at(0, bytemuck::cast_slice_mut(&mut back))
+                .unwrap();
             assert!(back == expect, "the reopened file differs from the replay");
         }
     }
@@ -165,7 +207,11 @@ fn a_store_failing_reads_is_an_error_not_a_hang() {
     write_words(inner.as_ref(), &initial);
     let faulty = Arc::new(FaultyStore::new(inner.clone(), s));
     let space = strata
-        .space_over_store(faulty.clone(), bytes, &store_opts(page, bytes, EvictionPolicy::Clock))
+        .space_over_store(
+            faulty.clone(),
+            bytes,
+            &store_opts(page, bytes, EvictionPolicy::Clock),
+        )
         .unwrap();
     space.set_wait_limit(Duration::from_millis(500)).unwrap();
     faulty
@@ -194,13 +240,17 @@ fn a_store_failing_reads_is_an_error_not_a_hang() {
     }
     // Nothing was written, so the store still holds the initial data.
     let mut back = vec![0u64; initial.len()];
-    inner.read_at(0, bytemuck::cast_slice_mut(&mut back)).unwrap();
+    inner
+        .read_at(0, bytemuck::cast_slice_mut(&mut back))
+        .unwrap();
     assert!(back == initial);
     // Healed (check_errors cleared the failed pages), the space works again.
     faulty.heal();
     let expect = random_rw_matches_replay(&strata, &module, &space, &initial, s ^ 1);
     space.close().unwrap();
-    inner.read_at(0, bytemuck::cast_slice_mut(&mut back)).unwrap();
+    inner
+        .read_at(0, bytemuck::cast_slice_mut(&mut back))
+        .unwrap();
     assert!(back == expect);
 }
 
@@ -224,14 +274,18 @@ fn a_store_failing_writes_loses_no_dirty_page() {
     let space = strata.space_over_store(faulty.clone(), bytes, &o).unwrap();
     // One round, flushed: the store holds it.
     let add = module.function("add_one").unwrap();
-    add.launch(GRID, &Args::new().arg(space.handle()).arg(1u64)).unwrap();
+    add.launch(GRID, &Args::new().arg(space.handle()).arg(1u64))
+        .unwrap();
     space.flush().unwrap();
     let once: Vec<u64> = initial.iter().map(|w| w.wrapping_add(1)).collect();
     let mut back = vec![0u64; initial.len()];
-    inner.read_at(0, bytemuck::cast_slice_mut(&mut back)).unwrap();
+    inner
+        .read_at(0, bytemuck::cast_slice_mut(&mut back))
+        .unwrap();
     assert!(back == once, "the first flush reached the store");
     // A second round, then the store refuses writes.
-    add.launch(GRID, &Args::new().arg(space.handle()).arg(1u64)).unwrap();
+    add.launch(GRID, &Args::new().arg(space.handle()).arg(1u64))
+        .unwrap();
     space.check_errors().unwrap();
     faulty
         .set_plan(FaultPlan {
@@ -242,7 +296,9 @@ fn a_store_failing_writes_loses_no_dirty_page() {
     let e = space.flush().unwrap_err();
     eprintln!("flush with failing writes: {e}");
     let twice: Vec<u64> = initial.iter().map(|w| w.wrapping_add(2)).collect();
-    inner.read_at(0, bytemuck::cast_slice_mut(&mut back)).unwrap();
+    inner
+        .read_at(0, bytemuck::cast_slice_mut(&mut back))
+        .unwrap();
     assert!(back == once, "nothing half-written over the flushed data");
     match space.close() {
         Err(SpaceError::Unflushed { pages, .. }) => {
@@ -251,7 +307,10 @@ fn a_store_failing_writes_loses_no_dirty_page() {
             for (p, data) in pages {
                 let words: &[u64] = bytemuck::cast_slice(&data);
                 let at = (p * page / 8) as usize;
-                assert!(words == &twice[at..at + words.len()], "page {p} handed back wrong");
+                assert!(
+                    words == &twice[at..at + words.len()],
+                    "page {p} handed back wrong"
+                );
             }
         }
         other => panic!("expected Unflushed, got {other:?}"),
@@ -268,7 +327,11 @@ fn a_dead_ring_server_is_an_error_not_a_hang() {
     let bytes = 16u64 << 20;
     let store: Arc<dyn Store> = Arc::new(MemoryStore::try_new(bytes).unwrap());
     let space = strata
-        .space_over_store(store, bytes, &store_opts(64 << 10, bytes, EvictionPolicy::Clock))
+        .space_over_store(
+            store,
+            bytes,
+            &store_opts(64 << 10, bytes, EvictionPolicy::Clock),
+        )
         .unwrap();
     space.set_wait_limit(Duration::from_millis(300)).unwrap();
     space.kill_ring_for_test();
@@ -306,23 +369,34 @@ fn memory_node_replay_and_a_node_killed_mid_kernel() {
         token.clone(),
     ))
     .expect("start a memory node on loopback");
-    let options = strata_net::RemoteStoreOptions::new(vec![node.address().to_string()], token, Duration::from_secs(2));
+    let options = strata_net::RemoteStoreOptions::new(
+        vec![node.address().to_string()],
+        token,
+        Duration::from_secs(2),
+    );
     let store: Arc<dyn Store> = Arc::new(strata_net::RemoteStore::connect(bytes, options).unwrap());
     let initial = random_words((bytes / 8) as usize, s);
     write_words(store.as_ref(), &initial);
     let space = strata
-        .space_over_store(store.clone(), bytes, &store_opts(64 << 10, bytes, EvictionPolicy::Clock))
+        .space_over_store(
+            store.clone(),
+            bytes,
+            &store_opts(64 << 10, bytes, EvictionPolicy::Clock),
+        )
         .unwrap();
     let expect = random_rw_matches_replay(&strata, &module, &space, &initial, s);
     let mut back = vec![0u64; expect.len()];
-    store.read_at(0, bytemuck::cast_slice_mut(&mut back)).unwrap();
+    store
+        .read_at(0, bytemuck::cast_slice_mut(&mut back))
+        .unwrap();
     assert!(back == expect, "the node holds the flushed result");
     // Kill the node while a long kernel runs (every page cold: evicted from both caches).
     space.evict(0..bytes).unwrap();
     space.set_wait_limit(Duration::from_secs(3)).unwrap();
     let add = module.function("add_one").unwrap();
     let t0 = Instant::now();
-    add.launch(GRID, &Args::new().arg(space.handle()).arg(1000u64)).unwrap();
+    add.launch(GRID, &Args::new().arg(space.handle()).arg(1000u64))
+        .unwrap();
     std::thread::sleep(Duration::from_millis(100));
     node.shutdown();
     let r = space.check_errors();

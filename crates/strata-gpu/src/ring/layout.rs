@@ -16,7 +16,11 @@
 //!   filled from the store (`read_batch`), and then publishes the page's slot word:
 //!   `PRESENT | slot | generation+1`. The warp waits on that word, not on the entry: the slot
 //!   word is the read's completion word. On a store error the host publishes
-//!   `ERROR | generation+1` and keeps the store's message for `check_errors`.
+//!   `ERROR | generation+1` and keeps the store's message for `check_errors`. The word stays
+//!   ERROR (READs of the page are ignored meanwhile) until the host takes the errors, which
+//!   withdraws it (no flags, generation+1) so that the next access retries the store. A warp
+//!   whose page's word moved to another generation without PRESENT or ERROR (the page was
+//!   filled and evicted again before the warp looked) posts its READ again.
 //! * **Hits in the host cache** need no request: a warp reads the slot word (acquire), copies
 //!   the slot, fences, and reads the word again; equal words prove the slot held the page
 //!   throughout (a seqlock). The host therefore changes the word (clears PRESENT, bumps the
@@ -27,11 +31,14 @@
 //!   generation, and stores `done[t % capacity] = t + 1`. The warp keeps the page EVICTING in
 //!   its page table until it sees `done >= t + 1`, so no later fault can read the page from
 //!   anywhere before the write is in the host cache; and since the host handles tickets in
-//!   order, a read posted after the write sees it.
+//!   order, a read posted after the write sees it. The host stores `done` for every WRITE
+//!   ticket, even one it must refuse (a page past the space's end: the error is recorded).
 //! * **Read-ahead** ([`REQ_READ_AHEAD`]): like a read, but no warp waits; the host may drop it
-//!   when the cache has no clean slot to spare.
+//!   when the cache has no clean slot to spare. A failed read-ahead publishes no ERROR: it
+//!   withdraws the word (generation+1), and a waiting warp re-posts its READ.
 //! * The host never writes GPU memory and the GPU never does atomics on host memory: every
-//!   shared word has exactly one writer side.
+//!   shared word has exactly one writer side, except the reference bytes (the device stores
+//!   1, the host's clock stores 0; a lost reference only costs a page its second chance).
 
 use std::mem::{offset_of, size_of};
 

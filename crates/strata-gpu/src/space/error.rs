@@ -116,4 +116,3 @@ pub enum SpaceError {
         source: StoreError,
     },
 }
-

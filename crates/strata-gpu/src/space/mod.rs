@@ -63,16 +63,18 @@ impl Drop for Space {
     }
 }
 
-fn fmt(bytes: u64) -> String {
-    strata_core::units::format_size(bytes)
-}
-
 impl Space {
-    pub(crate) fn new(strata: &Strata, size_bytes: u64, options: &SpaceOptions) -> Result<Self, SpaceError> {
+    pub(crate) fn new(
+        strata: &Strata,
+        size_bytes: u64,
+        options: &SpaceOptions,
+    ) -> Result<Self, SpaceError> {
         Space::build(strata, size_bytes, options, |gpu, plan| {
             let bytes = usize::try_from(plan.pages * plan.page.bytes())
                 .map_err(|_| SpaceError::Invalid(format!("{size_bytes} bytes is too large")))?;
-            Ok(Backing::HostCopy(HostCopy::new(MappedHostBuffer::new(gpu, bytes)?)))
+            Ok(Backing::HostCopy(HostCopy::new(MappedHostBuffer::new(
+                gpu, bytes,
+            )?)))
         })
     }
 
@@ -374,8 +376,10 @@ impl Space {
             let word = crate::layout::PageWord::decode(w);
             if word.state == crate::layout::RESIDENT && word.dirty {
                 let mut bytes = vec![0u8; usize::try_from(ps).unwrap_or(0)];
-                self._frame_data
-                    .download(usize::try_from(u64::from(word.frame) * ps).unwrap_or(0), &mut bytes)?;
+                self._frame_data.download(
+                    usize::try_from(u64::from(word.frame) * ps).unwrap_or(0),
+                    &mut bytes,
+                )?;
                 out.push((page as u64, bytes));
             }
         }
@@ -470,7 +474,7 @@ impl Space {
             let message = failures
                 .iter()
                 .find(|f| f.page == page)
-                .or(failures.first())
+                .or_else(|| failures.first())
                 .map_or_else(
                     || "the host's request ring did not answer within the wait limit (its threads stopped, or the store stalled)".to_string(),
                     |f| f.message.clone(),
@@ -605,4 +609,3 @@ impl Space {
         u64::from(self.handle.frame_count) << self.handle.page_shift
     }
 }
-

@@ -216,7 +216,6 @@ pub fn read_through_from_env() -> Result<Option<bool>, SpaceError> {
         .map_err(|e| SpaceError::Invalid(e.to_string()))
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -309,4 +308,3 @@ mod tests {
         assert_eq!(snap.tiers[0].bytes_read, 40960);
     }
 }
-

@@ -10,7 +10,7 @@ use strata_core::store::Store;
 
 use crate::driver::{DeviceBuffer, Gpu, MappedHostBuffer};
 use crate::ring::layout::{RingDescriptor, RingRequest};
-use crate::ring::{RingServer, RingServerOptions, SharedRing};
+use crate::ring::{RingGeometry, RingServer, RingServerOptions, SharedRing};
 use crate::space::SpaceError;
 
 /// Most bytes of staging pages (one per ring entry) a space pins.
@@ -24,8 +24,6 @@ pub(crate) struct StoreTier {
     server: Option<RingServer>,
     /// The ring's descriptor (kernels reach it through the handle).
     pub(crate) descriptor: DeviceBuffer,
-    pub(crate) slot_count: u64,
-    pub(crate) capacity: u32,
     size: u64,
 }
 
@@ -39,7 +37,11 @@ pub(crate) fn ring_capacity(page_size: u64) -> u32 {
 
 /// The host cache's slots: `requested` bytes, or a quarter of the host's available memory; at
 /// most the space's pages, at least 2.
-pub(crate) fn host_cache_slots(requested: Option<u64>, page_size: u64, pages: u64) -> Result<u64, SpaceError> {
+pub(crate) fn host_cache_slots(
+    requested: Option<u64>,
+    page_size: u64,
+    pages: u64,
+) -> Result<u64, SpaceError> {
     let bytes = match requested {
         Some(b) => b,
         None => available_memory().unwrap_or(1 << 30) / 4,
@@ -132,38 +134,53 @@ impl StoreTier {
         // SAFETY: every pointer is the host address of a live pinned buffer of the size the
         // ring's geometry needs (allocated just above, zero-filled), and `bufs` (moved into the
         // ring as its keep-alive) owns them for as long as the ring exists.
+        let geometry = RingGeometry {
+            capacity,
+            pages,
+            slot_count,
+            page_size,
+            space_size: size,
+        };
+        let (entries, head, done, slot_words, slot_refs, slots, staging) = (
+            bufs.entries.host_mut_ptr().cast(),
+            bufs.head.host_mut_ptr().cast(),
+            bufs.done.host_mut_ptr().cast(),
+            bufs.slot_words.host_mut_ptr().cast(),
+            bufs.slot_refs.host_mut_ptr(),
+            bufs.slots.host_mut_ptr(),
+            bufs.staging.host_mut_ptr(),
+        );
+        // SAFETY: every pointer is the host address of a live, zero-filled pinned buffer of the
+        // size `geometry` needs (allocated just above: entries capacity*32 bytes, head 64,
+        // done capacity*8, slot words pages*8, references slot_count, slots
+        // slot_count*page_size, staging capacity*page_size; cuMemHostAlloc aligns to pages),
+        // and `bufs`, moved into the ring as its keep-alive, owns them for the ring's life.
         let shared = unsafe {
             SharedRing::from_raw(
-                bufs.entries.host_mut_ptr().cast(),
-                bufs.head.host_mut_ptr().cast(),
-                bufs.done.host_mut_ptr().cast(),
-                bufs.slot_words.host_mut_ptr().cast(),
-                bufs.slot_refs.host_mut_ptr(),
-                bufs.slots.host_mut_ptr(),
-                bufs.staging.host_mut_ptr(),
-                capacity,
-                pages,
-                slot_count,
-                page_size,
-                size,
+                entries,
+                head,
+                done,
+                slot_words,
+                slot_refs,
+                slots,
+                staging,
+                geometry,
                 Box::new(bufs),
-            )
+            )?
         };
         let server = RingServer::start(shared, store.clone(), RingServerOptions::default())?;
         Ok(StoreTier {
             store,
             server: Some(server),
             descriptor: descriptor_buf,
-            slot_count,
-            capacity,
             size,
         })
     }
 
     pub(crate) fn server(&self) -> Result<&RingServer, SpaceError> {
-        self.server.as_ref().ok_or_else(|| {
-            SpaceError::Invalid("the space was closed: make a new one".into())
-        })
+        self.server
+            .as_ref()
+            .ok_or_else(|| SpaceError::Invalid("the space was closed: make a new one".into()))
     }
 
     /// Host cache -> store, then the store's durability point.
@@ -173,14 +190,16 @@ impl StoreTier {
 
     /// Reads from the store (after a flush: the store is current).
     pub(crate) fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), SpaceError> {
-        self.store.read_at(offset, out).map_err(|source| SpaceError::Store {
-            store: self.store.describe(),
-            source,
-        })
+        self.store
+            .read_at(offset, out)
+            .map_err(|source| SpaceError::Store {
+                store: self.store.describe(),
+                source,
+            })
     }
 
     fn pages_of(&self, range: &Range<u64>) -> Range<u64> {
-        let ps = self.server.as_ref().map_or(1, RingServer::page_size);
+        let ps = self.server.as_ref().map_or(1, |r| r.shared().page_size());
         range.start / ps..range.end.div_ceil(ps)
     }
 
@@ -189,10 +208,12 @@ impl StoreTier {
     pub(crate) fn write(&mut self, offset: u64, data: &[u8]) -> Result<(), SpaceError> {
         let range = offset..offset + data.len() as u64;
         self.server()?.invalidate(self.pages_of(&range))?;
-        self.store.write_at(offset, data).map_err(|source| SpaceError::Store {
-            store: self.store.describe(),
-            source,
-        })
+        self.store
+            .write_at(offset, data)
+            .map_err(|source| SpaceError::Store {
+                store: self.store.describe(),
+                source,
+            })
     }
 
     /// Zeroes a range of the store in 8 MiB writes.
