@@ -943,6 +943,7 @@ mod tests {
                 protected_frames: 0,
                 optimistic_retries: 0,
                 read_through: 0,
+                host_cache_loads: 0,
             },
         };
         let record = crate::record::Record::new(

@@ -69,14 +69,17 @@ impl Error {
                 SpaceError::Driver(DriverError::NoDriver) => Status::NoDriver,
                 SpaceError::Driver(_) => Status::Cuda,
                 SpaceError::Compile(_) => Status::Compile,
-                SpaceError::Invalid(_) => Status::Invalid,
+                SpaceError::Invalid(_) | SpaceError::NoHostCopy => Status::Invalid,
                 SpaceError::CacheTooLarge { .. } => Status::NoMemory,
                 SpaceError::OutOfRange { .. } | SpaceError::PageOutOfRange { .. } => {
                     Status::KernelOutOfRange
                 }
                 SpaceError::NoFrame { .. } => Status::NoFrame,
                 SpaceError::Range { .. } => Status::Range,
-                SpaceError::Store { .. } => Status::Store,
+                SpaceError::Store { .. }
+                | SpaceError::StoreFailed { .. }
+                | SpaceError::Unflushed { .. }
+                | SpaceError::Ring(_) => Status::Store,
             },
         }
     }

@@ -8,7 +8,7 @@ use strata_core::store::Store;
 
 use crate::driver::{Args, DeviceBuffer, Function, Gpu, Grid, MappedHostBuffer};
 use crate::layout::{DeviceCounters, FrameEntry, NO_PAGE, SpaceHandle};
-use crate::runtime::Strata;
+pub use crate::runtime::{KernelModule, Strata};
 use crate::tier::Backing;
 use crate::tier::host_copy::HostCopy;
 use crate::tier::store::StoreTier;
