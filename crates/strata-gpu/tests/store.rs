@@ -74,15 +74,26 @@ fn random_rw_matches_replay(
     initial: &[u64],
     s: u64,
 ) -> Vec<u64> {
-    let threads = u64::from(GRID.blocks * GRID.threads);
-    let ops = 48;
+    // Every SM, with as many random accesses as keep the traffic a few GB (nearly every access
+    // faults once the space is 8x the cache).
+    let big = space.page_size() >= 1 << 20;
+    let grid = if big {
+        Grid {
+            blocks: 132,
+            threads: 64,
+        }
+    } else {
+        GRID
+    };
+    let threads = u64::from(grid.blocks * grid.threads);
+    let ops = if big { 2 } else { 48 };
     let sums = DeviceBuffer::zeroed(strata.gpu(), (threads * 8) as usize).unwrap();
     let t0 = Instant::now();
     module
         .function("random_rw")
         .unwrap()
         .launch(
-            GRID,
+            grid,
             &Args::new()
                 .arg(space.handle())
                 .arg(ops)
@@ -246,6 +257,7 @@ fn a_store_failing_reads_is_an_error_not_a_hang() {
     assert!(back == initial);
     // Healed (check_errors cleared the failed pages), the space works again.
     faulty.heal();
+    space.set_wait_limit(Duration::from_secs(4)).unwrap();
     let expect = random_rw_matches_replay(&strata, &module, &space, &initial, s ^ 1);
     space.close().unwrap();
     inner
@@ -296,22 +308,34 @@ fn a_store_failing_writes_loses_no_dirty_page() {
     let e = space.flush().unwrap_err();
     eprintln!("flush with failing writes: {e}");
     let twice: Vec<u64> = initial.iter().map(|w| w.wrapping_add(2)).collect();
+    // Background write-back may have written some second-round pages before the store began
+    // to refuse; every page in the store is whole, either round's.
     inner
         .read_at(0, bytemuck::cast_slice_mut(&mut back))
         .unwrap();
-    assert!(back == once, "nothing half-written over the flushed data");
+    let words_per_page = (page / 8) as usize;
+    for (p, chunk) in back.chunks(words_per_page).enumerate() {
+        let at = p * words_per_page;
+        assert!(
+            chunk == &once[at..at + chunk.len()] || chunk == &twice[at..at + chunk.len()],
+            "page {p} in the store is neither round, whole"
+        );
+    }
     match space.close() {
         Err(SpaceError::Unflushed { pages, .. }) => {
-            let pages_total = bytes / page;
-            assert_eq!(pages.len() as u64, pages_total, "every page was dirty");
+            assert!(!pages.is_empty(), "the refused pages come back");
+            // The store with the handed-back pages laid over it is exactly the second round.
+            let mut view = back.clone();
             for (p, data) in pages {
                 let words: &[u64] = bytemuck::cast_slice(&data);
                 let at = (p * page / 8) as usize;
-                assert!(
-                    words == &twice[at..at + words.len()],
-                    "page {p} handed back wrong"
-                );
+                view[at..at + words.len()].copy_from_slice(words);
             }
+            let bad = view.iter().zip(&twice).filter(|(a, b)| a != b).count();
+            assert_eq!(
+                bad, 0,
+                "{bad} words lost: neither in the store nor handed back"
+            );
         }
         other => panic!("expected Unflushed, got {other:?}"),
     }
@@ -395,9 +419,9 @@ fn memory_node_replay_and_a_node_killed_mid_kernel() {
     space.set_wait_limit(Duration::from_secs(3)).unwrap();
     let add = module.function("add_one").unwrap();
     let t0 = Instant::now();
-    add.launch(GRID, &Args::new().arg(space.handle()).arg(1000u64))
+    add.launch(GRID, &Args::new().arg(space.handle()).arg(20u64))
         .unwrap();
-    std::thread::sleep(Duration::from_millis(100));
+    std::thread::sleep(Duration::from_millis(300));
     node.shutdown();
     let r = space.check_errors();
     eprintln!("node killed mid-kernel: {:?}: {r:?}", t0.elapsed());
