@@ -790,3 +790,44 @@ fn dead_workers_fail_their_pages_instead_of_hanging_them() {
     server.shutdown().unwrap();
     model.check_store(&*store.inner);
 }
+
+#[test]
+fn host_cache_hits_during_rewrites_never_see_torn_pages() {
+    let seed = seed();
+    let model = Model::new(seed, 256 << 10, 4 * (256 << 10));
+    let (server, device) = start(memory(&model), &model, 4, 8, RingServerOptions::default());
+    // Every version precomputed, so that readers spend their time copying, not generating.
+    const REWRITES: u64 = 150;
+    let versions: Vec<Vec<u8>> = (0..=REWRITES).map(|v| model.content(0, v)).collect();
+    let latest = std::sync::atomic::AtomicU64::new(0);
+    let reads = std::sync::atomic::AtomicU64::new(0);
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| {
+                let mut buf = vec![0u8; model.page_size];
+                while latest.load(Ordering::Acquire) < REWRITES {
+                    device.read(0, &mut buf).unwrap();
+                    let v = u64::from_le_bytes(buf[..8].try_into().unwrap());
+                    assert!(
+                        v <= latest.load(Ordering::Acquire),
+                        "version {v} from the future"
+                    );
+                    assert!(
+                        buf == versions[v as usize],
+                        "a torn copy of version {v} was accepted (seed {seed})"
+                    );
+                    reads.fetch_add(1, Ordering::Relaxed);
+                }
+            });
+        }
+        for v in 1..=REWRITES {
+            latest.store(v, Ordering::Release);
+            device.write(0, &versions[v as usize]).unwrap();
+        }
+    });
+    eprintln!(
+        "{} reads during {REWRITES} rewrites",
+        reads.load(Ordering::Relaxed)
+    );
+    server.shutdown().unwrap();
+}
