@@ -790,3 +790,138 @@ fn dead_workers_fail_their_pages_instead_of_hanging_them() {
     server.shutdown().unwrap();
     model.check_store(&*store.inner);
 }
+
+#[test]
+fn host_cache_hits_during_rewrites_never_see_torn_pages() {
+    let seed = seed();
+    let model = Model::new(seed, 256 << 10, 4 * (256 << 10));
+    let (server, device) = start(memory(&model), &model, 4, 8, RingServerOptions::default());
+    // Every version precomputed, so that readers spend their time copying, not generating.
+    const REWRITES: u64 = 150;
+    let versions: Vec<Vec<u8>> = (0..=REWRITES).map(|v| model.content(0, v)).collect();
+    let latest = std::sync::atomic::AtomicU64::new(0);
+    let reads = std::sync::atomic::AtomicU64::new(0);
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| {
+                let mut buf = vec![0u8; model.page_size];
+                while latest.load(Ordering::Acquire) < REWRITES {
+                    device.read(0, &mut buf).unwrap();
+                    let v = u64::from_le_bytes(buf[..8].try_into().unwrap());
+                    assert!(
+                        v <= latest.load(Ordering::Acquire),
+                        "version {v} from the future"
+                    );
+                    assert!(
+                        buf == versions[v as usize],
+                        "a torn copy of version {v} was accepted (seed {seed})"
+                    );
+                    reads.fetch_add(1, Ordering::Relaxed);
+                }
+            });
+        }
+        for v in 1..=REWRITES {
+            latest.store(v, Ordering::Release);
+            device.write(0, &versions[v as usize]).unwrap();
+        }
+    });
+    eprintln!(
+        "{} reads during {REWRITES} rewrites",
+        reads.load(Ordering::Relaxed)
+    );
+    server.shutdown().unwrap();
+}
+
+#[test]
+fn random_store_faults_lose_nothing() {
+    let seed = seed();
+    let model = Model::new(seed, 4096, 48 * 4096 - 300);
+    let inner = memory(&model);
+    let faulty = Arc::new(FaultyStore::new(inner.clone(), seed));
+    faulty
+        .set_plan(FaultPlan {
+            read_error: 0.05,
+            write_error: 0.05,
+            short_read: 0.05,
+            short_write: 0.05,
+            die_mid_batch: 0.02,
+            ..FaultPlan::default()
+        })
+        .unwrap();
+    let (server, device) = start(
+        faulty.clone(),
+        &model,
+        8,
+        8,
+        RingServerOptions {
+            threads: 2,
+            max_batch: 8,
+            dirty_high_water: 0.25,
+            ..RingServerOptions::default()
+        },
+    );
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let errors = std::sync::atomic::AtomicU64::new(0);
+    std::thread::scope(|s| {
+        // A dead store comes back after a moment, as a restarted node would.
+        s.spawn(|| {
+            while !stop.load(Ordering::Acquire) {
+                std::thread::sleep(Duration::from_millis(2));
+                faulty.revive();
+            }
+        });
+        let threads = 6;
+        let workers: Vec<_> = (0..threads)
+            .map(|tid| {
+                let (device, model, server, errors) = (&device, &model, &server, &errors);
+                s.spawn(move || {
+                    let mut rng = StdRng::seed_from_u64(seed ^ (tid as u64 + 1));
+                    let own: Vec<u64> = (0..model.pages())
+                        .filter(|p| *p as usize % threads == tid)
+                        .collect();
+                    let mut buf = vec![0u8; model.page_size];
+                    for _ in 0..80 {
+                        let write = rng.random_bool(0.4);
+                        let p = if write {
+                            own[rng.random_range(0..own.len())]
+                        } else {
+                            rng.random_range(0..model.pages())
+                        };
+                        if write {
+                            device.write(p, &model.next(p)).unwrap();
+                        }
+                        // Reads may fail while the store fails; taking the errors retries them.
+                        let mut tries = 0;
+                        loop {
+                            match device.read(p, &mut buf) {
+                                Ok(()) => break,
+                                Err(DeviceError::Error(_)) if tries < 200 => {
+                                    errors.fetch_add(1, Ordering::Relaxed);
+                                    server.take_errors();
+                                    tries += 1;
+                                }
+                                Err(e) => panic!("page {p}: {e:?} (seed {seed})"),
+                            }
+                        }
+                        let exact = (p as usize % threads == tid).then(|| model.version(p));
+                        model.check(p, &buf, exact);
+                    }
+                })
+            })
+            .collect();
+        for w in workers {
+            w.join().unwrap();
+        }
+        stop.store(true, Ordering::Release);
+    });
+    eprintln!(
+        "{} read errors retried; {:?}; {:?}",
+        errors.load(Ordering::Relaxed),
+        faulty.injected(),
+        server.stats()
+    );
+    faulty.heal();
+    server.flush().unwrap();
+    model.check_store(&*inner);
+    server.shutdown().unwrap();
+}
