@@ -8,6 +8,8 @@
 //!   driver), [`record`] (the JSON every benchmark writes: machine, device, driver, commit,
 //!   arguments, ceilings, figures), [`plot`] (one plotting module, PNG and SVG), [`compare`]
 //!   (`strata bench compare OLD.json NEW.json`).
+//! - [`store_spec`]: the `--store/--codec/--file-io/--host-cache` flags of the GPU benchmarks,
+//!   parsed once and opened per space.
 //! - [`cmd`]: the `strata bench ...` commands, their arguments and their printing; the
 //!   `strata` binary only parses and calls [`cmd::run`].
 #![warn(missing_docs)]
@@ -22,6 +24,7 @@ pub mod net;
 pub mod pager;
 pub mod plot;
 pub mod record;
+pub mod store_spec;
 pub mod stream;
 pub mod sys;
 pub mod workloads;
