@@ -3,7 +3,8 @@
 //!
 //! - Measuring: [`pager`] (fault rate and bandwidth against the kernel's `mmap` paging),
 //!   [`net`] (raw store throughput, the loopback TCP ceiling), [`gpu_micro`] (GPU paging
-//!   against zero-copy, chunked copies and UVM), [`workloads`] (graph and embedding workloads).
+//!   against zero-copy, chunked copies and UVM), [`gpu_store`] (GPU spaces over stores against
+//!   each target's baseline), [`workloads`] (graph and embedding workloads).
 //! - Reporting: [`ceilings`] (the machine's own limits, probed and cached per device and
 //!   driver), [`record`] (the JSON every benchmark writes: machine, device, driver, commit,
 //!   arguments, ceilings, figures), [`plot`] (one plotting module, PNG and SVG), [`compare`]
@@ -20,6 +21,7 @@ pub mod cmd;
 pub mod compare;
 pub mod gpu_ceilings;
 pub mod gpu_micro;
+pub mod gpu_store;
 pub mod net;
 pub mod pager;
 pub mod plot;

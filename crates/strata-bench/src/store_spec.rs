@@ -91,7 +91,7 @@ pub enum StoreSpecError {
     },
     /// The `STRATA_*` environment is malformed.
     #[error(transparent)]
-    Env(#[from] strata_core::ConfigError),
+    Env(Box<strata_core::ConfigError>),
     /// Opening the store failed.
     #[error("cannot open the {label} store of {size}: {source}")]
     Open {
@@ -101,8 +101,14 @@ pub enum StoreSpecError {
         size: String,
         /// Why.
         #[source]
-        source: strata_net::OpenStoreError,
+        source: Box<strata_net::OpenStoreError>,
     },
+}
+
+impl From<strata_core::ConfigError> for StoreSpecError {
+    fn from(e: strata_core::ConfigError) -> Self {
+        StoreSpecError::Env(Box::new(e))
+    }
 }
 
 /// Parses a size argument with the workspace's size parser (`512MiB`, `4GiB`, `1.5GiB`).
@@ -273,7 +279,7 @@ impl StoreSpec {
             StoreSpecError::Open {
                 label: self.label(),
                 size: format_size(size),
-                source,
+                source: Box::new(source),
             }
         })
     }
@@ -537,7 +543,7 @@ mod tests {
         let store = buffered.open(1 << 20, 64 << 10).unwrap();
         let seed = crate::workloads::test_seed();
         let data: Vec<u8> = (0..1u64 << 20)
-            .map(|i| (i.wrapping_mul(seed | 1) >> 7) as u8)
+            .map(|i| (i.wrapping_mul(seed | 1) >> 7).to_le_bytes()[0])
             .collect();
         write_all(store.as_ref(), &data).unwrap();
         let mut back = vec![0u8; data.len()];

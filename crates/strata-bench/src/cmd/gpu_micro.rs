@@ -85,15 +85,11 @@ pub fn micro(args: &GpuMicroArgs) -> anyhow::Result<()> {
         "rows": rows,
     });
     let record = Record::new("gpu-micro", Device::of(0), ceilings, body);
-    let json = args.out.with_extension("json");
-    record.write(&json)?;
     let view: Vec<ChartRow> = serde_json::from_value(record.results["rows"].clone())?;
-    let (svg, png) = crate::plot::write(&chart(&view, &record), &args.out)?;
-    println!(
-        "wrote {}, {} and {}",
-        json.display(),
-        svg.display(),
-        png.display()
-    );
-    Ok(())
+    super::write_record_and_chart(
+        &record,
+        &args.out.with_extension("json"),
+        &chart(&view, &record),
+        &args.out,
+    )
 }
