@@ -1071,7 +1071,7 @@ impl Run<'_> {
             format_size(size),
             format_size(p.gpu_cache)
         ));
-        let mut pinned = self.pinned_pattern(size)?;
+        let pinned = self.pinned_pattern(size)?;
         let options = self.options(page, p.gpu_cache, Some(size));
         let host_copy = self.over_host_copy(pinned.as_slice(), &options)?;
         let store = self.memory_store(pinned.as_slice(), page)?;
@@ -1088,8 +1088,6 @@ impl Run<'_> {
             usize::try_from(size)?,
             true,
         )?;
-        // The baseline bumped its own copy; the spaces start from the pattern.
-        fill_pattern_parallel(pinned.as_mut_slice(), self.seed, p.data);
         let base = measure(chunked, size, "GB/s");
         for (label, space, host_cache) in [
             ("pinned host copy", &host_copy, None),

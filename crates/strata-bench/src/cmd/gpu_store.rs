@@ -150,9 +150,12 @@ fn plan_with(args: &GpuStoreArgs, env: &strata_core::config::EnvVars) -> anyhow:
 /// Bad arguments, GPU, store or validation failures, unwritable output.
 pub fn gpu_store(args: &GpuStoreArgs) -> anyhow::Result<()> {
     let plan = plan(args)?;
-    let ceilings = crate::ceilings::for_run(true, &std::env::temp_dir(), &mut |line| {
-        eprintln!("{line}");
-    });
+    // Every row's reference is a baseline measured in the same run (and the disk's own rate
+    // for file stores), so no cached ceilings are read or probed.
+    let ceilings = crate::record::CeilingsUsed {
+        source: "none: gpu-store measures each row's baseline in the same run".into(),
+        values: None,
+    };
     let rows = run(&plan, &mut |line| eprintln!("{line}"))?;
     println!(
         "target            store                    page    space unit       Strata | baseline = ratio | goal | more"
