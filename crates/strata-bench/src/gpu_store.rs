@@ -798,34 +798,15 @@ impl Run<'_> {
         Ok(ms)
     }
 
-    /// Checks every page of `space` against the pattern on the GPU; returns the pages checked
-    /// and the pass's rate in GB/s.
+    /// [`check_pattern`] with this run's kernels and pattern.
     fn validate(&self, space: &Space) -> anyhow::Result<(u64, f64)> {
-        let gpu = self.strata.gpu();
-        self.bad.upload(0, &[0u64, u64::MAX])?;
-        let args = Args::new()
-            .arg(space.handle())
-            .arg(self.seed)
-            .arg(i32::from(self.plan.data == Data::Compressible))
-            .arg(self.bad.ptr());
-        let (a, b) = (Event::new(gpu)?, Event::new(gpu)?);
-        a.record(None)?;
-        self.k.s_validate.launch(self.grid, &args)?;
-        b.record(None)?;
-        let ms = f64::from(a.elapsed_ms(&b)?);
-        space.check_errors()?;
-        let mut bad = [0u64; 2];
-        self.bad.download(0, &mut bad)?;
-        if bad[0] != 0 {
-            anyhow::bail!(
-                "{} words of the space differ from the pattern written into its store (first at page {} of {}-byte pages): the data path lost or mixed up pages",
-                bad[0],
-                bad[1],
-                space.page_size()
-            );
-        }
-        let pages = space.size() / space.page_size();
-        Ok((pages, rate(space.size(), ms / 1e3)))
+        check_pattern(
+            &self.k,
+            self.grid,
+            &self.bad,
+            space,
+            (self.seed, self.plan.data),
+        )
     }
 
     fn push(&mut self, row: Row, log: &mut dyn FnMut(String)) {
@@ -1117,6 +1098,45 @@ impl Run<'_> {
         }
         Ok(())
     }
+}
+
+/// Checks every page of `space` against the pattern on the GPU (kernel `strata_validate`,
+/// counting into `bad`, 16 bytes); returns the pages checked and the pass's rate in GB/s.
+///
+/// # Errors
+/// A GPU failure, or words that differ from the pattern (how many, and the first page).
+pub(crate) fn check_pattern(
+    k: &Kernels,
+    grid: Grid,
+    bad: &DeviceBuffer,
+    space: &Space,
+    pattern: (u64, Data),
+) -> anyhow::Result<(u64, f64)> {
+    let gpu = space.gpu();
+    bad.upload(0, &[0u64, u64::MAX])?;
+    let args = Args::new()
+        .arg(space.handle())
+        .arg(pattern.0)
+        .arg(i32::from(pattern.1 == Data::Compressible))
+        .arg(bad.ptr());
+    let (a, b) = (Event::new(gpu)?, Event::new(gpu)?);
+    a.record(None)?;
+    k.s_validate.launch(grid, &args)?;
+    b.record(None)?;
+    let ms = f64::from(a.elapsed_ms(&b)?);
+    space.check_errors()?;
+    let mut found = [0u64; 2];
+    bad.download(0, &mut found)?;
+    if found[0] != 0 {
+        anyhow::bail!(
+            "{} words of the space differ from the pattern written into it (first at page {} of {}-byte pages): the data path lost or mixed up pages",
+            found[0],
+            found[1],
+            space.page_size()
+        );
+    }
+    let pages = space.size() / space.page_size();
+    Ok((pages, rate(space.size(), ms / 1e3)))
 }
 
 /// Reads the space back (after its flush) and checks that every 16-byte group had its first
@@ -1423,6 +1443,58 @@ mod tests {
         let mut one = vec![0u8; 1 << 20];
         fill_pattern(&mut one, 0, seed, Data::Compressible);
         assert!(whole == one);
+    }
+
+    /// On a GPU (skipped without one): the check kernel passes the pattern and finds one
+    /// changed word on the right page, and the read-modify-write check counts passes, over a
+    /// space with a pinned host copy 4x its cache.
+    #[test]
+    fn gpu_checks_catch_a_wrong_word_and_a_missing_pass() {
+        let strata = match Strata::new(0) {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("skipped: no GPU here ({e})");
+                return;
+            }
+        };
+        let seed = crate::workloads::test_seed();
+        let k = Kernels::load(&strata).unwrap();
+        let grid = k.s_gather.full_grid(256).unwrap();
+        let bad = DeviceBuffer::zeroed(strata.gpu(), 16).unwrap();
+        for data in [Data::Random, Data::Compressible] {
+            let options = SpaceOptions {
+                page_size: 64 << 10,
+                cache_bytes: 16 << 20,
+                ..Default::default()
+            };
+            let mut space = strata.space(64 << 20, &options).unwrap();
+            space
+                .with_host_mut(|h| fill_pattern_parallel(h, seed, data))
+                .unwrap();
+            let (pages, _) = check_pattern(&k, grid, &bad, &space, (seed, data)).unwrap();
+            assert_eq!(pages, 1024);
+            let word = 77 * (64 << 10) / 8 + 5;
+            space
+                .fill_from_slice(word * 8, &[pattern_word(word, seed, data) ^ 1])
+                .unwrap();
+            let e = check_pattern(&k, grid, &bad, &space, (seed, data)).unwrap_err();
+            assert!(
+                e.to_string().contains("1 words") && e.to_string().contains("page 77"),
+                "{e}"
+            );
+            space
+                .fill_from_slice(word * 8, &[pattern_word(word, seed, data)])
+                .unwrap();
+            for _ in 0..3 {
+                k.s_rmw
+                    .launch(grid, &Args::new().arg(space.handle()))
+                    .unwrap();
+            }
+            space.check_errors().unwrap();
+            assert_eq!(check_bumped(&space, seed, data, 3).unwrap(), 1024);
+            let e = check_bumped(&space, seed, data, 2).unwrap_err();
+            assert!(e.to_string().contains("byte 0 "), "{e}");
+        }
     }
 
     #[test]
