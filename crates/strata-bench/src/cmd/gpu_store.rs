@@ -76,11 +76,13 @@ pub struct GpuStoreArgs {
     /// most 8GiB].
     #[arg(long)]
     raw_bytes: Option<String>,
-    /// Threads of the raw read_batch baseline (match the ring server's host threads).
+    /// Threads of the raw read_batch baseline (the ring server's store threads,
+    /// RingServerOptions::threads, are 4 by default).
     #[arg(long, default_value_t = 4)]
     raw_threads: usize,
-    /// Pages per read_batch of the raw baseline (match the ring server's batch).
-    #[arg(long, default_value_t = 32)]
+    /// Pages per read_batch of the raw baseline (the ring server's largest batch,
+    /// RingServerOptions::max_batch, is 64 by default).
+    #[arg(long, default_value_t = 64)]
     raw_depth: usize,
     /// Timed repetitions after one warm-up (median reported) [default: 3; big-file 1].
     #[arg(long)]
