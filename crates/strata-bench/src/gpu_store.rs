@@ -601,7 +601,9 @@ impl Goal {
         }
     }
 
-    fn describe(self, unit: &str) -> String {
+    /// The goal in words (`>= 0.80x`, `>= 45 GB/s`).
+    #[must_use]
+    pub fn describe(self, unit: &str) -> String {
         match self {
             Goal::RatioAtLeast(r) => format!(">= {r:.2}x"),
             Goal::RateAtLeast(r) => format!(">= {r} {unit}"),
@@ -655,11 +657,22 @@ impl Row {
     }
 }
 
+/// What a run measured, and the targets (or stores) that failed, with why: a failure ends
+/// its target, not the run, so the others' rows still reach the record.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    /// The rows measured.
+    pub rows: Vec<Row>,
+    /// `(target or target/store, error)` of each failure.
+    pub failures: Vec<(String, String)>,
+}
+
 /// Runs the plan on GPU 0, printing each row as it is measured.
 ///
 /// # Errors
-/// GPU, store or validation failures.
-pub fn run(plan: &Plan, log: &mut dyn FnMut(String)) -> anyhow::Result<Vec<Row>> {
+/// The GPU could not be opened or the kernels not loaded; failures inside a target are in
+/// [`Outcome::failures`].
+pub fn run(plan: &Plan, log: &mut dyn FnMut(String)) -> anyhow::Result<Outcome> {
     let strata = Strata::new(0)?;
     let k = Kernels::load(&strata)?;
     let grid = k.s_gather.full_grid(256)?;
@@ -681,30 +694,51 @@ pub fn run(plan: &Plan, log: &mut dyn FnMut(String)) -> anyhow::Result<Vec<Row>>
         seed,
         rows: Vec::new(),
     };
+    let mut failures = Vec::new();
+    let mut failed = |what: String, e: anyhow::Error, log: &mut dyn FnMut(String)| {
+        log(format!("{what}: FAILED: {e:#}"));
+        failures.push((what, format!("{e:#}")));
+    };
     for &t in &plan.targets {
-        match t {
+        let outcome = match t {
             Target::StreamStore | Target::BigFile => {
                 let mut stores = plan.stores.clone();
                 let node = if plan.local_node {
-                    let (node, spec) = start_local_node(plan, seed)?;
-                    stores.push(spec);
-                    Some(node)
+                    match start_local_node(plan, seed) {
+                        Ok((node, spec)) => {
+                            stores.push(spec);
+                            Some(node)
+                        }
+                        Err(e) => {
+                            failed(format!("{}/local node", t.name()), e, log);
+                            None
+                        }
+                    }
                 } else {
                     None
                 };
                 for spec in &stores {
-                    ctx.stream_store(t, spec, log)?;
+                    if let Err(e) = ctx.stream_store(t, spec, log) {
+                        failed(format!("{}/{}", t.name(), spec.label()), e, log);
+                    }
                 }
                 if let Some(node) = node {
                     node.shutdown();
                 }
+                Ok(())
             }
-            Target::StreamHostCache => ctx.stream_host_cache(log)?,
-            Target::Cold4k => ctx.cold_4k(log)?,
-            Target::StreamRmw => ctx.stream_rmw(log)?,
+            Target::StreamHostCache => ctx.stream_host_cache(log),
+            Target::Cold4k => ctx.cold_4k(log),
+            Target::StreamRmw => ctx.stream_rmw(log),
+        };
+        if let Err(e) = outcome {
+            failed(t.name().to_string(), e, log);
         }
     }
-    Ok(ctx.rows)
+    Ok(Outcome {
+        rows: ctx.rows,
+        failures,
+    })
 }
 
 /// A memory node in this process on 127.0.0.1 and the store spec that reaches it.

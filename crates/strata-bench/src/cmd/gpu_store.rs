@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use crate::gpu_store::{Plan, Request, Row, available_host_memory, chart, format_row, run};
+use crate::gpu_store::{Plan, Request, available_host_memory, chart, format_row, run};
 use crate::record::{Device, Record};
 use strata_core::format_size;
 
@@ -158,22 +158,24 @@ pub fn gpu_store(args: &GpuStoreArgs) -> anyhow::Result<()> {
         source: "none: gpu-store measures each row's baseline in the same run".into(),
         values: None,
     };
-    let rows = run(&plan, &mut |line| eprintln!("{line}"))?;
+    let outcome = run(&plan, &mut |line| eprintln!("{line}"))?;
+    let rows = &outcome.rows;
     println!(
         "target            store                    page    space unit       Strata | baseline = ratio | goal | more"
     );
-    for r in &rows {
+    for r in rows {
         println!("{}", format_row(r));
     }
-    let missed: Vec<&Row> = rows.iter().filter(|r| r.met == Some(false)).collect();
-    for r in &missed {
+    for r in rows.iter().filter(|r| r.met == Some(false)) {
         println!(
-            "MISSED: {} over {}: {:.2} {} against the goal {}",
+            "MISSED: {} over {}: {:.2} {}{}, goal {}",
             r.target,
             r.store,
             r.strata.rate,
             r.unit,
-            serde_json::to_string(&r.goal).unwrap_or_default()
+            r.ratio
+                .map_or_else(String::new, |x| format!(" ({x:.2}x {})", r.baseline_name)),
+            r.goal.describe(&r.unit)
         );
     }
     let body = serde_json::json!({
@@ -183,14 +185,28 @@ pub fn gpu_store(args: &GpuStoreArgs) -> anyhow::Result<()> {
         "raw_threads": plan.raw_threads,
         "raw_depth": plan.raw_depth,
         "rows": rows,
+        "failures": outcome.failures,
     });
     let record = Record::new("gpu-store", Device::of(0), ceilings, body);
     super::write_record_and_chart(
         &record,
         &args.out.with_extension("json"),
-        &chart(&rows, &record),
+        &chart(rows, &record),
         &args.out,
-    )
+    )?;
+    if !outcome.failures.is_empty() {
+        let list: Vec<String> = outcome
+            .failures
+            .iter()
+            .map(|(what, why)| format!("{what}: {why}"))
+            .collect();
+        anyhow::bail!(
+            "{} of the runs failed (the others are in the record):\n{}",
+            list.len(),
+            list.join("\n")
+        );
+    }
+    Ok(())
 }
 
 #[cfg(test)]
