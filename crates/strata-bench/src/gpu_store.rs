@@ -383,6 +383,26 @@ impl Plan {
     }
 }
 
+impl Plan {
+    /// For each file store: the bytes its file system must still take (the file grown to
+    /// `size`, and the 1 GiB file of the disk-rate probe), and the directory.
+    #[must_use]
+    pub fn disk_bytes_needed(&self) -> Vec<(std::path::PathBuf, u64)> {
+        self.stores
+            .iter()
+            .filter_map(StoreSpec::file_path)
+            .map(|path| {
+                let have = std::fs::metadata(path).map_or(0, |m| m.len());
+                let dir = match path.parent() {
+                    Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+                    _ => std::path::PathBuf::from("."),
+                };
+                (dir, self.size.saturating_sub(have) + (1 << 30))
+            })
+            .collect()
+    }
+}
+
 fn prev_power_of_two(v: u64) -> u64 {
     if v == 0 {
         0
@@ -1527,6 +1547,38 @@ mod tests {
             assert_eq!(check_bumped(&space, seed, data, 3).unwrap(), 1024);
             let e = check_bumped(&space, seed, data, 2).unwrap_err();
             assert!(e.to_string().contains("byte 0 "), "{e}");
+        }
+    }
+
+    /// `--local-node`: a memory node in this process serves the pattern over loopback, raw
+    /// and through LZ4, every page's first word checked.
+    #[test]
+    fn a_local_memory_node_serves_the_pattern() {
+        let seed = crate::workloads::test_seed();
+        for codec in ["none", "lz4"] {
+            let mut r = req("stream-store");
+            r.gpu_cache = Some("1MiB".into());
+            r.size = Some("8MiB".into());
+            r.local_node = true;
+            r.codec = codec.into();
+            let p = plan(&r).unwrap();
+            assert!(p.stores.is_empty(), "the node is the only store");
+            let (node, spec) = start_local_node(&p, seed).unwrap();
+            assert!(spec.label().starts_with("remote"), "{}", spec.label());
+            let store = spec.open(p.size, p.page_size).unwrap();
+            write_pattern(store.as_ref(), p.size, seed, Data::Compressible).unwrap();
+            let s = raw_stream_once(
+                store.as_ref(),
+                p.size,
+                p.page_size,
+                2,
+                8,
+                (seed, Data::Compressible),
+            )
+            .unwrap();
+            assert!(s > 0.0);
+            drop(store);
+            node.shutdown();
         }
     }
 

@@ -74,6 +74,20 @@ pub fn on_tmpfs(dir: &std::path::Path) -> bool {
     matches!(kind, TMPFS_MAGIC | RAMFS_MAGIC)
 }
 
+/// Bytes an unprivileged writer may still put on the file system holding `path`.
+pub fn free_bytes(path: &std::path::Path) -> std::io::Result<u64> {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+    let mut st = std::mem::MaybeUninit::<libc::statvfs>::zeroed();
+    // SAFETY: statvfs fills the struct it is given for a NUL-terminated path.
+    if unsafe { libc::statvfs(c.as_ptr(), st.as_mut_ptr()) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: statvfs succeeded, so the struct is initialised.
+    let st = unsafe { st.assume_init() };
+    Ok(st.f_bavail.saturating_mul(st.f_frsize))
+}
+
 /// Drops `file`'s clean pages from the OS page cache (advisory), so the next reader pays for
 /// them from the disk.
 pub fn drop_from_page_cache(file: &std::fs::File) -> std::io::Result<()> {

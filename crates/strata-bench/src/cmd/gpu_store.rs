@@ -90,9 +90,10 @@ pub struct GpuStoreArgs {
     /// Pattern written into the stores: random, or compressible (LZ4 shrinks it ~3x).
     #[arg(long, default_value = "random")]
     data: String,
-    /// Skip the check that the host has the memory the largest target holds.
+    /// Skip the checks that the host has the memory the largest target holds and that each
+    /// file store's file system has room for its file.
     #[arg(long)]
-    no_memory_check: bool,
+    no_room_check: bool,
     /// Write results to PATH.json, PATH.svg and PATH.png.
     #[arg(long, default_value = "gpu-store")]
     out: PathBuf,
@@ -132,16 +133,30 @@ pub fn plan(args: &GpuStoreArgs) -> anyhow::Result<Plan> {
 /// [`plan`] with the `STRATA_*` variables given.
 fn plan_with(args: &GpuStoreArgs, env: &strata_core::config::EnvVars) -> anyhow::Result<Plan> {
     let plan = Plan::new(&args.request(), env)?;
+    if args.no_room_check {
+        return Ok(plan);
+    }
     let need = plan.host_bytes_needed();
-    if !args.no_memory_check
-        && let Some(free) = available_host_memory()
+    if let Some(free) = available_host_memory()
         && need > free
     {
         anyhow::bail!(
-            "the largest target holds {} of host memory at once but {} is available: lower --gpu-cache/--size/--cold-size/--rmw-size, run fewer --targets, or pass --no-memory-check",
+            "the largest target holds {} of host memory at once but {} is available: lower --gpu-cache/--size/--cold-size/--rmw-size, run fewer --targets, or pass --no-room-check",
             format_size(need),
             format_size(free)
         );
+    }
+    for (dir, need) in plan.disk_bytes_needed() {
+        if let Ok(free) = crate::sys::free_bytes(&dir)
+            && need > free
+        {
+            anyhow::bail!(
+                "the file store in {} needs {} more on its file system (the file at --size and a 1 GiB disk-rate probe) but {} is free: lower --size, choose another disk, or pass --no-room-check",
+                dir.display(),
+                format_size(need),
+                format_size(free)
+            );
+        }
     }
     Ok(plan)
 }
@@ -229,7 +244,7 @@ mod tests {
 
     #[test]
     fn command_lines_resolve() {
-        let p = plan_of(&["--no-memory-check"]).unwrap();
+        let p = plan_of(&["--no-room-check"]).unwrap();
         assert_eq!(p.targets.len(), 4);
         let p = plan_of(&[
             "--targets",
@@ -242,7 +257,7 @@ mod tests {
             "lz4",
             "--gpu-cache",
             "512MiB",
-            "--no-memory-check",
+            "--no-room-check",
         ])
         .unwrap();
         assert_eq!(p.stores.len(), 2);
@@ -255,6 +270,22 @@ mod tests {
         assert!(e.unwrap_err().to_string().contains("STRATA_REMOTE_TOKEN"));
         let e = plan_of(&["--gpu-cache", "1TB", "--size", "8TB"]).unwrap_err();
         assert!(e.to_string().contains("host memory"), "{e}");
+        let dir = std::env::temp_dir();
+        let file = format!("file:{}", dir.join("strata-gpu-store-huge.bin").display());
+        let e = plan_of(&[
+            "--targets",
+            "big-file",
+            "--store",
+            &file,
+            "--size",
+            "1000TiB",
+            "--gpu-cache",
+            "64MiB",
+            "--host-cache",
+            "64MiB",
+        ])
+        .unwrap_err();
+        assert!(e.to_string().contains("the file store in"), "{e}");
         let e = plan_of(&["--host-cache", "12XB"]).unwrap_err();
         assert!(e.to_string().contains("--host-cache"), "{e}");
     }
