@@ -32,7 +32,7 @@ use strata_gpu::space::{ElementType, EvictionPolicy, GpuStats, Space, SpaceOptio
 use crate::gpu_micro::{
     ChunkedBaseline, Kernels, Measure, STORE_WAIT_LIMIT, chunked_copies, measure, time_ms,
 };
-use crate::store_spec::{StoreSpec, StoreSpecError, parse_size_arg};
+use crate::store_spec::{AlignedBuf, StoreSpec, StoreSpecError, parse_size_arg};
 
 /// One of issue 11's targets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -476,25 +476,6 @@ pub fn fill_pattern_parallel(bytes: &mut [u8], seed: u64, data: Data) {
     });
 }
 
-/// A 4 KiB-aligned window of `len` bytes inside a vector (`O_DIRECT` needs aligned buffers),
-/// without unsafe code.
-struct AlignedBuf {
-    backing: Vec<u8>,
-    skew: usize,
-    len: usize,
-}
-
-impl AlignedBuf {
-    fn new(len: usize) -> Self {
-        let backing = vec![0u8; len + 4096];
-        let skew = backing.as_ptr().align_offset(4096).min(4096);
-        Self { backing, skew, len }
-    }
-    fn as_mut(&mut self) -> &mut [u8] {
-        &mut self.backing[self.skew..self.skew + self.len]
-    }
-}
-
 /// Writes the pattern into the first `size` bytes of `store` from several threads in 8 MiB
 /// aligned pieces (a 48 GiB file never sits in memory whole), then flushes. Returns seconds.
 ///
@@ -923,6 +904,13 @@ impl Run<'_> {
             // Buffered files: the next reader pays for the pages (a no-op for O_DIRECT).
             crate::sys::drop_from_page_cache(&std::fs::File::open(path)?)?;
         }
+        log(format!(
+            "{}: {} written at {:.2} GB/s; the store's own read_batch over {}",
+            spec.label(),
+            format_size(p.size),
+            rate(p.size, write_s),
+            format_size(p.raw_bytes)
+        ));
         let mut raw = Vec::new();
         for i in 0..=p.reps {
             let s = raw_stream_once(
@@ -944,6 +932,12 @@ impl Run<'_> {
             rate: rate(p.raw_bytes, raw_s),
         };
         let options = self.options(p.page_size, p.gpu_cache, Some(p.host_cache));
+        log(format!(
+            "{}: raw read_batch {:.2} GB/s; streaming the space ({} passes) and checking it",
+            spec.label(),
+            raw_measure.rate,
+            p.reps + 1
+        ));
         let space = self.over_store(store.clone(), p.size, &options)?;
         space.reset_stats()?;
         let ms = self.time_stream(&space)?;

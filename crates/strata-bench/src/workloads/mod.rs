@@ -180,9 +180,11 @@ fn space_over_store<T: Element>(
     let bytes = (data.len() as u64 * 4)
         .max(4)
         .next_multiple_of(compare.page_size);
-    let mut image = vec![0u8; usize::try_from(bytes).unwrap_or(usize::MAX)];
-    strata_workloads::gpu::placed::copy_into(&mut image, data);
-    let space = crate::gpu_micro::space_over_store(strata, backing, &image, &options)?;
+    // Aligned, so that an O_DIRECT file store takes the bytes without bouncing them.
+    let mut image =
+        crate::store_spec::AlignedBuf::new(usize::try_from(bytes).unwrap_or(usize::MAX));
+    strata_workloads::gpu::placed::copy_into(image.as_mut(), data);
+    let space = crate::gpu_micro::space_over_store(strata, backing, image.as_mut(), &options)?;
     Ok(Placed::Space(space))
 }
 
