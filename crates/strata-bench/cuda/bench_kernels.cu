@@ -1,6 +1,6 @@
-// Kernels of `strata bench gpu-micro`: each pattern once through a Strata space and once over a
-// plain pointer (pinned host memory for zero-copy, device memory for chunked copies, managed
-// memory for UVM). Sums go to `sink` so that no load is optimised away.
+// Kernels of `strata bench gpu-micro` and `gpu-store`: each pattern once through a Strata space
+// and once over a plain pointer (pinned host memory for zero-copy, device memory for chunked
+// copies, managed memory for UVM). Sums go to `sink` so that no load is optimised away.
 #include "strata.cuh"
 
 __device__ __forceinline__ strata_u64 mix64(strata_u64 x) {
@@ -93,6 +93,34 @@ extern "C" __global__ void strata_gather(StrataSpace s, const strata_u64* idx, s
     for (strata_u64 i = blockIdx.x * (strata_u64)blockDim.x + threadIdx.x; i < count; i += threads)
         acc += a.read(gather_index(idx, i, n, seed));
     sink_add(sink, acc);
+}
+
+// The pattern `strata bench gpu-store` writes into its stores (`crate::gpu_store::pattern_word`
+// on the host computes the same): word `w` (bytes 8w..8w+8 of the space). Random words, or with
+// `compressible` only every fourth word random and the others the word's 4 KiB block number
+// (LZ4 then shrinks pages about threefold).
+__device__ __forceinline__ strata_u64 pattern_word(strata_u64 w, strata_u64 seed, int compressible) {
+    if (compressible && (w & 3) != 0) return (w >> 9) ^ seed;
+    return mix64(w ^ seed);
+}
+// Checks every word of every page against the pattern: bad[0] counts wrong words, bad[1] keeps
+// the lowest page holding one (start it at ~0).
+extern "C" __global__ void strata_validate(StrataSpace s, strata_u64 seed, int compressible, strata_u64* bad) {
+    const strata_u64 words = strata::page_bytes(s) / 8;
+    const unsigned lane = threadIdx.x & 31;
+    for (strata_u64 p = warp_global(); p < strata::page_count(s); p += warp_count()) {
+        strata::PageRef r = strata::acquire(s, p, false);
+        const strata_u64* v = (const strata_u64*)r.data;
+        strata_u64 wrong = 0;
+        for (strata_u64 i = lane; i < words; i += 32)
+            wrong += __ldcg(v + i) != pattern_word(p * words + i, seed, compressible);
+        strata::release(s, r);
+        for (int o = 16; o > 0; o /= 2) wrong += __shfl_xor_sync(0xFFFFFFFFu, wrong, o);
+        if (lane == 0 && wrong != 0) {
+            atomicAdd(&bad[0], wrong);
+            atomicMin(&bad[1], p);
+        }
+    }
 }
 
 // ---- over a plain pointer (zero-copy host, device chunk, managed) ------------------------------

@@ -249,6 +249,22 @@ pub fn figures(bench: &str, body: &Value) -> Vec<Figure> {
                 }
             }
         }
+        "gpu-store" => {
+            for r in rows("rows") {
+                let name = format!(
+                    "{} {} {}",
+                    text(&r, "target"),
+                    text(&r, "store"),
+                    size(num(&r, "page_size").unwrap_or(0.0))
+                );
+                let unit = text(&r, "unit");
+                for who in ["strata", "baseline"] {
+                    if let Some(rate) = r.get(who).and_then(|m| num(m, "rate")) {
+                        out.push(figure(format!("{name} {who}"), rate, &unit, true, None));
+                    }
+                }
+            }
+        }
         "graph" | "embed" => {
             for r in rows("rows") {
                 let name = format!("{} {}", text(&r, "workload"), text(&r, "mode"));
@@ -422,6 +438,28 @@ mod tests {
         );
         let t = table("old", "new", &c, 1, 1);
         assert!(t.contains("DROP") && t.contains("2 dropped"), "{t}");
+    }
+
+    #[test]
+    fn gpu_store_rows_give_strata_and_baseline_figures() {
+        let body = serde_json::json!({ "rows": [{
+            "target": "stream-store", "store": "file(direct)+lz4", "page_size": 65536,
+            "unit": "GB/s",
+            "strata": { "median_ms": 400.0, "rate": 20.0 },
+            "baseline": { "median_ms": 320.0, "rate": 25.0 },
+        }, {
+            "target": "cold-4k", "store": "memory", "page_size": 4096, "unit": "Mpages/s",
+            "strata": { "median_ms": 90.0, "rate": 11.5 }, "baseline": null,
+        }]});
+        let figs = figures("gpu-store", &body);
+        let names: Vec<&str> = figs.iter().map(|f| f.name.as_str()).collect();
+        assert_eq!(names.len(), 3, "{names:?}");
+        assert!(
+            names[0].starts_with("stream-store file(direct)+lz4 64"),
+            "{names:?}"
+        );
+        assert!(names[1].ends_with("baseline"), "{names:?}");
+        assert!((figs[2].value - 11.5).abs() < 1e-12 && figs[2].unit == "Mpages/s");
     }
 
     #[test]

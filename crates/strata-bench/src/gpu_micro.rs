@@ -5,7 +5,9 @@
 
 use std::sync::Arc;
 
-use strata_gpu::driver::{Args, DeviceBuffer, Event, Function, Gpu, Grid, ManagedBuffer, Stream};
+use strata_gpu::driver::{
+    Args, DeviceBuffer, Event, Function, Gpu, Grid, ManagedBuffer, MappedHostBuffer, Stream,
+};
 use strata_gpu::space::{
     ElementType, EvictionPolicy, GpuStats, Space, SpaceError, SpaceOptions, Strata,
 };
@@ -33,6 +35,8 @@ pub struct MicroOptions {
     /// The ceilings measured on this machine (`strata bench ceilings`); rows report no
     /// fraction without them.
     pub ceilings: Option<crate::ceilings::Ceilings>,
+    /// Back every space with a store (`--store`) instead of a pinned host copy.
+    pub backing: Option<crate::store_spec::SpaceBacking>,
 }
 
 impl Default for MicroOptions {
@@ -46,6 +50,7 @@ impl Default for MicroOptions {
             skip_uvm: false,
             patterns: Vec::new(),
             ceilings: None,
+            backing: None,
         }
     }
 }
@@ -90,16 +95,105 @@ pub struct Row {
     pub stats: GpuStats,
 }
 
-struct Kernels {
+/// The kernels of [`BENCH_KERNELS_CU`], loaded (`s_*` through a space, `r_*` over a plain
+/// pointer).
+pub(crate) struct Kernels {
     _module: strata_gpu::space::KernelModule,
-    s_stream: Function,
-    s_rmw: Function,
-    s_touch: Function,
-    s_gather: Function,
-    r_stream: Function,
-    r_rmw: Function,
-    r_touch: Function,
-    r_gather: Function,
+    pub(crate) s_stream: Function,
+    pub(crate) s_rmw: Function,
+    pub(crate) s_touch: Function,
+    pub(crate) s_gather: Function,
+    pub(crate) s_validate: Function,
+    pub(crate) r_stream: Function,
+    pub(crate) r_rmw: Function,
+    pub(crate) r_touch: Function,
+    pub(crate) r_gather: Function,
+}
+
+impl Kernels {
+    /// Compiles (or takes from the disk cache) and loads the benchmark kernels.
+    pub(crate) fn load(strata: &Strata) -> Result<Self, SpaceError> {
+        let module = strata.compile(BENCH_KERNELS_CU, "bench_kernels.cu")?;
+        let f = |n: &str| module.function(n);
+        Ok(Kernels {
+            s_stream: f("strata_stream_read")?,
+            s_rmw: f("strata_stream_rmw")?,
+            s_touch: f("strata_page_touch")?,
+            s_gather: f("strata_gather")?,
+            s_validate: f("strata_validate")?,
+            r_stream: f("raw_stream_read")?,
+            r_rmw: f("raw_stream_rmw")?,
+            r_touch: f("raw_page_touch")?,
+            r_gather: f("raw_gather")?,
+            _module: module,
+        })
+    }
+}
+
+/// A space under test and the pinned host bytes its baselines read: the space's own host
+/// copy, or, for a space over a store (which has none), a pinned copy of the bytes written
+/// into the store.
+pub(crate) struct Subject {
+    /// The space.
+    pub(crate) space: Space,
+    /// The baselines' pinned copy, for a space over a store.
+    pub(crate) baseline: Option<MappedHostBuffer>,
+}
+
+impl Subject {
+    /// The baselines' bytes as the GPU addresses them.
+    pub(crate) fn host_device_ptr(&self) -> u64 {
+        match &self.baseline {
+            Some(b) => b.device_ptr(),
+            None => self.space.handle().host,
+        }
+    }
+
+    /// The baselines' bytes as the host addresses them (for copies queued by a baseline).
+    pub(crate) fn host_ptr(&self) -> *mut u8 {
+        match &self.baseline {
+            Some(b) => b.host_mut_ptr(),
+            None => self.space.host_raw_ptr(),
+        }
+    }
+
+    /// The baselines' bytes.
+    pub(crate) fn host_bytes(&self) -> &[u8] {
+        match &self.baseline {
+            Some(b) => b.as_slice(),
+            None => self.space.host_bytes(),
+        }
+    }
+}
+
+/// How long a warp may wait on a page of a space over a store: a disk or a memory node
+/// serves thousands of concurrent faults far slower than pinned memory does.
+pub(crate) const STORE_WAIT_LIMIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// A space of `size` bytes over a fresh store of `backing` holding `bytes` (written into the
+/// store first, then the space is made over it).
+pub(crate) fn space_over_store(
+    strata: &Strata,
+    backing: &crate::store_spec::SpaceBacking,
+    bytes: &[u8],
+    options: &SpaceOptions,
+) -> Result<Space, SpaceError> {
+    let size = bytes.len() as u64;
+    let store = backing
+        .spec
+        .open(size, options.page_size)
+        .map_err(|e| SpaceError::Invalid(e.to_string()))?;
+    crate::store_spec::write_all(store.as_ref(), bytes).map_err(|source| SpaceError::Store {
+        store: store.describe(),
+        source,
+    })?;
+    let options = SpaceOptions {
+        host_cache_bytes: backing.host_cache,
+        ..options.clone()
+    };
+    let space = strata.space_over_store(store, size, &options)?;
+    space.set_wait_limit(STORE_WAIT_LIMIT)?;
+    Ok(space)
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -109,7 +203,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 /// Times `run` (which queues work on Strata's stream) `reps` times after one warm-up, calling
 /// `before` outside the timed region each time. Returns the median in ms.
-fn time_ms(
+pub(crate) fn time_ms(
     gpu: &Arc<Gpu>,
     reps: usize,
     mut before: impl FnMut() -> Result<(), SpaceError>,
@@ -140,7 +234,7 @@ fn splitmix(x: &mut u64) -> u64 {
 }
 
 /// Fills `bytes` with random words, in parallel.
-fn random_fill(bytes: &mut [u8], seed: u64) {
+pub(crate) fn random_fill(bytes: &mut [u8], seed: u64) {
     let threads = std::thread::available_parallelism().map_or(4, usize::from);
     let chunk = bytes.len().div_ceil(threads).next_multiple_of(8);
     std::thread::scope(|s| {
@@ -215,7 +309,7 @@ fn mps(units: u64, ms: f64) -> f64 {
     u / ms / 1e3
 }
 
-fn measure(ms: f64, units: u64, unit: &str) -> Measure {
+pub(crate) fn measure(ms: f64, units: u64, unit: &str) -> Measure {
     Measure {
         median_ms: ms,
         rate: if unit == "GB/s" {
@@ -245,7 +339,7 @@ impl Ctx<'_> {
         ratio: u64,
         page: u64,
         policy: EvictionPolicy,
-    ) -> Result<Space, SpaceError> {
+    ) -> Result<Subject, SpaceError> {
         let o = SpaceOptions {
             page_size: page,
             cache_bytes: self.opts.cache_bytes,
@@ -254,22 +348,39 @@ impl Ctx<'_> {
             read_through: false,
             host_cache_bytes: None,
         };
-        let mut space = self.strata.space(self.opts.cache_bytes * ratio, &o)?;
+        let size = self.opts.cache_bytes * ratio;
         let seed = self.seed ^ ratio ^ page;
-        space.with_host_mut(|h| random_fill(h, seed))?;
-        Ok(space)
+        let Some(backing) = &self.opts.backing else {
+            let mut space = self.strata.space(size, &o)?;
+            space.with_host_mut(|h| random_fill(h, seed))?;
+            return Ok(Subject {
+                space,
+                baseline: None,
+            });
+        };
+        // The store gets the bytes first; the baselines read a pinned copy of the same bytes.
+        let len = usize::try_from(size)
+            .map_err(|_| SpaceError::Invalid(format!("{size} bytes is too large")))?;
+        let mut pinned = MappedHostBuffer::new(self.gpu(), len)?;
+        random_fill(pinned.as_mut_slice(), seed);
+        let space = space_over_store(self.strata, backing, pinned.as_slice(), &o)?;
+        Ok(Subject {
+            space,
+            baseline: Some(pinned),
+        })
     }
 
-    fn managed_copy(&self, space: &Space) -> Result<Option<ManagedBuffer>, SpaceError> {
+    fn managed_copy(&self, subject: &Subject) -> Result<Option<ManagedBuffer>, SpaceError> {
         if self.opts.skip_uvm {
             return Ok(None);
         }
+        let space = &subject.space;
         let bytes = usize::try_from(space.size()).unwrap_or(usize::MAX);
         // Never oversubscribe managed memory: demand the data plus 2 GiB to be free.
         let Some(mut m) = ManagedBuffer::new_if_fits(self.gpu(), bytes, 2 << 30)? else {
             return Ok(None);
         };
-        let host = space.host_bytes();
+        let host = subject.host_bytes();
         m.as_mut_slice().copy_from_slice(&host[..bytes]);
         Ok(Some(m))
     }
@@ -327,7 +438,8 @@ impl Ctx<'_> {
 
     /// Streaming read and read-modify-write over 64 KiB pages.
     fn streaming(&mut self, ratio: u64, policy: EvictionPolicy) -> Result<(), SpaceError> {
-        let space = self.new_space(ratio, 64 << 10, policy)?;
+        let subject = self.new_space(ratio, 64 << 10, policy)?;
+        let space = &subject.space;
         let size = space.size();
         let gpu = self.gpu().clone();
         let reps = self.opts.reps;
@@ -356,7 +468,7 @@ impl Ctx<'_> {
             space.check_errors()?;
             let (zc, cc, uvm) = if clock {
                 let zargs = Args::new()
-                    .arg(h.host)
+                    .arg(subject.host_device_ptr())
                     .arg(size)
                     .arg(64u64 << 10)
                     .arg(self.sink_args());
@@ -366,8 +478,8 @@ impl Ctx<'_> {
                     || Ok(()),
                     || Ok(self.k.r_stream.launch(self.grid, &zargs)?),
                 )?;
-                let cc = self.chunked(&space, false)?;
-                let uvm = match self.managed_copy(&space)? {
+                let cc = self.chunked(&subject, false)?;
+                let uvm = match self.managed_copy(&subject)? {
                     Some(m) => {
                         let uargs = Args::new()
                             .arg(m.ptr())
@@ -397,7 +509,7 @@ impl Ctx<'_> {
             };
             self.push(
                 name,
-                &space,
+                space,
                 ratio,
                 "GB/s",
                 measure(ms, size, "GB/s"),
@@ -417,14 +529,17 @@ impl Ctx<'_> {
                 || Ok(self.k.s_rmw.launch(self.grid, &args)?),
             )?;
             space.check_errors()?;
-            let zargs = Args::new().arg(h.host).arg(size).arg(64u64 << 10);
+            let zargs = Args::new()
+                .arg(subject.host_device_ptr())
+                .arg(size)
+                .arg(64u64 << 10);
             let zc = time_ms(
                 &gpu,
                 reps,
                 || Ok(()),
                 || Ok(self.k.r_rmw.launch(self.grid, &zargs)?),
             )?;
-            let cc = self.chunked(&space, true)?;
+            let cc = self.chunked(&subject, true)?;
             let ceiling = if in_cache {
                 self.ceiling("hbm-read", 0.5, "HBM read+write")
             } else {
@@ -432,7 +547,7 @@ impl Ctx<'_> {
             };
             self.push(
                 "stream-rmw",
-                &space,
+                space,
                 ratio,
                 "GB/s",
                 measure(ms, size, "GB/s"),
@@ -443,70 +558,25 @@ impl Ctx<'_> {
             )?;
         }
         if clock && self.wants("touch-64k") {
-            self.touches(&space, ratio, 64 << 10, false)?;
+            self.touches(&subject, ratio, 64 << 10, false)?;
         }
         Ok(())
     }
 
-    /// Explicit chunked copies: 64 MiB chunks on two streams, copy then kernel (then copy back
-    /// for read-modify-write), so copies of one chunk overlap the kernel of the other.
-    fn chunked(&self, space: &Space, rmw: bool) -> Result<f64, SpaceError> {
-        const CHUNK: usize = 64 << 20;
-        let gpu = self.gpu().clone();
-        let bufs = [
-            DeviceBuffer::zeroed(&gpu, CHUNK)?,
-            DeviceBuffer::zeroed(&gpu, CHUNK)?,
-        ];
-        let streams = [Stream::new(&gpu)?, Stream::new(&gpu)?];
-        let size = usize::try_from(space.size()).unwrap_or(usize::MAX);
-        let host_ptr = space.host_raw_ptr();
-        let start_evt = Event::new(&gpu)?;
-        let done = [Event::new(&gpu)?, Event::new(&gpu)?];
-        time_ms(
-            &gpu,
-            self.opts.reps,
-            || Ok(()),
-            || {
-                start_evt.record(None)?;
-                for s in &streams {
-                    start_evt.wait_on(Some(s))?;
-                }
-                for (i, off) in (0..size).step_by(CHUNK).enumerate() {
-                    let len = CHUNK.min(size - off);
-                    let (buf, st) = (&bufs[i % 2], &streams[i % 2]);
-                    // SAFETY: `host_ptr + off .. + len` lies inside the pinned host copy, alive for
-                    // this call; `buf` holds CHUNK >= len bytes; both stay alive until the streams
-                    // are joined below.
-                    unsafe { st.copy_htod(buf.ptr(), host_ptr.add(off), len)? };
-                    if rmw {
-                        self.k.r_rmw.launch_on(
-                            Grid {
-                                blocks: self.grid.blocks,
-                                threads: 256,
-                            },
-                            &Args::new().arg(buf.ptr()).arg(len as u64).arg(64u64 << 10),
-                            Some(st),
-                        )?;
-                        // SAFETY: as above, device to host.
-                        unsafe { st.copy_dtoh(host_ptr.add(off), buf.ptr(), len)? };
-                    } else {
-                        self.k.r_stream.launch_on(
-                            self.grid,
-                            &Args::new()
-                                .arg(buf.ptr())
-                                .arg(len as u64)
-                                .arg(64u64 << 10)
-                                .arg(self.sink_args()),
-                            Some(st),
-                        )?;
-                    }
-                }
-                for (e, s) in done.iter().zip(&streams) {
-                    e.record(Some(s))?;
-                    e.wait_on(None)?;
-                }
-                Ok(())
+    /// Explicit chunked copies of the subject's baseline bytes ([`chunked_copies`]).
+    fn chunked(&self, subject: &Subject, rmw: bool) -> Result<f64, SpaceError> {
+        let size = usize::try_from(subject.space.size()).unwrap_or(usize::MAX);
+        chunked_copies(
+            &ChunkedBaseline {
+                gpu: self.gpu(),
+                k: &self.k,
+                grid: self.grid,
+                sink: self.sink_args(),
+                reps: self.opts.reps,
             },
+            subject.host_ptr(),
+            size,
+            rmw,
         )
     }
 
@@ -514,11 +584,12 @@ impl Ctx<'_> {
     /// every page once, in shuffled order, from an empty cache.
     fn touches(
         &mut self,
-        space: &Space,
+        subject: &Subject,
         ratio: u64,
         page: u64,
         cold: bool,
     ) -> Result<(), SpaceError> {
+        let space = &subject.space;
         let gpu = self.gpu().clone();
         let reps = self.opts.reps;
         let h = space.handle();
@@ -559,7 +630,7 @@ impl Ctx<'_> {
         )?;
         space.check_errors()?;
         let zargs = Args::new()
-            .arg(h.host)
+            .arg(subject.host_device_ptr())
             .arg(shift)
             .arg(pages)
             .arg(touches)
@@ -572,7 +643,7 @@ impl Ctx<'_> {
             || Ok(()),
             || Ok(self.k.r_touch.launch(self.grid, &zargs)?),
         )?;
-        let uvm = match self.managed_copy(space)? {
+        let uvm = match self.managed_copy(subject)? {
             Some(m) => {
                 // UVM faults ~0.3 M pages/s: fewer touches keep the run short; rates compare.
                 let ut = if cold {
@@ -619,12 +690,13 @@ impl Ctx<'_> {
 
     /// 4 KiB-page space: page touches, cold faults, and 8-byte gathers (uniform and Zipf 0.99).
     fn small_pages(&mut self, ratio: u64) -> Result<(), SpaceError> {
-        let space = self.new_space(ratio, 4 << 10, EvictionPolicy::Clock)?;
+        let subject = self.new_space(ratio, 4 << 10, EvictionPolicy::Clock)?;
+        let space = &subject.space;
         if self.wants("touch-4k") {
-            self.touches(&space, ratio, 4 << 10, false)?;
+            self.touches(&subject, ratio, 4 << 10, false)?;
         }
         if self.wants("cold-4k") {
-            self.touches(&space, ratio, 4 << 10, true)?;
+            self.touches(&subject, ratio, 4 << 10, true)?;
         }
         let n = space.size() / 8;
         let count = self.opts.gathers;
@@ -632,7 +704,7 @@ impl Ctx<'_> {
         let idx = DeviceBuffer::zeroed(self.gpu(), zipf.len() * 8)?;
         idx.upload(0, &zipf)?;
         let m = if self.wants("gather") {
-            self.managed_copy(&space)?
+            self.managed_copy(&subject)?
         } else {
             None
         };
@@ -658,7 +730,7 @@ impl Ctx<'_> {
             )?;
             space.check_errors()?;
             let zargs = Args::new()
-                .arg(h.host)
+                .arg(subject.host_device_ptr())
                 .arg(n)
                 .arg(ip)
                 .arg(count)
@@ -697,7 +769,7 @@ impl Ctx<'_> {
             };
             self.push(
                 name,
-                &space,
+                space,
                 ratio,
                 "Mgathers/s",
                 measure(ms, count, "Mgathers/s"),
@@ -708,6 +780,94 @@ impl Ctx<'_> {
             )?;
         }
         Ok(())
+    }
+}
+
+/// What the chunked-copy baseline runs with.
+pub(crate) struct ChunkedBaseline<'a> {
+    pub(crate) gpu: &'a Arc<Gpu>,
+    pub(crate) k: &'a Kernels,
+    pub(crate) grid: Grid,
+    pub(crate) sink: u64,
+    pub(crate) reps: usize,
+}
+
+/// Explicit chunked copies of `size` pinned bytes at `host_ptr`: 64 MiB chunks on two
+/// streams, copy then kernel (then copy back for read-modify-write), so copies of one chunk
+/// overlap the kernel of the other. Returns the median ms.
+pub(crate) fn chunked_copies(
+    b: &ChunkedBaseline<'_>,
+    host_ptr: *mut u8,
+    size: usize,
+    rmw: bool,
+) -> Result<f64, SpaceError> {
+    const CHUNK: usize = 64 << 20;
+    let gpu = b.gpu.clone();
+    let bufs = [
+        DeviceBuffer::zeroed(&gpu, CHUNK)?,
+        DeviceBuffer::zeroed(&gpu, CHUNK)?,
+    ];
+    let streams = [Stream::new(&gpu)?, Stream::new(&gpu)?];
+    let start_evt = Event::new(&gpu)?;
+    let done = [Event::new(&gpu)?, Event::new(&gpu)?];
+    time_ms(
+        &gpu,
+        b.reps,
+        || Ok(()),
+        || {
+            start_evt.record(None)?;
+            for s in &streams {
+                start_evt.wait_on(Some(s))?;
+            }
+            for (i, off) in (0..size).step_by(CHUNK).enumerate() {
+                let len = CHUNK.min(size - off);
+                let (buf, st) = (&bufs[i % 2], &streams[i % 2]);
+                // SAFETY: `host_ptr + off .. + len` lies inside the caller's pinned buffer of
+                // `size` bytes, alive for this call; `buf` holds CHUNK >= len bytes; both stay
+                // alive until the streams are joined below.
+                unsafe { st.copy_htod(buf.ptr(), host_ptr.add(off), len)? };
+                if rmw {
+                    b.k.r_rmw.launch_on(
+                        Grid {
+                            blocks: b.grid.blocks,
+                            threads: 256,
+                        },
+                        &Args::new().arg(buf.ptr()).arg(len as u64).arg(64u64 << 10),
+                        Some(st),
+                    )?;
+                    // SAFETY: as above, device to host.
+                    unsafe { st.copy_dtoh(host_ptr.add(off), buf.ptr(), len)? };
+                } else {
+                    b.k.r_stream.launch_on(
+                        b.grid,
+                        &Args::new()
+                            .arg(buf.ptr())
+                            .arg(len as u64)
+                            .arg(64u64 << 10)
+                            .arg(b.sink),
+                        Some(st),
+                    )?;
+                }
+            }
+            for (e, s) in done.iter().zip(&streams) {
+                e.record(Some(s))?;
+                e.wait_on(None)?;
+            }
+            Ok(())
+        },
+    )
+}
+
+/// How a run's spaces are backed, for its log line.
+fn backing_label(backing: Option<&crate::store_spec::SpaceBacking>) -> String {
+    match backing {
+        None => "over pinned host copies".into(),
+        Some(b) => format!(
+            "over {} stores (host cache {})",
+            b.spec.label(),
+            b.host_cache
+                .map_or_else(|| "default".into(), strata_core::units::format_size)
+        ),
     }
 }
 
@@ -757,29 +917,18 @@ pub fn format_row(r: &Row) -> String {
 /// Runs the benchmark on GPU 0.
 pub fn run_micro(opts: &MicroOptions) -> Result<Vec<Row>, SpaceError> {
     let strata = Strata::new(0)?;
-    let module = strata.compile(BENCH_KERNELS_CU, "bench_kernels.cu")?;
-    let f = |n: &str| module.function(n);
-    let k = Kernels {
-        s_stream: f("strata_stream_read")?,
-        s_rmw: f("strata_stream_rmw")?,
-        s_touch: f("strata_page_touch")?,
-        s_gather: f("strata_gather")?,
-        r_stream: f("raw_stream_read")?,
-        r_rmw: f("raw_stream_rmw")?,
-        r_touch: f("raw_page_touch")?,
-        r_gather: f("raw_gather")?,
-        _module: module,
-    };
+    let k = Kernels::load(&strata)?;
     let grid = k.s_gather.full_grid(256)?;
     let gpu = strata.gpu().clone();
     eprintln!(
-        "gpu-micro on {} ({} SMs), cache {}, grid {}x{}, {} reps after 1 warm-up",
+        "gpu-micro on {} ({} SMs), cache {}, grid {}x{}, {} reps after 1 warm-up, spaces {}",
         gpu.name,
         gpu.multiprocessors,
         strata_core::units::format_size(opts.cache_bytes),
         grid.blocks,
         grid.threads,
-        opts.reps
+        opts.reps,
+        backing_label(opts.backing.as_ref())
     );
     let seed = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

@@ -3,11 +3,14 @@
 //!
 //! - Measuring: [`pager`] (fault rate and bandwidth against the kernel's `mmap` paging),
 //!   [`net`] (raw store throughput, the loopback TCP ceiling), [`gpu_micro`] (GPU paging
-//!   against zero-copy, chunked copies and UVM), [`workloads`] (graph and embedding workloads).
+//!   against zero-copy, chunked copies and UVM), [`gpu_store`] (GPU spaces over stores against
+//!   each target's baseline), [`workloads`] (graph and embedding workloads).
 //! - Reporting: [`ceilings`] (the machine's own limits, probed and cached per device and
 //!   driver), [`record`] (the JSON every benchmark writes: machine, device, driver, commit,
 //!   arguments, ceilings, figures), [`plot`] (one plotting module, PNG and SVG), [`compare`]
 //!   (`strata bench compare OLD.json NEW.json`).
+//! - [`store_spec`]: the `--store/--codec/--file-io/--host-cache` flags of the GPU benchmarks,
+//!   parsed once and opened per space.
 //! - [`cmd`]: the `strata bench ...` commands, their arguments and their printing; the
 //!   `strata` binary only parses and calls [`cmd::run`].
 #![warn(missing_docs)]
@@ -18,10 +21,12 @@ pub mod cmd;
 pub mod compare;
 pub mod gpu_ceilings;
 pub mod gpu_micro;
+pub mod gpu_store;
 pub mod net;
 pub mod pager;
 pub mod plot;
 pub mod record;
+pub mod store_spec;
 pub mod stream;
 pub mod sys;
 pub mod workloads;

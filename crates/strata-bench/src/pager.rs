@@ -485,39 +485,11 @@ fn fill_pattern(store: &dyn Store, size: u64) -> Result<(), BenchError> {
 /// Drops the file's pages from the page cache, so the next reader pays for them.
 fn drop_cache(path: &std::path::Path) -> Result<(), BenchError> {
     let file = std::fs::File::open(path).map_err(io("opening the data file"))?;
-    // SAFETY: posix_fadvise on an open descriptor; advisory only.
-    let rc = unsafe {
-        libc::posix_fadvise(
-            std::os::fd::AsRawFd::as_raw_fd(&file),
-            0,
-            0,
-            libc::POSIX_FADV_DONTNEED,
-        )
-    };
-    if rc != 0 {
-        return Err(BenchError::Io {
-            what: "dropping the data file from the page cache".into(),
-            source: std::io::Error::from_raw_os_error(rc),
-        });
-    }
+    crate::sys::drop_from_page_cache(&file).map_err(|source| BenchError::Io {
+        what: "dropping the data file from the page cache".into(),
+        source,
+    })?;
     Ok(())
-}
-
-/// Whether `dir` is on tmpfs (or ramfs), where file pages live in memory for good.
-fn on_tmpfs(dir: &std::path::Path) -> bool {
-    const TMPFS_MAGIC: i64 = 0x0102_1994;
-    const RAMFS_MAGIC: i64 = 0x8584_58f6;
-    let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()) else {
-        return false;
-    };
-    let mut st = std::mem::MaybeUninit::<libc::statfs>::zeroed();
-    // SAFETY: statfs fills the struct it is given for a NUL-terminated path.
-    if unsafe { libc::statfs(c.as_ptr(), st.as_mut_ptr()) } != 0 {
-        return false;
-    }
-    // SAFETY: statfs succeeded, so the struct is initialised.
-    let kind = unsafe { st.assume_init() }.f_type;
-    matches!(kind, TMPFS_MAGIC | RAMFS_MAGIC)
 }
 
 /// The cgroup the kernel baseline runs in.
@@ -892,7 +864,7 @@ pub fn run(plan: &BenchPlan, log: &mut dyn FnMut(String)) -> Result<BenchResults
         .map_err(io("reading the data file"))?;
     let memory_store: Arc<dyn Store> = Arc::new(MemoryStore::from_bytes(&data));
     drop(data);
-    if on_tmpfs(&plan.dir) {
+    if crate::sys::on_tmpfs(&plan.dir) {
         log(format!(
             "WARNING: {} is tmpfs: the data file lives in memory, its pages cannot be dropped, and the kernel baseline maps them without reading; use --dir on a disk file system for a meaningful comparison",
             plan.dir.display()

@@ -36,6 +36,9 @@ pub struct GpuMicroArgs {
     /// Write results to PATH.json, PATH.svg and PATH.png.
     #[arg(long, default_value = "gpu-micro")]
     pub out: PathBuf,
+    /// Spaces over a store (`--store`, `--codec`, `--file-io`, `--host-cache`).
+    #[command(flatten)]
+    pub store: crate::store_spec::SpaceStoreArgs,
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -47,6 +50,7 @@ pub fn micro(args: &GpuMicroArgs) -> anyhow::Result<()> {
     if args.ratios.is_empty() || args.ratios.contains(&0) || args.reps == 0 {
         anyhow::bail!("--ratios needs positive multiples of the cache and --reps at least 1");
     }
+    let backing = args.store.backing(&strata_core::config::process_env()?)?;
     let ceilings = if args.no_ceilings {
         crate::record::CeilingsUsed {
             source: "none (--no-ceilings)".into(),
@@ -64,6 +68,7 @@ pub fn micro(args: &GpuMicroArgs) -> anyhow::Result<()> {
         skip_uvm: args.skip_uvm,
         patterns: args.patterns.clone(),
         ceilings: ceilings.values.clone(),
+        backing: backing.clone(),
     };
     let rows = run_micro(&opts)?;
     println!(
@@ -75,18 +80,16 @@ pub fn micro(args: &GpuMicroArgs) -> anyhow::Result<()> {
     let body = serde_json::json!({
         "cache_bytes": args.cache,
         "reps": args.reps,
+        "store": backing.as_ref().map(|b| b.spec.label()),
+        "host_cache_bytes": backing.as_ref().and_then(|b| b.host_cache),
         "rows": rows,
     });
     let record = Record::new("gpu-micro", Device::of(0), ceilings, body);
-    let json = args.out.with_extension("json");
-    record.write(&json)?;
     let view: Vec<ChartRow> = serde_json::from_value(record.results["rows"].clone())?;
-    let (svg, png) = crate::plot::write(&chart(&view, &record), &args.out)?;
-    println!(
-        "wrote {}, {} and {}",
-        json.display(),
-        svg.display(),
-        png.display()
-    );
-    Ok(())
+    super::write_record_and_chart(
+        &record,
+        &args.out.with_extension("json"),
+        &chart(&view, &record),
+        &args.out,
+    )
 }

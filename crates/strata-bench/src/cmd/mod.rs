@@ -3,6 +3,7 @@
 
 pub mod copy;
 pub mod gpu_micro;
+pub mod gpu_store;
 pub mod measure;
 pub mod pager;
 pub mod remote;
@@ -20,6 +21,10 @@ pub enum BenchCommand {
     Remote(remote::RemoteBenchArgs),
     /// GPU paging micro-benchmarks against zero-copy, chunked copies and UVM.
     GpuMicro(gpu_micro::GpuMicroArgs),
+    /// GPU spaces over stores (memory, file, memory node, LZ4) against issue 11's targets:
+    /// streaming vs the store's raw read_batch, host-cache streaming, cold 4 KiB faults,
+    /// read-modify-write vs chunked copies, and the 48 GiB file case.
+    GpuStore(gpu_store::GpuStoreArgs),
     /// BFS, connected components and PageRank on GPU paging against the alternatives.
     Graph(workloads::GraphArgs),
     /// Zipf-skewed embedding lookups on GPU paging against the alternatives.
@@ -38,6 +43,28 @@ pub enum BenchCommand {
     Plot(measure::PlotArgs),
 }
 
+/// Writes a benchmark's record as JSON to `json` and its chart as SVG and PNG beside
+/// `plot_base`, and says where.
+///
+/// # Errors
+/// An unwritable file.
+pub fn write_record_and_chart(
+    record: &crate::record::Record,
+    json: &std::path::Path,
+    chart: &crate::plot::Chart,
+    plot_base: &std::path::Path,
+) -> anyhow::Result<()> {
+    record.write(json)?;
+    let (svg, png) = crate::plot::write(chart, plot_base)?;
+    println!(
+        "wrote {}, {} and {}",
+        json.display(),
+        svg.display(),
+        png.display()
+    );
+    Ok(())
+}
+
 /// Runs one `strata bench` command.
 pub fn run(command: &BenchCommand) -> anyhow::Result<()> {
     crate::cleanup::install();
@@ -46,6 +73,7 @@ pub fn run(command: &BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Pager(args) => pager::bench(args),
         BenchCommand::Remote(args) => remote::bench(args),
         BenchCommand::GpuMicro(args) => gpu_micro::micro(args),
+        BenchCommand::GpuStore(args) => gpu_store::gpu_store(args),
         BenchCommand::Graph(args) => workloads::graph(args),
         BenchCommand::Embed(args) => workloads::embed(args),
         BenchCommand::Copy(args) => copy::bench(args),

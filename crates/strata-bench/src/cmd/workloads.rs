@@ -60,6 +60,9 @@ pub struct CompareArgs {
     /// GPU ordinal.
     #[arg(long, default_value_t = 0)]
     gpu: usize,
+    /// Strata's spaces over a store (`--store`, `--codec`, `--file-io`, `--host-cache`).
+    #[command(flatten)]
+    store: crate::store_spec::SpaceStoreArgs,
 }
 
 impl CompareArgs {
@@ -84,6 +87,7 @@ impl CompareArgs {
             cold,
             gpu: self.gpu,
             pcie_read_gbps: None,
+            store: self.store.backing(&strata_core::config::process_env()?)?,
         })
     }
 }
@@ -184,6 +188,7 @@ fn print_outcome(outcome: &crate::workloads::Outcome) {
         "timed runs start {}",
         if outcome.cold { "cold" } else { "warm" }
     );
+    println!("Strata's spaces over: {}", outcome.backing);
     print!("{}", report::table(&outcome.rows));
     for s in &outcome.skipped {
         println!("skipped: {s}");
@@ -220,15 +225,7 @@ fn write_outputs<T: serde::Serialize>(
         ceilings,
         serde_json::to_value(report)?,
     );
-    record.write(json)?;
-    let (svg, png) = crate::plot::write(&report::chart(title, rows, &record), plot)?;
-    println!(
-        "wrote {}, {} and {}",
-        json.display(),
-        svg.display(),
-        png.display()
-    );
-    Ok(())
+    super::write_record_and_chart(&record, json, &report::chart(title, rows, &record), plot)
 }
 
 /// Runs `strata bench graph`.

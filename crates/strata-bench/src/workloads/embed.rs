@@ -254,6 +254,7 @@ mod tests {
                 cold: true,
                 gpu: 0,
                 pcie_read_gbps: None,
+                store: None,
             },
         };
         validate_config(&ok).unwrap();

@@ -513,6 +513,7 @@ mod tests {
                 cold: true,
                 gpu: 0,
                 pcie_read_gbps: None,
+                store: None,
             },
             bfs_mode: BfsMode::TopDown,
             iterations: 20,

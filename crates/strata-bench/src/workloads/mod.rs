@@ -61,6 +61,8 @@ pub struct Comparison {
     /// PCIe read rate by SMs measured on this machine (`strata bench ceilings`), GB/s; rows
     /// report no PCIe fraction without it.
     pub pcie_read_gbps: Option<f64>,
+    /// Strata's spaces over a store (`--store`), or `None` for a pinned host copy.
+    pub store: Option<crate::store_spec::SpaceBacking>,
 }
 
 impl Comparison {
@@ -93,6 +95,8 @@ pub struct Outcome {
     pub rows: Vec<Row>,
     /// Modes that could not run here, with why.
     pub skipped: Vec<String>,
+    /// What Strata's spaces were backed by: `pinned host copy`, or the store and host cache.
+    pub backing: String,
 }
 
 impl Outcome {
@@ -106,6 +110,15 @@ impl Outcome {
             cold: compare.cold,
             rows: Vec::new(),
             skipped: Vec::new(),
+            backing: match &compare.store {
+                None => "pinned host copy".into(),
+                Some(b) => format!(
+                    "{} store, host cache {}",
+                    b.spec.label(),
+                    b.host_cache
+                        .map_or_else(|| "default".into(), strata_core::format_size)
+                ),
+            },
         }
     }
 }
@@ -126,7 +139,10 @@ pub fn place_or_skip<T: Element>(
     let placed = match mode {
         Mode::Strata(factor) => {
             let cache = cache_for(data.len() as u64 * 4, factor, compare.page_size);
-            Placed::space(strata, data, cache, compare.page_size, compare.policy)
+            match &compare.store {
+                None => Placed::space(strata, data, cache, compare.page_size, compare.policy),
+                Some(backing) => space_over_store(strata, backing, data, cache, compare),
+            }
         }
         Mode::ZeroCopy => Placed::zero_copy(gpu, data),
         Mode::Uvm => Placed::managed(gpu, data),
@@ -141,6 +157,35 @@ pub fn place_or_skip<T: Element>(
         }
         Err(e) => Err(e),
     }
+}
+
+/// `data` in a Strata space over a fresh store of `backing`: the bytes go into the store
+/// first, then the space is made over it (as `Placed::space` does for a pinned host copy).
+fn space_over_store<T: Element>(
+    strata: &Strata,
+    backing: &crate::store_spec::SpaceBacking,
+    data: &[T],
+    cache_bytes: u64,
+    compare: &Comparison,
+) -> Result<Placed, GpuWorkloadError> {
+    let options = strata_gpu::SpaceOptions {
+        page_size: compare.page_size,
+        cache_bytes,
+        element: T::TYPE,
+        policy: compare.policy,
+        read_through: strata_gpu::space::read_through_from_env()?.unwrap_or(false),
+        host_cache_bytes: backing.host_cache,
+    };
+    // Whole pages: the store and the space cover the last partial page too.
+    let bytes = (data.len() as u64 * 4)
+        .max(4)
+        .next_multiple_of(compare.page_size);
+    // Aligned, so that an O_DIRECT file store takes the bytes without bouncing them.
+    let mut image =
+        crate::store_spec::AlignedBuf::new(usize::try_from(bytes).unwrap_or(usize::MAX));
+    strata_workloads::gpu::placed::copy_into(image.as_mut(), data);
+    let space = crate::gpu_micro::space_over_store(strata, backing, image.as_mut(), &options)?;
+    Ok(Placed::Space(space))
 }
 
 /// A progress bar on stderr (hidden automatically when stderr is not a terminal).
