@@ -20,7 +20,7 @@ CARRY="$ROOT/.carry"
 TARGET="${CARGO_TARGET_DIR:-/work/target-gpu}"
 # Test binaries to carry: cargo packages whose tests need a GPU.
 TEST_PACKAGES=(strata-gpu)
-STEPS=(info ceilings gpu_tests gpu_micro examples)
+STEPS=(info ceilings gpu_tests gpu_micro gpu_store examples)
 # Example programs to carry and run (`cargo run --example` names of strata-gpu).
 GPU_EXAMPLES=(oversubscribed_kernel)
 # Arguments of `strata bench gpu-micro` (override with GPU_MICRO_ARGS).
@@ -108,6 +108,18 @@ step_gpu_tests() {
         SUMMARY+=("$(printf '%-28s %-6s %s' "tests:$name" "$([ $failed -eq 0 ] && echo ok || echo FAIL)" "$passed passed, $failed failed")")
     done
     return $all
+}
+
+# Issue 11's targets: spaces over stores (memory, file on the device's disk, a memory node on
+# loopback) against each store's raw read_batch rate, the host-cache and cold-4k targets, and
+# read-modify-write against chunked copies. GPU_STORE_FILE names the file store's path.
+step_gpu_store() {
+    local f="${GPU_STORE_FILE:-/var/tmp/strata-gpu-store.bin}"
+    log gpu-store timeout 540 "$CARRY/strata" bench gpu-store --targets all \
+        --store memory --store "file:$f" --local-node --out "$OUT/gpu-store" ${GPU_STORE_ARGS:-}
+    local rc=$?
+    rm -f "$f"
+    return $rc
 }
 
 step_gpu_micro() {
