@@ -58,6 +58,32 @@ pub(crate) fn host_cache_slots(
     Ok(slots.max(1))
 }
 
+/// The ring server's options, with `STRATA_GPU_RING_THREADS` (store I/O threads) and
+/// `STRATA_GPU_READ_AHEAD` (pages read ahead of a sequential run) applied when set.
+fn ring_options_from_env() -> Result<RingServerOptions, SpaceError> {
+    let env = strata_core::config::process_env().map_err(|e| SpaceError::Invalid(e.to_string()))?;
+    let mut options = RingServerOptions::default();
+    let number = |name: &str| -> Result<Option<u64>, SpaceError> {
+        env.iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| {
+                v.trim().parse::<u64>().map_err(|_| {
+                    SpaceError::Invalid(format!(
+                        "{name}={v} is not a whole number: give one such as 8"
+                    ))
+                })
+            })
+            .transpose()
+    };
+    if let Some(t) = number("STRATA_GPU_RING_THREADS")? {
+        options.threads = usize::try_from(t).unwrap_or(usize::MAX);
+    }
+    if let Some(p) = number("STRATA_GPU_READ_AHEAD")? {
+        options.read_ahead_pages = p;
+    }
+    Ok(options)
+}
+
 /// MemAvailable from /proc/meminfo, in bytes.
 fn available_memory() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
@@ -168,7 +194,7 @@ impl StoreTier {
                 Box::new(bufs),
             )?
         };
-        let server = RingServer::start(shared, store.clone(), RingServerOptions::default())?;
+        let server = RingServer::start(shared, store.clone(), ring_options_from_env()?)?;
         Ok(StoreTier {
             store,
             server: Some(server),
