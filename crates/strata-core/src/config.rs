@@ -67,6 +67,14 @@ pub const KNOWN_VARIABLES: &[(&str, &str)] = &[
         "GPU spaces serve first-touch page reads from the host copy (true/false)",
     ),
     (
+        "STRATA_GPU_RING_THREADS",
+        "GPU spaces over a store: store I/O threads serving the request ring",
+    ),
+    (
+        "STRATA_GPU_READ_AHEAD",
+        "GPU spaces over a store: pages read ahead of a sequential run",
+    ),
+    (
         "STRATA_RUN_MEMORY",
         "strata run: resident budget of the whole program",
     ),
