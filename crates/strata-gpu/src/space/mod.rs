@@ -55,7 +55,7 @@ impl Drop for Space {
         }
         // A space over a store writes its dirty pages down first (`close` does the same and
         // hands back what it could not write; here all that is left is to say so).
-        if matches!(self.backing, Backing::Store(_))
+        if matches!(&self.backing, Backing::Store(s) if !s.is_closed())
             && let Err(e) = self.close_in_place()
         {
             tracing::warn!("dropping a space over a store: {e}");

@@ -203,6 +203,11 @@ impl StoreTier {
         })
     }
 
+    /// Whether `close` already ended the server.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.server.is_none()
+    }
+
     pub(crate) fn server(&self) -> Result<&RingServer, SpaceError> {
         self.server
             .as_ref()
