@@ -18,7 +18,7 @@ use strata_core::store::{
     FaultPlan, FaultyStore, FileStore, FileStoreOptions, ReadRequest, StoreError,
 };
 use strata_core::{MemoryStore, Store};
-use strata_gpu::ring::layout::SlotWord;
+use strata_gpu::ring::layout::{REQ_WRITE, SlotWord};
 use strata_gpu::ring::{PageOp, RingError, RingServer, RingServerOptions, SharedRing};
 
 use device::{Device, DeviceError};
@@ -924,4 +924,189 @@ fn random_store_faults_lose_nothing() {
     server.flush().unwrap();
     model.check_store(&*inner);
     server.shutdown().unwrap();
+}
+
+#[test]
+fn write_copies_overlap_and_head_never_passes_an_unfinished_copy() {
+    let seed = seed();
+    // Large pages (long copies), a small ring (staging pages reused often), 16 writers.
+    let model = Model::new(seed, 256 << 10, 32 * (256 << 10) - 1000);
+    let store = memory(&model);
+    let (server, device) = start(
+        store.clone(),
+        &model,
+        32,
+        8,
+        RingServerOptions {
+            threads: 8,
+            dirty_high_water: 1.0,
+            ..RingServerOptions::default()
+        },
+    );
+    let threads = 16;
+    let contents: Vec<Vec<Vec<u8>>> = (0..model.pages())
+        .map(|p| (1..=6).map(|v| model.content(p, v)).collect())
+        .collect();
+    std::thread::scope(|s| {
+        for tid in 0..threads {
+            let (device, model, contents) = (&device, &model, &contents);
+            s.spawn(move || {
+                let mut buf = vec![0u8; model.page_size];
+                for version in 1..=6u64 {
+                    for p in (tid..model.pages()).step_by(threads as usize) {
+                        model.next(p);
+                        let data = &contents[p as usize][version as usize - 1];
+                        device.write(p, data).unwrap();
+                        device.read(p, &mut buf).unwrap();
+                        model.check(p, &buf, Some(version));
+                    }
+                }
+            });
+        }
+    });
+    let st = server.stats();
+    eprintln!("{st:?}");
+    assert_eq!(
+        device.staging_overtaken.load(Ordering::Relaxed),
+        0,
+        "head passed a WRITE whose staging page was not copied yet"
+    );
+    assert!(
+        st.max_writes_in_flight > 1,
+        "WRITE copies never overlapped: {st:?}"
+    );
+    assert_eq!(st.write_requests, 6 * model.pages());
+    server.flush().unwrap();
+    model.check_store(&*store);
+    server.shutdown().unwrap();
+}
+
+#[test]
+fn reads_posted_after_writes_of_their_page_see_the_writes_under_heavy_interleaving() {
+    let seed = seed();
+    let model = Model::new(seed, 16 << 10, 48 * (16 << 10));
+    let store = memory(&model);
+    // Fewer slots than pages: writes evict, write back and redirect while reads interleave.
+    let (server, device) = start(
+        store.clone(),
+        &model,
+        24,
+        4,
+        RingServerOptions {
+            threads: 3,
+            dirty_high_water: 0.25,
+            ..RingServerOptions::default()
+        },
+    );
+    let writers = 6u64;
+    for round in 0..8u64 {
+        std::thread::scope(|s| {
+            for tid in 0..writers {
+                let (device, model) = (&device, &model);
+                s.spawn(move || {
+                    let mut buf = vec![0u8; model.page_size];
+                    let own = (tid..32).step_by(writers as usize);
+                    for p in own.clone() {
+                        // The page is absent (invalidated before the round): the READ posted
+                        // right after the WRITE must show the written bytes, never the
+                        // store's older ones.
+                        let data = model.next(p);
+                        let t = device.post(REQ_WRITE, p, Some(&data)).unwrap();
+                        device.read(p, &mut buf).unwrap();
+                        model.check(p, &buf, Some(model.version(p)));
+                        device.wait_done(t, p).unwrap();
+                    }
+                    for p in own {
+                        // Two WRITEs of one page back to back: the second lands last.
+                        let first = model.next(p);
+                        let t1 = device.post(REQ_WRITE, p, Some(&first)).unwrap();
+                        let second = model.next(p);
+                        let t2 = device.post(REQ_WRITE, p, Some(&second)).unwrap();
+                        device.wait_done(t1, p).unwrap();
+                        device.wait_done(t2, p).unwrap();
+                        device.read(p, &mut buf).unwrap();
+                        model.check(p, &buf, Some(model.version(p)));
+                    }
+                });
+            }
+            for tid in 0..4u64 {
+                let (device, model) = (&device, &model);
+                s.spawn(move || {
+                    let mut rng = StdRng::seed_from_u64(seed ^ round ^ (tid << 32));
+                    let mut buf = vec![0u8; model.page_size];
+                    for _ in 0..60 {
+                        // Not the writers' pages: a hit there before their WRITE is handled
+                        // would be stale, which the real device's EVICTING state rules out.
+                        let p = rng.random_range(32..model.pages());
+                        device.read(p, &mut buf).unwrap();
+                        model.check(p, &buf, None);
+                    }
+                });
+            }
+        });
+        server.invalidate(0..model.pages()).unwrap();
+        model.check_store(&*store);
+    }
+    assert_eq!(device.staging_overtaken.load(Ordering::Relaxed), 0);
+    eprintln!("{:?}", server.stats());
+    assert!(server.take_errors().is_empty());
+    server.shutdown().unwrap();
+}
+
+#[test]
+fn a_server_killed_during_write_traffic_ends_every_device_wait_and_keeps_acknowledged_writes() {
+    let seed = seed();
+    let model = Model::new(seed, 64 << 10, 32 * (64 << 10));
+    let store = memory(&model);
+    let (server, _) = start(store.clone(), &model, 16, 8, RingServerOptions::default());
+    let device = Device::new(Arc::clone(server.shared()), Duration::from_millis(300));
+    let threads = 8u64;
+    let acknowledged: Vec<std::sync::atomic::AtomicU64> = (0..model.pages())
+        .map(|_| std::sync::atomic::AtomicU64::new(0))
+        .collect();
+    let t = Instant::now();
+    std::thread::scope(|s| {
+        for tid in 0..threads {
+            let (device, model, acknowledged) = (&device, &model, &acknowledged);
+            s.spawn(move || {
+                let mut buf = vec![0u8; model.page_size];
+                for i in 0.. {
+                    let p = tid + threads * (i % (model.pages() / threads));
+                    let data = model.next(p);
+                    match device.write(p, &data) {
+                        Ok(()) => {
+                            acknowledged[p as usize].store(model.version(p), Ordering::Relaxed)
+                        }
+                        Err(DeviceError::Timeout(..)) => return,
+                        Err(e) => panic!("{e:?}"),
+                    }
+                    match device.read(p, &mut buf) {
+                        Ok(()) => {
+                            model.check(p, &buf, Some(model.version(p)));
+                        }
+                        Err(DeviceError::Timeout(..)) => return,
+                        Err(e) => panic!("{e:?}"),
+                    }
+                }
+            });
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        server.kill_for_test();
+    });
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+    assert_eq!(device.staging_overtaken.load(Ordering::Relaxed), 0);
+    server.shutdown().unwrap();
+    // Every acknowledged write reached the store; a write that timed out may have landed.
+    for p in 0..model.pages() {
+        let len = model.len(p);
+        let mut got = vec![0u8; model.page_size];
+        store
+            .read_at(p * model.page_size as u64, &mut got[..len])
+            .unwrap();
+        let v = model.check(p, &got, None);
+        assert!(
+            v >= acknowledged[p as usize].load(Ordering::Relaxed),
+            "page {p}: an acknowledged write was lost (seed {seed})"
+        );
+    }
 }

@@ -1,7 +1,12 @@
 //! The dispatcher: the one thread that drains the request ring, strictly in ticket order.
 //!
-//! WRITE requests are applied at once (staging page -> host-cache slot, dirty, `done`), so a
-//! READ posted after a write always finds the written bytes. READ misses take a slot and go to
+//! It reads entries ahead of `head` with its own cursor and handles each in ticket order; a
+//! ticket's work may finish later (a WRITE's copy runs on a copier), and `head` moves to the
+//! lowest ticket not yet finished, so a staging page is never reused before it was copied.
+//! A WRITE takes its page's slot at once (ABSORBING: word withdrawn) and hands the copy to the
+//! copiers (`copier.rs`), which publish the slot and `done`; a READ posted after the write
+//! finds the slot ABSORBING and waits for its word as for a fill, so it always sees the
+//! written bytes, and a second WRITE of the page waits for the first copy. READ misses take a slot and go to
 //! the store workers as fills; misses that arrive while the workers are busy join one batch.
 //! When no slot is free or clean the dispatcher writes dirty slots back and waits for one
 //! (back-pressure); when the store refuses every dirty page, a READ gets ERROR and a WRITE
@@ -14,6 +19,7 @@ use std::sync::MutexGuard;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use super::copier::{self, Absorb};
 use super::error::PageOp;
 use super::host_cache::{HostCache, SlotState, withdraw_word};
 use super::layout::{REQ_READ, REQ_READ_AHEAD, REQ_WRITE, SlotWord};
@@ -59,7 +65,11 @@ impl Drop for AliveFlag<'_> {
 pub(crate) fn run(inner: &Inner) {
     let _alive = AliveFlag(inner);
     let shared = &inner.shared;
+    let capacity = u64::from(shared.capacity());
+    // `head`: the lowest ticket not finished (published to the device); `cursor`: the next
+    // ticket to handle. Tickets in between are handled, their work (WRITE copies) in flight.
     let mut head = shared.head().load(Ordering::Acquire);
+    let mut cursor = head;
     let mut idle: u32 = 0;
     let mut recent = Recent::default();
     let mut since_check: u32 = 0;
@@ -67,28 +77,40 @@ pub(crate) fn run(inner: &Inner) {
         if inner.stopping() {
             return;
         }
-        let index = shared.ring_index(head);
-        if shared.entry_seq(index).load(Ordering::Acquire) == head + 1 {
+        let before = head;
+        while head < cursor && copier::ticket_finished(inner, head, shared.ring_index(head)) {
+            head += 1;
+        }
+        if head != before {
+            shared.head().store(head, Ordering::Release);
+            idle = 0;
+        }
+        let index = shared.ring_index(cursor);
+        if cursor - head < capacity && shared.entry_seq(index).load(Ordering::Acquire) == cursor + 1
+        {
             let page = shared.entry_page(index).load(Ordering::Relaxed);
             let kind = shared.entry_kind(index).load(Ordering::Relaxed);
+            let mut queued = false;
             match kind {
                 REQ_READ => read(inner, page, false, &mut recent),
                 REQ_READ_AHEAD => read(inner, page, true, &mut recent),
-                REQ_WRITE => write(inner, page, index),
+                REQ_WRITE => queued = write(inner, page, cursor, index),
                 other => inner.lock().record(
                     page,
                     PageOp::Read,
-                    format!("the device posted ticket {head} with unknown request kind {other}; the device code and the host disagree, rebuild both"),
+                    format!("the device posted ticket {cursor} with unknown request kind {other}; the device code and the host disagree, rebuild both"),
                 ),
             }
             if inner.kill.load(Ordering::Acquire) {
                 return; // killed mid-request: leave the ticket unconsumed, as a dead host would
             }
-            if kind == REQ_WRITE || !matches!(kind, REQ_READ | REQ_READ_AHEAD) {
-                shared.done(index).store(head + 1, Ordering::Release);
+            if !queued {
+                if !matches!(kind, REQ_READ | REQ_READ_AHEAD) {
+                    shared.done(index).store(cursor + 1, Ordering::Release);
+                }
+                copier::finish_ticket(inner, cursor, index);
             }
-            head += 1;
-            shared.head().store(head, Ordering::Release);
+            cursor += 1;
             idle = 0;
             since_check += 1;
             if since_check >= 64 {
@@ -101,6 +123,16 @@ pub(crate) fn run(inner: &Inner) {
             background_write_back(inner);
         }
         idle = idle.saturating_add(1);
+        if head < cursor {
+            // Copies in flight end within microseconds: poll for them without parking, so
+            // that `head` (room in the ring for the device) follows at once.
+            if idle < 256 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+            continue;
+        }
         // A kernel's faults come in bursts with gaps of microseconds between waves: polling
         // through such gaps keeps a fault from paying a thread wake-up; only a longer silence
         // (no kernel running) parks, and the parks grow so an idle space costs little CPU.
@@ -152,12 +184,12 @@ fn obtain_slot<'a>(
             return (cache, None);
         }
         if cache.writing() == 0 {
-            if submitted && cache.filling() == 0 {
+            if submitted && cache.filling() + cache.absorbing() == 0 {
                 return (cache, None);
             }
             let items = cache.begin_write_back(inner.options.max_batch, |_| true);
             if items.is_empty() {
-                if cache.filling() == 0 {
+                if cache.filling() + cache.absorbing() == 0 {
                     return (cache, None);
                 }
             } else {
@@ -268,7 +300,10 @@ fn read_ahead(inner: &Inner, cache: &mut HostCache, pages: std::ops::Range<u64>)
     }
 }
 
-fn write(inner: &Inner, page: u64, index: u32) {
+/// Handles WRITE ticket `ticket` (at ring index `index`) of `page`. True when its copy was
+/// handed to the copiers, which then store `done` and finish the ticket; false when the
+/// dispatcher must (the write was refused, kept in overflow, or the server is stopping).
+fn write(inner: &Inner, page: u64, ticket: u64, index: u32) -> bool {
     let shared = &inner.shared;
     inner
         .counters
@@ -283,51 +318,60 @@ fn write(inner: &Inner, page: u64, index: u32) {
                 shared.pages()
             ),
         );
-        return;
+        return false;
     }
     let (_, len) = shared.page_range(page);
-    let copy = |s: u32| {
-        // SAFETY: the staging page belongs to this published ticket, which head has not
-        // passed; the slot is free or holds this page, under the cache's lock, and
-        // `put_dirty` withdraws the page's word before calling the copy.
-        unsafe { shared.copy_staging_to_slot(index, s, len) }
+    let job = |slot| Absorb {
+        ticket,
+        index,
+        page,
+        slot,
+        len,
     };
     let mut cache = inner.lock();
     loop {
         match cache.lookup(page) {
             Some((slot, SlotState::Present)) => {
-                cache.put_dirty(shared, page, slot, copy);
-                return;
+                cache.begin_absorb(shared, page, slot);
+                drop(cache);
+                copier::submit(inner, job(slot));
+                return true;
             }
             Some((slot, SlotState::Writing)) => {
                 // The store must not see half of the new bytes: they go to another slot, or,
                 // with none clean, wait for the store write to end.
                 if let Some(new) = cache.take_clean(shared) {
-                    cache.redirect_write(shared, page, slot, new, copy);
-                    return;
+                    cache.redirect_write(shared, page, slot, new);
+                    drop(cache);
+                    copier::submit(inner, job(new));
+                    return true;
                 }
             }
-            // Filling: the store read must not land over the write; it ends within a store call.
+            // Filling: the store read must not land over the write; it ends within a store
+            // call. Absorbing: an earlier WRITE's copy, which must land first; it ends within
+            // a memcpy.
             Some(_) => {}
             None => break,
         }
         if inner.stopping() {
-            return;
+            return false;
         }
         cache = inner.wait(cache);
     }
     drop(cache.take_overflow(page)); // superseded by these bytes
     let (mut cache, slot) = obtain_slot(inner, cache);
-    match slot {
-        Some(slot) => cache.put_dirty(shared, page, slot, copy),
-        None => {
-            let mut bytes = vec![0; len];
-            // SAFETY: as above; reading the staging page through a scratch slot is not
-            // possible, so copy it out directly.
-            unsafe { shared.copy_from_staging(index, &mut bytes) };
-            withdraw_word(shared, page); // a stale ERROR word goes: the page is whole again
-            cache.put_overflow(page, bytes);
-            cache.record(page, PageOp::Write, NO_SLOT.into());
-        }
+    if let Some(slot) = slot {
+        cache.begin_absorb(shared, page, slot);
+        drop(cache);
+        copier::submit(inner, job(slot));
+        return true;
     }
+    let mut bytes = vec![0; len];
+    // SAFETY: the staging page belongs to this published ticket, which head has not passed
+    // (the dispatcher finishes the ticket after this returns).
+    unsafe { shared.copy_from_staging(index, &mut bytes) };
+    withdraw_word(shared, page); // a stale ERROR word goes: the page is whole again
+    cache.put_overflow(page, bytes);
+    cache.record(page, PageOp::Write, NO_SLOT.into());
+    false
 }

@@ -13,6 +13,11 @@
 //! release store, then a sequentially consistent fence); new contents are published with a
 //! release store of `PRESENT | slot | generation + 1`.
 //!
+//! A WRITE's bytes reach a slot through [`HostCache::begin_absorb`] (word withdrawn, slot
+//! ABSORBING), a copy by a copier thread outside the lock, and [`HostCache::finish_absorb`]
+//! (dirty, PRESENT): an ABSORBING slot is to READs what a FILLING one is (they wait for the
+//! word), and nothing takes, writes back or copies it meanwhile.
+//!
 //! Not thread-safe by itself: the server keeps it behind one mutex.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -37,6 +42,9 @@ pub(crate) enum SlotState {
     Present,
     /// Holds its page, which is being written to the store (readable; not writable).
     Writing,
+    /// A WRITE's bytes are being copied in from its staging page (a copier owns the bytes;
+    /// the page's word is withdrawn until the copy ends, so READs wait as for a fill).
+    Absorbing,
 }
 
 #[derive(Debug, Clone)]
@@ -84,6 +92,8 @@ pub(crate) struct HostCache {
     dirty: u64,
     filling: u64,
     writing: u64,
+    absorbing: u64,
+    max_absorbing: u64,
     overflow: BTreeMap<u64, Vec<u8>>,
     /// Pages with an orphaned store write in flight: none of their slots is written back
     /// until it ends, so two writes of one page never race in the store.
@@ -114,6 +124,8 @@ impl HostCache {
             dirty: 0,
             filling: 0,
             writing: 0,
+            absorbing: 0,
+            max_absorbing: 0,
             overflow: BTreeMap::new(),
             orphan_pages: HashSet::new(),
             failures: BTreeMap::new(),
@@ -152,6 +164,16 @@ impl HostCache {
         self.writing
     }
 
+    /// Slots taking a WRITE's bytes from a staging page.
+    pub(crate) fn absorbing(&self) -> u64 {
+        self.absorbing
+    }
+
+    /// The most slots ABSORBING at once so far (WRITE copies in flight together).
+    pub(crate) fn max_absorbing(&self) -> u64 {
+        self.max_absorbing
+    }
+
     /// Clean slots taken for other pages so far.
     pub(crate) fn evictions(&self) -> u64 {
         self.evictions
@@ -162,13 +184,14 @@ impl HostCache {
         self.redirects
     }
 
-    /// Whether some page in `range` is being filled or written.
+    /// Whether some page in `range` is being written (to the store, or into its slot from a
+    /// staging page), or filled when `filling_too`.
     pub(crate) fn busy_in(&self, range: &Range<u64>, filling_too: bool) -> bool {
         self.orphan_pages.iter().any(|p| range.contains(p))
             || self.map.iter().any(|(p, &s)| {
                 range.contains(p)
                     && match self.slots[s as usize].state {
-                        SlotState::Writing => true,
+                        SlotState::Writing | SlotState::Absorbing => true,
                         SlotState::Filling => filling_too,
                         _ => false,
                     }
@@ -344,17 +367,56 @@ impl HostCache {
         store_word(shared, page, Some(slot), false);
     }
 
+    /// `slot`, which is free (from [`HostCache::take_clean`]) or PRESENT with `page`, starts
+    /// taking a WRITE's new bytes, copied in by another thread: the page's word is withdrawn
+    /// first (seqlock), and until [`HostCache::finish_absorb`] the slot is neither readable
+    /// by the device, nor written back, nor taken. A dirty slot's old bytes stop counting as
+    /// dirty: the new bytes replace them.
+    pub(crate) fn begin_absorb(&mut self, shared: &SharedRing, page: u64, slot: u32) {
+        let s = &mut self.slots[slot as usize];
+        match s.state {
+            SlotState::Present if s.page == page => {}
+            // A stale ERROR word goes too (below): the page is whole again.
+            SlotState::Free => {
+                self.map.insert(page, slot);
+            }
+            other => panic!("slot {slot} cannot take page {page} while {other:?}"),
+        }
+        withdraw_word(shared, page);
+        if s.dirty {
+            self.dirty -= 1;
+        }
+        *s = Slot {
+            page,
+            state: SlotState::Absorbing,
+            dirty: false,
+            host_ref: true,
+            ahead: false,
+            orphan: false,
+        };
+        self.absorbing += 1;
+        self.max_absorbing = self.max_absorbing.max(self.absorbing);
+    }
+
+    /// The copy begun with [`HostCache::begin_absorb`] ended: the slot is dirty and PRESENT.
+    pub(crate) fn finish_absorb(&mut self, shared: &SharedRing, page: u64, slot: u32) {
+        let s = &mut self.slots[slot as usize];
+        assert!(
+            s.page == page && s.state == SlotState::Absorbing,
+            "slot {slot} is not absorbing page {page}"
+        );
+        s.state = SlotState::Present;
+        s.dirty = true;
+        self.dirty += 1;
+        self.absorbing -= 1;
+        store_word(shared, page, Some(slot), false);
+    }
+
     /// A WRITE for `page`, whose slot `old` is being written to the store: the new bytes go to
-    /// free slot `new` (from [`HostCache::take_clean`]) instead of waiting, and `old` becomes
-    /// an orphan, freed when its store write ends.
-    pub(crate) fn redirect_write(
-        &mut self,
-        shared: &SharedRing,
-        page: u64,
-        old: u32,
-        new: u32,
-        fill: impl FnOnce(u32),
-    ) {
+    /// free slot `new` (from [`HostCache::take_clean`]) instead of waiting, copied in by
+    /// another thread ([`HostCache::begin_absorb`]), and `old` becomes an orphan, freed when
+    /// its store write ends.
+    pub(crate) fn redirect_write(&mut self, shared: &SharedRing, page: u64, old: u32, new: u32) {
         let o = &mut self.slots[old as usize];
         assert!(
             o.page == page && o.state == SlotState::Writing && o.dirty,
@@ -367,7 +429,7 @@ impl HostCache {
         self.orphan_pages.insert(page);
         self.map.remove(&page);
         self.redirects += 1;
-        self.put_dirty(shared, page, new, fill);
+        self.begin_absorb(shared, page, new);
     }
 
     /// Marks up to `max` dirty PRESENT slots whose pages pass `want` as WRITING, in clock order
@@ -610,8 +672,13 @@ mod tests {
         let batch = c.begin_write_back(8, |_| true);
         assert_eq!(batch, vec![(2, s0)]);
         let s1 = c.take_clean(&r).unwrap();
-        // SAFETY: single-threaded test.
-        c.redirect_write(&r, 2, s0, s1, |s| unsafe { r.copy_into_slot(s, &[2; 64]) });
+        c.redirect_write(&r, 2, s0, s1);
+        assert_eq!(c.lookup(2), Some((s1, SlotState::Absorbing)));
+        assert!(!word(&r, 2).present, "no word while the copy runs");
+        assert!(c.busy_in(&(2..3), false), "the copy is in flight");
+        // SAFETY: single-threaded test; the slot is absorbing, owned by this copy.
+        unsafe { r.copy_into_slot(s1, &[2; 64]) };
+        c.finish_absorb(&r, 2, s1);
         assert_eq!(c.lookup(2), Some((s1, SlotState::Present)));
         assert_eq!(word(&r, 2).slot, s1);
         assert!(c.busy_in(&(2..3), false), "the orphan's write is in flight");

@@ -3,8 +3,10 @@
 //!
 //! Host side: [`SharedRing`] (the shared memory, the only raw-pointer code), the host cache
 //! (`host_cache`: slots, CLOCK, dirty pages), [`RingServer`] (a dispatcher thread draining the
-//! ring in ticket order, `store_io` workers batching store reads and writes).
+//! ring in ticket order, `copier` threads copying WRITEs' staging pages into slots in parallel,
+//! `store_io` workers batching store reads and writes).
 
+mod copier;
 mod dispatcher;
 mod error;
 mod host_cache;

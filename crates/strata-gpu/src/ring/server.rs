@@ -1,6 +1,8 @@
 //! [`RingServer`]: the host threads that serve a store-backed space's request ring: one
-//! dispatcher draining the ring in ticket order (`dispatcher.rs`) and a pool of store I/O
-//! workers (`store_io.rs`) that fill and write back host-cache slots in batches.
+//! dispatcher draining the ring in ticket order (`dispatcher.rs`), copiers that copy WRITEs'
+//! staging pages into host-cache slots in parallel (`copier.rs`, as many as store threads),
+//! and a pool of store I/O workers (`store_io.rs`) that fill and write back host-cache slots
+//! in batches.
 //!
 //! Host calls ([`RingServer::flush`], [`RingServer::invalidate`]) run on the caller's thread
 //! and are meant for when no kernel runs; they share the host cache's lock with the threads.
@@ -13,6 +15,7 @@ use std::time::Duration;
 
 use strata_core::store::Store;
 
+use super::copier::{self, Absorb};
 use super::error::{DirtyPages, PageFailure, PageOp, RingError};
 use super::host_cache::HostCache;
 use super::shared::SharedRing;
@@ -21,7 +24,7 @@ use super::store_io::{self, JobQueue};
 /// How a [`RingServer`] works.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RingServerOptions {
-    /// Store I/O worker threads (1..=256).
+    /// Store I/O worker threads (1..=256); as many copier threads copy WRITEs into slots.
     pub threads: usize,
     /// Most pages per store batch (1..=65536).
     pub max_batch: usize,
@@ -95,6 +98,8 @@ pub struct RingStats {
     pub write_redirects: u64,
     /// Times the dispatcher waited for a slot (back-pressure).
     pub slot_waits: u64,
+    /// The most WRITE copies in flight at once (handed to the copiers, not yet finished).
+    pub max_writes_in_flight: u64,
     /// Dirty host-cache slots now.
     pub dirty_slots: u64,
     /// Pages in the largest store batch.
@@ -146,6 +151,11 @@ pub(crate) struct Inner {
     pub(crate) changed: Condvar,
     pub(crate) queue: JobQueue,
     pub(crate) alive_workers: AtomicUsize,
+    /// WRITE copies waiting for a copier.
+    pub(crate) copies: JobQueue<Absorb>,
+    pub(crate) alive_copiers: AtomicUsize,
+    /// Per ring index: ticket + 1 once the ticket's work is finished (`head` may pass it).
+    pub(crate) finished: Box<[AtomicU64]>,
     pub(crate) stop: AtomicBool,
     pub(crate) kill: AtomicBool,
     pub(crate) dispatcher_alive: AtomicBool,
@@ -231,6 +241,7 @@ pub struct RingServer {
     inner: Arc<Inner>,
     dispatcher: Option<JoinHandle<()>>,
     workers: Vec<JoinHandle<()>>,
+    copiers: Vec<JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for RingServer {
@@ -262,6 +273,7 @@ impl RingServer {
         }
         let slots = u32::try_from(shared.slot_count())
             .map_err(|_| RingError::Geometry("too many slots".into()))?;
+        let capacity = shared.capacity();
         let inner = Arc::new(Inner {
             shared: Arc::new(shared),
             store,
@@ -269,6 +281,9 @@ impl RingServer {
             changed: Condvar::new(),
             queue: JobQueue::new(options.max_batch),
             alive_workers: AtomicUsize::new(0),
+            copies: JobQueue::new(1),
+            alive_copiers: AtomicUsize::new(0),
+            finished: (0..capacity).map(|_| AtomicU64::new(0)).collect(),
             stop: AtomicBool::new(false),
             kill: AtomicBool::new(false),
             dispatcher_alive: AtomicBool::new(true),
@@ -279,21 +294,25 @@ impl RingServer {
             inner: Arc::clone(&inner),
             dispatcher: None,
             workers: Vec::new(),
+            copiers: Vec::new(),
         };
-        for i in 0..inner.options.threads {
-            let worker = Arc::clone(&inner);
-            inner.alive_workers.fetch_add(1, Ordering::AcqRel);
-            let spawned = std::thread::Builder::new()
-                .name(format!("strata-ring-io-{i}"))
-                .spawn(move || store_io::run_worker(&worker));
-            match spawned {
-                Ok(handle) => server.workers.push(handle),
-                Err(e) => {
-                    inner.alive_workers.fetch_sub(1, Ordering::AcqRel);
-                    return Err(RingError::Spawn(e)); // Drop stops what started.
-                }
-            }
-        }
+        let threads = inner.options.threads;
+        spawn_pool(
+            &inner,
+            "io",
+            threads,
+            alive_workers,
+            store_io::run_worker,
+            &mut server.workers,
+        )?;
+        spawn_pool(
+            &inner,
+            "copy",
+            threads,
+            alive_copiers,
+            copier::run,
+            &mut server.copiers,
+        )?;
         let dispatcher = Arc::clone(&inner);
         server.dispatcher = Some(
             std::thread::Builder::new()
@@ -355,16 +374,26 @@ impl RingServer {
     /// Copies of the pages still dirty in the host cache (page, bytes of the page's length),
     /// for an error that hands data back.
     pub fn dirty_pages(&self) -> Vec<(u64, Vec<u8>)> {
-        self.inner.lock().dirty_copies(&self.inner.shared)
+        let mut cache = self.inner.lock();
+        // A WRITE being copied into its slot holds the page's newest bytes: wait for it.
+        while cache.absorbing() > 0 && self.inner.alive_copiers.load(Ordering::Acquire) > 0 {
+            cache = self.inner.wait(cache);
+        }
+        cache.dirty_copies(&self.inner.shared)
     }
 
     /// What the server has done.
     pub fn stats(&self) -> RingStats {
         let c = &self.inner.counters;
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let (evictions, dirty_slots, write_redirects) = {
+        let (evictions, dirty_slots, write_redirects, max_writes_in_flight) = {
             let cache = self.inner.lock();
-            (cache.evictions(), cache.dirty_count(), cache.redirects())
+            (
+                cache.evictions(),
+                cache.dirty_count(),
+                cache.redirects(),
+                cache.max_absorbing(),
+            )
         };
         let batches = get(&c.read_batches) + get(&c.write_batches);
         #[allow(clippy::cast_precision_loss)] // counts far below 2^52
@@ -386,6 +415,7 @@ impl RingServer {
             evictions,
             write_redirects,
             slot_waits: get(&c.slot_waits),
+            max_writes_in_flight,
             dirty_slots,
             max_batch: get(&c.max_batch),
             mean_batch,
@@ -414,7 +444,7 @@ impl RingServer {
     }
 
     fn finish(&mut self) -> Result<(), RingError> {
-        if self.dispatcher.is_none() && self.workers.is_empty() {
+        if self.dispatcher.is_none() && self.workers.is_empty() && self.copiers.is_empty() {
             return Ok(());
         }
         // A server that never fully started holds nothing dirty.
@@ -428,6 +458,12 @@ impl RingServer {
             dispatcher.thread().unpark();
             if dispatcher.join().is_err() {
                 tracing::warn!("the ring dispatcher had panicked");
+            }
+        }
+        self.inner.copies.close();
+        for copier in self.copiers.drain(..) {
+            if copier.join().is_err() {
+                tracing::warn!("a ring copier had panicked");
             }
         }
         self.inner.queue.close();
@@ -444,6 +480,42 @@ impl RingServer {
             other => other,
         }
     }
+}
+
+fn alive_workers(inner: &Inner) -> &AtomicUsize {
+    &inner.alive_workers
+}
+
+fn alive_copiers(inner: &Inner) -> &AtomicUsize {
+    &inner.alive_copiers
+}
+
+/// Starts `count` threads named `strata-ring-{name}-{i}` running `body`, each counted in
+/// `alive(inner)` before it starts (the body counts itself out when it ends). On a failed
+/// spawn the threads started so far stay in `handles`, for the server's drop to stop.
+fn spawn_pool(
+    inner: &Arc<Inner>,
+    name: &str,
+    count: usize,
+    alive: fn(&Inner) -> &AtomicUsize,
+    body: fn(&Inner),
+    handles: &mut Vec<JoinHandle<()>>,
+) -> Result<(), RingError> {
+    for i in 0..count {
+        let thread_inner = Arc::clone(inner);
+        alive(inner).fetch_add(1, Ordering::AcqRel);
+        let spawned = std::thread::Builder::new()
+            .name(format!("strata-ring-{name}-{i}"))
+            .spawn(move || body(&thread_inner));
+        match spawned {
+            Ok(handle) => handles.push(handle),
+            Err(e) => {
+                alive(inner).fetch_sub(1, Ordering::AcqRel);
+                return Err(RingError::Spawn(e));
+            }
+        }
+    }
+    Ok(())
 }
 
 impl Drop for RingServer {

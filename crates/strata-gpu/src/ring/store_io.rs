@@ -23,35 +23,70 @@ pub(crate) enum Job {
     WriteBack(Vec<(u64, u32)>),
 }
 
-#[derive(Debug, Default)]
-struct QueueState {
-    jobs: VecDeque<Job>,
+#[derive(Debug)]
+struct QueueState<J> {
+    jobs: VecDeque<J>,
     closed: bool,
 }
 
-/// Jobs waiting for a worker. A fill queued behind a fill that no worker has taken yet joins
-/// it (up to the batch limit): requests that arrive while every worker is busy form one
-/// batch.
+/// Jobs waiting for a worker (store jobs, or WRITE copies for the copiers). A fill queued
+/// behind a fill that no worker has taken yet joins it (up to the batch limit): requests that
+/// arrive while every worker is busy form one batch.
 #[derive(Debug)]
-pub(crate) struct JobQueue {
-    state: Mutex<QueueState>,
+pub(crate) struct JobQueue<J = Job> {
+    state: Mutex<QueueState<J>>,
     ready: Condvar,
     max_batch: usize,
 }
 
-impl JobQueue {
+impl<J> JobQueue<J> {
     pub(crate) fn new(max_batch: usize) -> Self {
         JobQueue {
-            state: Mutex::new(QueueState::default()),
+            state: Mutex::new(QueueState {
+                jobs: VecDeque::new(),
+                closed: false,
+            }),
             ready: Condvar::new(),
             max_batch,
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, QueueState> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, QueueState<J>> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Queues `job` as it is (no merging).
+    pub(crate) fn push_one(&self, job: J) {
+        self.lock().jobs.push_back(job);
+        self.ready.notify_one();
+    }
+
+    /// The next job; `None` once closed and empty.
+    pub(crate) fn pop(&self) -> Option<J> {
+        let mut q = self.lock();
+        loop {
+            if let Some(job) = q.jobs.pop_front() {
+                return Some(job);
+            }
+            if q.closed {
+                return None;
+            }
+            q = self.ready.wait(q).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    fn drain(&self) -> Vec<J> {
+        self.lock().jobs.drain(..).collect()
+    }
+
+    /// Workers finish the queued jobs, then exit.
+    pub(crate) fn close(&self) {
+        self.lock().closed = true;
+        self.ready.notify_all();
+    }
+}
+
+impl JobQueue<Job> {
     fn push(&self, job: Job) {
         let mut q = self.lock();
         let merged = match (q.jobs.back_mut(), &job) {
@@ -69,30 +104,6 @@ impl JobQueue {
         }
         drop(q);
         self.ready.notify_one();
-    }
-
-    /// The next job; `None` once closed.
-    fn pop(&self) -> Option<Job> {
-        let mut q = self.lock();
-        loop {
-            if let Some(job) = q.jobs.pop_front() {
-                return Some(job);
-            }
-            if q.closed {
-                return None;
-            }
-            q = self.ready.wait(q).unwrap_or_else(|e| e.into_inner());
-        }
-    }
-
-    fn drain(&self) -> Vec<Job> {
-        self.lock().jobs.drain(..).collect()
-    }
-
-    /// Workers finish the queued jobs, then exit.
-    pub(crate) fn close(&self) {
-        self.lock().closed = true;
-        self.ready.notify_all();
     }
 }
 

@@ -55,15 +55,24 @@ pub struct Device {
     limit: Duration,
     /// READ requests posted (hits post none).
     pub reads_posted: AtomicU64,
+    /// Per ring index: the last WRITE ticket posted there, + 1 (0: none).
+    last_write: Box<[AtomicU64]>,
+    /// Posts that found `head` past an earlier WRITE ticket of their staging page whose `done`
+    /// was not yet stored: the host would have let the device overwrite a page it had not
+    /// copied yet. Must stay 0.
+    pub staging_overtaken: AtomicU64,
 }
 
 impl Device {
     pub fn new(shared: Arc<SharedRing>, limit: Duration) -> Self {
+        let shared_capacity = shared.capacity();
         Device {
             shared,
             tail: AtomicU64::new(0),
             limit,
             reads_posted: AtomicU64::new(0),
+            last_write: (0..shared_capacity).map(|_| AtomicU64::new(0)).collect(),
+            staging_overtaken: AtomicU64::new(0),
         }
     }
 
@@ -77,6 +86,14 @@ impl Device {
             b.wait("room in the ring", page)?;
         }
         let i = r.ring_index(t);
+        // An earlier WRITE at this index: head passed it, so its copy must be done.
+        let earlier = self.last_write[i as usize].load(Ordering::Acquire);
+        if earlier != 0 && earlier <= t && r.done(i).load(Ordering::Acquire) < earlier {
+            self.staging_overtaken.fetch_add(1, Ordering::Relaxed);
+        }
+        if kind == REQ_WRITE {
+            self.last_write[i as usize].fetch_max(t + 1, Ordering::AcqRel);
+        }
         if let Some(d) = data {
             // SAFETY: ticket t is ours, unpublished, and head passed t - capacity.
             unsafe { r.copy_to_staging(i, d) };
@@ -127,8 +144,13 @@ impl Device {
 
     /// Writes page `page` (a whole page) and waits until the host has it.
     pub fn write(&self, page: u64, data: &[u8]) -> Result<(), DeviceError> {
-        let r = &self.shared;
         let t = self.post(REQ_WRITE, page, Some(data))?;
+        self.wait_done(t, page)
+    }
+
+    /// Waits until the host stored `done` for WRITE ticket `t` (of `page`).
+    pub fn wait_done(&self, t: u64, page: u64) -> Result<(), DeviceError> {
+        let r = &self.shared;
         let done = r.done(r.ring_index(t));
         let mut b = Backoff::new(self.limit);
         while done.load(Ordering::Acquire) < t + 1 {
