@@ -6,14 +6,17 @@
 //! A WRITE takes its page's slot at once (ABSORBING: word withdrawn) and hands the copy to the
 //! copiers (`copier.rs`), which publish the slot and `done`; a READ posted after the write
 //! finds the slot ABSORBING and waits for its word as for a fill, so it always sees the
-//! written bytes, and a second WRITE of the page waits for the first copy. READ misses take a slot and go to
-//! the store workers as fills; misses that arrive while the workers are busy join one batch.
+//! written bytes, and a second WRITE of the page waits for the first copy.
+//!
+//! READ misses take a slot and go to the store workers as fills; misses that arrive while the
+//! workers are busy join one batch.
 //! When no slot is free or clean the dispatcher writes dirty slots back and waits for one
 //! (back-pressure); when the store refuses every dirty page, a READ gets ERROR and a WRITE
 //! keeps its bytes on the heap, so that the ring never stops and nothing is dropped.
 //!
 //! Idle, it polls through short gaps (spins, then yields), then parks for 20 µs growing to
-//! 320 µs, so an idle space costs almost no CPU.
+//! 320 µs, so an idle space costs almost no CPU; while copies are in flight it never parks,
+//! so that `head` (the device's room in the ring) follows them at once.
 
 use std::sync::MutexGuard;
 use std::sync::atomic::Ordering;
