@@ -434,12 +434,19 @@ impl RingServer {
     }
 
     /// Stops the dispatcher without flushing, as if it had died (tests of the device's bounded
-    /// waits).
+    /// waits), and waits (at most 5 s) until it has ended: a request posted after this
+    /// returns is never taken, however the threads were scheduled.
     #[doc(hidden)]
     pub fn kill_for_test(&self) {
         self.inner.kill.store(true, Ordering::Release);
         if let Some(d) = &self.dispatcher {
             d.thread().unpark();
+            let deadline = std::time::Instant::now() + Duration::from_secs(5);
+            while self.inner.dispatcher_alive.load(Ordering::Acquire)
+                && std::time::Instant::now() < deadline
+            {
+                std::thread::sleep(Duration::from_micros(100));
+            }
         }
     }
 
