@@ -39,10 +39,12 @@ pub(crate) fn ticket_finished(inner: &Inner, ticket: u64, index: u32) -> bool {
     inner.finished[index as usize].load(Ordering::Acquire) == ticket + 1
 }
 
-/// Hands a copy to the copiers, or does it on this thread when none is alive. The caller
-/// must not hold the cache's lock.
+/// Hands a copy to the copiers, or does it on this thread when none is alive or a copy is
+/// already waiting for each copier (the copiers are behind: the dispatcher would only wait for
+/// them). The caller must not hold the cache's lock.
 pub(crate) fn submit(inner: &Inner, job: Absorb) {
-    if inner.alive_copiers.load(Ordering::Acquire) == 0 {
+    let copiers = inner.alive_copiers.load(Ordering::Acquire);
+    if copiers == 0 || inner.copies.len() >= copiers {
         absorb(inner, job);
     } else {
         inner.copies.push_one(job);

@@ -61,6 +61,11 @@ impl<J> JobQueue<J> {
         self.ready.notify_one();
     }
 
+    /// Jobs queued and not yet taken by a worker.
+    pub(crate) fn len(&self) -> usize {
+        self.lock().jobs.len()
+    }
+
     /// The next job; `None` once closed and empty.
     pub(crate) fn pop(&self) -> Option<J> {
         let mut q = self.lock();
