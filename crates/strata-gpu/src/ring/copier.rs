@@ -8,7 +8,8 @@
 //! move `head` past it (so the staging page is never reused before it was copied).
 //!
 //! A copier runs no store code: the copy is a `memcpy`. When no copier is alive (they could
-//! only die by a bug) the dispatcher copies itself, so a WRITE never waits on a dead thread.
+//! only die by a bug) the dispatcher copies itself, so a WRITE never waits on a dead thread;
+//! it also copies itself when a copy already waits for each copier, rather than idle.
 //!
 //! [`HostCache::begin_absorb`]: super::host_cache::HostCache::begin_absorb
 //! [`HostCache::finish_absorb`]: super::host_cache::HostCache::finish_absorb
