@@ -306,7 +306,14 @@ fn env_size(env: &EnvVars, name: &str) -> Result<Option<u64>, ConfigError> {
         .transpose()
 }
 
-fn env_number<T: std::str::FromStr>(env: &EnvVars, name: &str) -> Result<Option<T>, ConfigError> {
+/// Parses a whole-number environment value (`None` when unset).
+///
+/// # Errors
+/// [`ConfigError::BadEnv`] when the value is not a whole number the type can hold.
+pub fn env_number<T: std::str::FromStr>(
+    env: &EnvVars,
+    name: &str,
+) -> Result<Option<T>, ConfigError> {
     lookup(env, name)
         .map(|v| {
             v.trim().parse::<T>().map_err(|_| ConfigError::BadEnv {

@@ -201,6 +201,15 @@ fn random_reads_and_writes_match_a_cpu_replay_over_memory_and_file() {
     }
 }
 
+/// Random words in a memory store of `bytes`, and a fault injector in front of it.
+fn faulty_memory(bytes: u64, s: u64) -> (Vec<u64>, Arc<dyn Store>, Arc<FaultyStore>) {
+    let initial = random_words((bytes / 8) as usize, s);
+    let inner: Arc<dyn Store> = Arc::new(MemoryStore::try_new(bytes).unwrap());
+    write_words(inner.as_ref(), &initial);
+    let faulty = Arc::new(FaultyStore::new(inner.clone(), s));
+    (initial, inner, faulty)
+}
+
 /// A store that fails every read: the kernel ends (no hang) with StoreFailed naming a page and
 /// the store's message; pages flushed before are intact in the store; healed, the same kernel
 /// works.
@@ -213,10 +222,7 @@ fn a_store_failing_reads_is_an_error_not_a_hang() {
     let s = seed();
     let bytes = 16u64 << 20;
     let page = 64u64 << 10;
-    let initial = random_words((bytes / 8) as usize, s);
-    let inner: Arc<dyn Store> = Arc::new(MemoryStore::try_new(bytes).unwrap());
-    write_words(inner.as_ref(), &initial);
-    let faulty = Arc::new(FaultyStore::new(inner.clone(), s));
+    let (initial, inner, faulty) = faulty_memory(bytes, s);
     let space = strata
         .space_over_store(
             faulty.clone(),
@@ -277,10 +283,7 @@ fn a_store_failing_writes_loses_no_dirty_page() {
     let s = seed();
     let bytes = 16u64 << 20;
     let page = 64u64 << 10;
-    let initial = random_words((bytes / 8) as usize, s);
-    let inner: Arc<dyn Store> = Arc::new(MemoryStore::try_new(bytes).unwrap());
-    write_words(inner.as_ref(), &initial);
-    let faulty = Arc::new(FaultyStore::new(inner.clone(), s));
+    let (initial, inner, faulty) = faulty_memory(bytes, s);
     let mut o = store_opts(page, bytes, EvictionPolicy::Clock);
     o.host_cache_bytes = Some(bytes); // every page fits: the failure shows at flush
     let space = strata.space_over_store(faulty.clone(), bytes, &o).unwrap();

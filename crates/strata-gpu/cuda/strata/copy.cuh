@@ -4,29 +4,21 @@
 namespace strata {
 namespace detail {
 
-// Warp-cooperative copy of one page with 16-byte loads, eight in flight per lane.
-__device__ __forceinline__ void warp_copy(unsigned char* dst, const unsigned char* src,
-                                          strata_u64 bytes, unsigned lane, unsigned lanes_mask) {
-    const uint4* s = (const uint4*)src;
-    uint4* d = (uint4*)dst;
-    const strata_u64 vecs = bytes / 16;
-    const unsigned nl = __popc(lanes_mask);
-    const unsigned rank = __popc(lanes_mask & ((1u << lane) - 1u));
-    strata_u64 i = rank;
-    for (; i + 7 * nl < vecs; i += 8 * nl) {
-        uint4 v[8];
-#pragma unroll
-        for (int k = 0; k < 8; ++k) v[k] = __ldcg(s + i + k * nl);
-#pragma unroll
-        for (int k = 0; k < 8; ++k) __stcg(d + i + k * nl, v[k]);
-    }
-    for (; i < vecs; i += nl) __stcg(d + i, __ldcg(s + i));
-}
+// How a copy loads its source. Through L2 (ld.cg): memory only this GPU writes while kernels
+// run. Fetched again (ld.cv): memory the host writes while kernels run (the host cache), so no
+// L1/L2 line left from an earlier read of the same bytes is used.
+struct LoadCached {
+    __device__ __forceinline__ uint4 operator()(const uint4* p) const { return __ldcg(p); }
+};
+struct LoadFresh {
+    __device__ __forceinline__ uint4 operator()(const uint4* p) const { return __ldcv(p); }
+};
 
-// The same copy from memory the host writes while kernels run (the host cache): the loads
-// bypass any L1/L2 line left from an earlier read of the same bytes (ld.cv).
-__device__ __forceinline__ void warp_copy_from_host(unsigned char* dst, const unsigned char* src,
-                                                    strata_u64 bytes, unsigned lane, unsigned lanes_mask) {
+// Warp-cooperative copy of one page with 16-byte loads, eight in flight per lane.
+template <typename Load = LoadCached>
+__device__ __forceinline__ void warp_copy(unsigned char* dst, const unsigned char* src,
+                                          strata_u64 bytes, unsigned lane, unsigned lanes_mask,
+                                          Load load = Load()) {
     const uint4* s = (const uint4*)src;
     uint4* d = (uint4*)dst;
     const strata_u64 vecs = bytes / 16;
@@ -36,11 +28,11 @@ __device__ __forceinline__ void warp_copy_from_host(unsigned char* dst, const un
     for (; i + 7 * nl < vecs; i += 8 * nl) {
         uint4 v[8];
 #pragma unroll
-        for (int k = 0; k < 8; ++k) v[k] = __ldcv(s + i + k * nl);
+        for (int k = 0; k < 8; ++k) v[k] = load(s + i + k * nl);
 #pragma unroll
         for (int k = 0; k < 8; ++k) __stcg(d + i + k * nl, v[k]);
     }
-    for (; i < vecs; i += nl) __stcg(d + i, __ldcv(s + i));
+    for (; i < vecs; i += nl) __stcg(d + i, load(s + i));
 }
 
 // Writes `frame`'s bytes out to `out` and reads `in`'s into `frame` in one pass, chunk by

@@ -61,7 +61,7 @@ __device__ bool ring_load(const StrataSpace& s, strata_u64 page, unsigned char* 
         w = __shfl_sync(mask, w, leader);
         if (w & STRATA_SLOT_PRESENT) {
             const strata_u64 slot = w & STRATA_SLOT_INDEX_MASK;
-            warp_copy_from_host(frame, r->slots + (slot << shift), 1ull << shift, lane, mask);
+            warp_copy(frame, r->slots + (slot << shift), 1ull << shift, lane, mask, LoadFresh());
             __syncwarp(mask);
             int same = 0;
             if (lane == leader) {

@@ -61,24 +61,14 @@ pub(crate) fn host_cache_slots(
 /// The ring server's options, with `STRATA_GPU_RING_THREADS` (store I/O threads) and
 /// `STRATA_GPU_READ_AHEAD` (pages read ahead of a sequential run) applied when set.
 fn ring_options_from_env() -> Result<RingServerOptions, SpaceError> {
-    let env = strata_core::config::process_env().map_err(|e| SpaceError::Invalid(e.to_string()))?;
+    use strata_core::config::{env_number, process_env};
+    let invalid = |e: strata_core::config::ConfigError| SpaceError::Invalid(e.to_string());
+    let env = process_env().map_err(invalid)?;
     let mut options = RingServerOptions::default();
-    let number = |name: &str| -> Result<Option<u64>, SpaceError> {
-        env.iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| {
-                v.trim().parse::<u64>().map_err(|_| {
-                    SpaceError::Invalid(format!(
-                        "{name}={v} is not a whole number: give one such as 8"
-                    ))
-                })
-            })
-            .transpose()
-    };
-    if let Some(t) = number("STRATA_GPU_RING_THREADS")? {
-        options.threads = usize::try_from(t).unwrap_or(usize::MAX);
+    if let Some(t) = env_number(&env, "STRATA_GPU_RING_THREADS").map_err(invalid)? {
+        options.threads = t;
     }
-    if let Some(p) = number("STRATA_GPU_READ_AHEAD")? {
+    if let Some(p) = env_number(&env, "STRATA_GPU_READ_AHEAD").map_err(invalid)? {
         options.read_ahead_pages = p;
     }
     Ok(options)
@@ -219,14 +209,19 @@ impl StoreTier {
         Ok(self.server()?.flush()?)
     }
 
+    /// A store error as the space reports it (naming the store).
+    fn store_error(&self, source: strata_core::store::StoreError) -> SpaceError {
+        SpaceError::Store {
+            store: self.store.describe(),
+            source,
+        }
+    }
+
     /// Reads from the store (after a flush: the store is current).
     pub(crate) fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), SpaceError> {
         self.store
             .read_at(offset, out)
-            .map_err(|source| SpaceError::Store {
-                store: self.store.describe(),
-                source,
-            })
+            .map_err(|e| self.store_error(e))
     }
 
     fn pages_of(&self, range: &Range<u64>) -> Range<u64> {
@@ -241,10 +236,7 @@ impl StoreTier {
         self.server()?.invalidate(self.pages_of(&range))?;
         self.store
             .write_at(offset, data)
-            .map_err(|source| SpaceError::Store {
-                store: self.store.describe(),
-                source,
-            })
+            .map_err(|e| self.store_error(e))
     }
 
     /// Zeroes a range of the store in 8 MiB writes.
@@ -257,10 +249,7 @@ impl StoreTier {
             let len = usize::try_from(n).unwrap_or(zeros.len());
             self.store
                 .write_at(at, &zeros[..len])
-                .map_err(|source| SpaceError::Store {
-                    store: self.store.describe(),
-                    source,
-                })?;
+                .map_err(|e| self.store_error(e))?;
             at += n;
         }
         Ok(())
