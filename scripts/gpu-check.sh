@@ -164,6 +164,33 @@ step_before_after() {
     return $rc
 }
 
+# Background write-back side by side: the same binary with STRATA_GPU_WRITE_BACK=off and on
+# (the default), alternated, on the patterns it should help (read-modify-write streams over the
+# pinned host copy and over a memory store) and two it must not hurt (stream-read, gathers).
+# Not in the default STEPS; name it: `run write_back`. WRITE_BACK_ROUNDS (default 2).
+step_write_back() {
+    local rc=0 i wb
+    local micro=(--ratios 2,4 --reps 5 --skip-uvm --patterns stream-rmw,stream-read,gather-uniform)
+    : >"$OUT/write-back.log"
+    for i in $(seq "${WRITE_BACK_ROUNDS:-2}"); do
+        for wb in off on; do
+            echo "=== gpu-micro write-back $wb round $i" >>"$OUT/write-back.log"
+            STRATA_GPU_WRITE_BACK=$wb timeout 200 "$CARRY/strata" bench gpu-micro "${micro[@]}" \
+                --out "$OUT/wb-micro-$wb-$i" >>"$OUT/write-back.log" 2>&1 || rc=1
+            echo "=== gpu-store stream-rmw write-back $wb round $i" >>"$OUT/write-back.log"
+            STRATA_GPU_WRITE_BACK=$wb timeout 200 "$CARRY/strata" bench gpu-store --targets stream-rmw \
+                --store memory --out "$OUT/wb-store-$wb-$i" >>"$OUT/write-back.log" 2>&1 || rc=1
+        done
+    done
+    {
+        for i in $(seq "${WRITE_BACK_ROUNDS:-2}"); do
+            echo "== gpu-micro round $i (off -> on)"; "$CARRY/strata" bench compare "$OUT/wb-micro-off-$i.json" "$OUT/wb-micro-on-$i.json"
+        done
+    } >"$OUT/write-back-compare.txt" 2>&1 || rc=1
+    SUMMARY+=("$(printf '%-28s %-6s %s' write-back "$([ $rc -eq 0 ] && echo ok || echo FAIL)" "see write-back.log")")
+    return $rc
+}
+
 run() {
     mkdir -p "$OUT"
     export STRATA_KERNEL_CACHE="${STRATA_KERNEL_CACHE:-/tmp/strata-kernel-cache}"

@@ -347,6 +347,8 @@ impl Ctx<'_> {
             policy,
             read_through: false,
             host_cache_bytes: None,
+            // STRATA_GPU_WRITE_BACK=off|on|N compares runs without and with it.
+            background_write_back: strata_gpu::space::default_write_back(),
         };
         let size = self.opts.cache_bytes * ratio;
         let seed = self.seed ^ ratio ^ page;
@@ -1093,6 +1095,7 @@ mod tests {
                 optimistic_retries: 0,
                 read_through: 0,
                 host_cache_loads: 0,
+                background_writebacks: 0,
             },
         };
         let record = crate::record::Record::new(

@@ -113,6 +113,8 @@ pub fn space_options(o: &CSpaceOptions) -> Result<SpaceOptions, Error> {
         policy,
         read_through: o.read_through != 0,
         host_cache_bytes: None,
+        // Not in the C options (yet): on by default, STRATA_GPU_WRITE_BACK=off turns it off.
+        background_write_back: strata_gpu::space::default_write_back(),
     })
 }
 

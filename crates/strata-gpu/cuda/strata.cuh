@@ -36,6 +36,7 @@
 //   tier_ring.cuh          tier: a pinned host cache over any store, via a request ring
 //   tiers.cuh              the tier chain the fault path asks
 //   fault.cuh              pin or claim, serve a fault
+//   write_back.cuh         background write-back: dirty pages down before the hand needs them
 //   access.cuh             acquire/release, Array, view_page/view_valid
 #pragma once
 // The parts, in dependency order (each relies on those before it; include strata.cuh, not a part).
@@ -49,4 +50,5 @@
 #include "strata/tier_ring.cuh"
 #include "strata/tiers.cuh"
 #include "strata/fault.cuh"
+#include "strata/write_back.cuh"
 #include "strata/access.cuh"

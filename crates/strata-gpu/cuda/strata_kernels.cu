@@ -67,6 +67,18 @@ extern "C" __global__ void strata_evict(StrataSpace s, strata_u64 first, strata_
     }
 }
 
+// Background write-back beside a kernel launched with the space's handle (write_back.cuh): every
+// warp cleans frames ahead of the clock hand until launch `launch` has ended.
+extern "C" __global__ void strata_write_back(StrataSpace s, StrataWriteBack* wb, strata_u64 launch) {
+    strata::detail::write_back_loop(s, wb, launch);
+}
+
+// Queued on the user's stream right after the user's kernel: the write-back warps of launches
+// up to `launch` stop.
+extern "C" __global__ void strata_write_back_stop(StrataWriteBack* wb, strata_u64 launch) {
+    if (threadIdx.x == 0) atomicMax(&wb->stop, launch);
+}
+
 // Brings pages [first, last) in through the ordinary fault path. A warp per page.
 extern "C" __global__ void strata_prefetch(StrataSpace s, strata_u64 first, strata_u64 last) {
     const strata_u64 warps = (strata_u64)gridDim.x * (blockDim.x / 32);
@@ -111,6 +123,10 @@ extern "C" __global__ void strata_layout_probe(strata_u64* out) {
     out[i++] = (const char*)&c.no_frame_page - cb;
     out[i++] = (const char*)&c.store_error_page - cb;
     out[i++] = (const char*)&c.host_cache_loads - cb;
+    out[i++] = (const char*)&c.background_writebacks - cb;
+    StrataWriteBack wb;
+    out[i++] = sizeof(StrataWriteBack);
+    out[i++] = (const char*)&wb.cursor - (const char*)&wb;
     out[i++] = sizeof(StrataFrame);
     out[i++] = sizeof(StrataRing);
     StrataRing rg;

@@ -3,7 +3,7 @@
 //! launching. Everything unsafe about the driver lives here.
 
 use std::ffi::{CStr, CString, c_void};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, Weak};
 
 use cudarc::driver::{CudaContext, sys};
 
@@ -77,6 +77,15 @@ pub struct Gpu {
     pub multiprocessors: u32,
     /// Device name.
     pub name: String,
+    /// Work queued beside kernels launched with a space's handle, by the space's key.
+    companions: Mutex<Vec<(u64, Weak<dyn LaunchCompanion>)>>,
+}
+
+/// Work a space queues beside every kernel launched with its handle (its background
+/// write-back): called after the kernel was queued on `stream`.
+pub(crate) trait LaunchCompanion: Send + Sync + std::fmt::Debug {
+    /// Queues the companion work and, on `stream` after the kernel, what ends it.
+    fn after_launch(&self, stream: sys::CUstream);
 }
 
 // SAFETY: the stream handle is only used with the context made current on the calling thread
@@ -136,7 +145,42 @@ impl Gpu {
             compute_capability,
             multiprocessors,
             name,
+            companions: Mutex::new(Vec::new()),
         }))
+    }
+
+    /// Runs `companion` beside every later launch whose arguments carry `key` (a space's).
+    pub(crate) fn add_companion(&self, key: u64, companion: Weak<dyn LaunchCompanion>) {
+        let mut list = self
+            .companions
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        list.retain(|(_, c)| c.strong_count() > 0);
+        list.push((key, companion));
+    }
+
+    /// Stops running the companion of `key`.
+    pub(crate) fn remove_companion(&self, key: u64) {
+        self.companions
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .retain(|(k, c)| *k != key && c.strong_count() > 0);
+    }
+
+    fn companions_of(&self, keys: &[u64]) -> Vec<Arc<dyn LaunchCompanion>> {
+        let list = self
+            .companions
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut out: Vec<Arc<dyn LaunchCompanion>> = Vec::new();
+        for (k, c) in list.iter() {
+            if keys.contains(k)
+                && let Some(c) = c.upgrade()
+            {
+                out.push(c);
+            }
+        }
+        out
     }
 
     /// Makes this GPU's context current on the calling thread.
@@ -229,6 +273,12 @@ pub struct Stream {
     raw: sys::CUstream,
 }
 
+// SAFETY: a CUDA stream may be used from any thread once its context is current there, and
+// every method binds the context first (or is called by code that did).
+unsafe impl Send for Stream {}
+// SAFETY: as above; the driver serialises work queued on one stream from several threads.
+unsafe impl Sync for Stream {}
+
 impl Stream {
     /// A new non-blocking stream.
     pub fn new(gpu: &Arc<Gpu>) -> Result<Self, DriverError> {
@@ -238,6 +288,34 @@ impl Stream {
             // SAFETY: the context is current; `raw` is a valid out-pointer.
             unsafe { sys::cuStreamCreate(&raw mut raw, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32) };
         check(rc, "cuStreamCreate")?;
+        Ok(Stream {
+            gpu: gpu.clone(),
+            raw,
+        })
+    }
+    /// A new non-blocking stream of the highest priority the GPU offers: its kernels get
+    /// multiprocessors as soon as any are free, ahead of work queued on ordinary streams.
+    pub fn new_high_priority(gpu: &Arc<Gpu>) -> Result<Self, DriverError> {
+        gpu.bind()?;
+        let (mut least, mut greatest) = (0i32, 0i32);
+        check(
+            // SAFETY: the context is current; valid out-pointers.
+            unsafe { sys::cuCtxGetStreamPriorityRange(&raw mut least, &raw mut greatest) },
+            "cuCtxGetStreamPriorityRange",
+        )?;
+        let mut raw: sys::CUstream = std::ptr::null_mut();
+        check(
+            // SAFETY: the context is current; `raw` is a valid out-pointer; `greatest` is a
+            // priority the driver just reported.
+            unsafe {
+                sys::cuStreamCreateWithPriority(
+                    &raw mut raw,
+                    sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32,
+                    greatest,
+                )
+            },
+            "cuStreamCreateWithPriority",
+        )?;
         Ok(Stream {
             gpu: gpu.clone(),
             raw,
@@ -587,7 +665,13 @@ unsafe impl Sync for Function {}
 /// # Safety
 /// The type must be `Copy`, hold no host references the kernel would follow, and match the
 /// kernel parameter's C layout.
-pub unsafe trait KernelParam: Copy {}
+pub unsafe trait KernelParam: Copy {
+    /// For a space's handle: the key of the work the space queues beside the kernel.
+    #[doc(hidden)]
+    fn companion_key(&self) -> Option<u64> {
+        None
+    }
+}
 // SAFETY: primitives have their C layout.
 unsafe impl KernelParam for u32 {}
 // SAFETY: as above.
@@ -605,6 +689,8 @@ unsafe impl KernelParam for f64 {}
 #[derive(Debug, Default)]
 pub struct Args {
     storage: Vec<Box<[u64]>>,
+    /// Keys of the spaces whose handles are among the arguments.
+    companions: Vec<u64>,
 }
 
 impl Args {
@@ -620,6 +706,16 @@ impl Args {
         // KernelParam types, which are at most 8-aligned).
         unsafe { std::ptr::write_unaligned(slot.as_mut_ptr().cast::<T>(), value) };
         self.storage.push(slot);
+        if let Some(key) = value.companion_key() {
+            self.companions.push(key);
+        }
+        self
+    }
+
+    /// Arguments whose launch queues nothing beside the kernel (Strata's own maintenance and
+    /// write-back kernels).
+    pub(crate) fn alone(mut self) -> Self {
+        self.companions.clear();
         self
     }
 }
@@ -666,12 +762,31 @@ impl Function {
         })
     }
 
-    /// Queues the kernel on `stream` (Strata's stream when `None`).
+    /// Queues the kernel on `stream` (Strata's stream when `None`). A space whose handle is
+    /// among the arguments queues its background write-back beside it (see
+    /// `SpaceOptions::background_write_back`).
     pub fn launch_on(
         &self,
         grid: Grid,
         args: &Args,
         stream: Option<&Stream>,
+    ) -> Result<(), DriverError> {
+        let raw = stream.map_or(self.gpu.stream, Stream::raw);
+        self.launch_raw(grid, args, raw)?;
+        if !args.companions.is_empty() {
+            for companion in self.gpu.companions_of(&args.companions) {
+                companion.after_launch(raw);
+            }
+        }
+        Ok(())
+    }
+
+    /// Queues the kernel on a raw stream of this GPU's context, and nothing beside it.
+    pub(crate) fn launch_raw(
+        &self,
+        grid: Grid,
+        args: &Args,
+        stream: sys::CUstream,
     ) -> Result<(), DriverError> {
         self.gpu.bind()?;
         let mut ptrs: Vec<*mut c_void> = args
@@ -680,7 +795,8 @@ impl Function {
             .map(|s| s.as_ptr().cast_mut().cast::<c_void>())
             .collect();
         // SAFETY: every pointer in `ptrs` points at a live argument slot laid out as the
-        // kernel parameter (KernelParam contract); the driver copies them before returning.
+        // kernel parameter (KernelParam contract); the driver copies them before returning;
+        // `stream` belongs to this GPU's context (callers' contract).
         check(
             unsafe {
                 sys::cuLaunchKernel(
@@ -692,7 +808,7 @@ impl Function {
                     1,
                     1,
                     0,
-                    stream.map_or(self.gpu.stream, Stream::raw),
+                    stream,
                     ptrs.as_mut_ptr(),
                     std::ptr::null_mut(),
                 )

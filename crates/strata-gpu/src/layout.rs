@@ -143,6 +143,8 @@ pub struct DeviceCounters {
     pub store_error_page: u64,
     /// Faults served from the host cache without a request (ring tier).
     pub host_cache_loads: u64,
+    /// Dirty pages written down by the background write-back warps.
+    pub background_writebacks: u64,
 }
 
 /// The wait limit new spaces start with (see `Space::set_wait_limit`).
@@ -174,6 +176,7 @@ impl DeviceCounters {
             no_frame_page: u64::MAX,
             store_error_page: u64::MAX,
             host_cache_loads: 0,
+            background_writebacks: 0,
         }
     }
 }
@@ -219,7 +222,29 @@ pub struct SpaceHandle<'space> {
 }
 
 // SAFETY: SpaceHandle is #[repr(C)], Copy, all plain integers laid out as StrataSpace.
-unsafe impl crate::driver::KernelParam for SpaceHandle<'_> {}
+unsafe impl crate::driver::KernelParam for SpaceHandle<'_> {
+    fn companion_key(&self) -> Option<u64> {
+        Some(self.counters)
+    }
+}
+
+/// The background write-back's control block (`StrataWriteBack`, in GPU memory).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct WriteBackControl {
+    /// Launches whose kernel has ended (their write-back warps stop).
+    pub stop: u64,
+    /// Write-back warps also stop after this long without a fault, ns.
+    pub idle_ns: u64,
+    /// Next frame to look at, in clock-hand units.
+    pub cursor: u32,
+    /// Frames ahead of the clock hand to keep clean.
+    pub high_water: u32,
+    /// Cleaning starts again below this many.
+    pub low_water: u32,
+    /// Unused (zero).
+    pub reserved: u32,
+}
 
 const _: () = assert!(size_of::<FrameEntry>() == 8);
 const _: () = assert!(size_of::<SpaceHandle<'static>>() == 88);
@@ -227,7 +252,8 @@ const _: () = assert!(offset_of!(SpaceHandle<'static>, ring) == 72);
 const _: () = assert!(offset_of!(SpaceHandle<'static>, size_bytes) == 40);
 const _: () = assert!(offset_of!(SpaceHandle<'static>, frame_count) == 56);
 const _: () = assert!(offset_of!(SpaceHandle<'static>, protected_quota) == 68);
-const _: () = assert!(size_of::<DeviceCounters>() == 8 * (HIT_SHARDS * SHARD_STRIDE + 11) + 8 + 64);
+const _: () = assert!(size_of::<DeviceCounters>() == 8 * (HIT_SHARDS * SHARD_STRIDE + 11) + 8 + 72);
+const _: () = assert!(size_of::<WriteBackControl>() == 32);
 
 /// The layout as Rust sees it, in the order `strata_layout_probe` writes it.
 pub fn host_layout() -> Vec<u64> {
@@ -257,6 +283,9 @@ pub fn host_layout() -> Vec<u64> {
         offset_of!(DeviceCounters, no_frame_page),
         offset_of!(DeviceCounters, store_error_page),
         offset_of!(DeviceCounters, host_cache_loads),
+        offset_of!(DeviceCounters, background_writebacks),
+        size_of::<WriteBackControl>(),
+        offset_of!(WriteBackControl, cursor),
         size_of::<FrameEntry>(),
         size_of::<crate::ring::layout::RingDescriptor>(),
         offset_of!(crate::ring::layout::RingDescriptor, slot_count),
@@ -289,6 +318,7 @@ pub fn static_check_source() -> String {
          static_assert(sizeof(StrataRing) == {} && sizeof(StrataRequest) == {}, \"ring structs\");\n\
          static_assert(STRATA_REQ_READ == {}u && STRATA_REQ_WRITE == {}u && STRATA_REQ_READ_AHEAD == {}u, \"request kinds\");\n\
          static_assert(STRATA_SLOT_PRESENT == {}ull && STRATA_SLOT_ERROR == {}ull && STRATA_SLOT_GEN_SHIFT == {}, \"slot words\");\n\
+         static_assert(sizeof(StrataWriteBack) == {}, \"write-back control\");\n\
          extern \"C\" __global__ void strata_static_layout_check() {{}}\n",
         size_of::<SpaceHandle<'static>>(),
         size_of::<DeviceCounters>(),
@@ -318,6 +348,7 @@ pub fn static_check_source() -> String {
         crate::ring::layout::SLOT_PRESENT,
         crate::ring::layout::SLOT_ERROR,
         crate::ring::layout::SLOT_GEN_SHIFT,
+        size_of::<WriteBackControl>(),
     )
 }
 
@@ -372,7 +403,7 @@ mod tests {
 
     #[test]
     fn host_layout_lists_every_probe_field() {
-        assert_eq!(host_layout().len(), 31);
+        assert_eq!(host_layout().len(), 34);
         assert_eq!(host_layout()[0], 88);
     }
 }

@@ -22,6 +22,12 @@
 //!                                    (ring::RingServer) drain the ring in ticket order and
 //!                                    batch read_batch/write_batch, with read-ahead
 //! ```
+//! Background write-back (`cuda/strata/write_back.cuh`, [`space::BackgroundWriteBack`], on by
+//! default): every kernel launched with a space's handle gets a few of Strata's warps beside
+//! it, on a high-priority stream, that write dirty pages down the chain just ahead of the
+//! clock hand (between two water marks), so the fault that takes such a frame only loads; a
+//! stop queued after the kernel on its stream ends them.
+//!
 //! A new tier (a neighbour GPU's memory, one allocation shared with the CPU) is one device
 //! header beside `tier_host_copy.cuh` and `tier_ring.cuh` and one host module beside
 //! `tier/host_copy.rs` and `tier/store.rs`.

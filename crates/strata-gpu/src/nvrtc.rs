@@ -45,6 +45,10 @@ pub const HEADERS: &[(&str, &str)] = &[
     ("strata/tiers.cuh", include_str!("../cuda/strata/tiers.cuh")),
     ("strata/fault.cuh", include_str!("../cuda/strata/fault.cuh")),
     (
+        "strata/write_back.cuh",
+        include_str!("../cuda/strata/write_back.cuh"),
+    ),
+    (
         "strata/access.cuh",
         include_str!("../cuda/strata/access.cuh"),
     ),

@@ -17,6 +17,8 @@ pub struct Strata {
     pub(crate) flush: Function,
     pub(crate) evict: Function,
     pub(crate) prefetch: Function,
+    pub(crate) write_back: Function,
+    pub(crate) write_back_stop: Function,
     layout_probe: Function,
 }
 
@@ -51,6 +53,8 @@ impl Strata {
             flush: kernels.function("strata_flush")?,
             evict: kernels.function("strata_evict")?,
             prefetch: kernels.function("strata_prefetch")?,
+            write_back: kernels.function("strata_write_back")?,
+            write_back_stop: kernels.function("strata_write_back_stop")?,
             layout_probe: kernels.function("strata_layout_probe")?,
             _kernels: kernels,
             gpu,

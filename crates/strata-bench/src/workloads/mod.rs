@@ -175,6 +175,8 @@ fn space_over_store<T: Element>(
         policy: compare.policy,
         read_through: strata_gpu::space::read_through_from_env()?.unwrap_or(false),
         host_cache_bytes: backing.host_cache,
+        // STRATA_GPU_WRITE_BACK=off|on|N compares runs without and with it.
+        background_write_back: strata_gpu::space::default_write_back(),
     };
     // Whole pages: the store and the space cover the last partial page too.
     let bytes = (data.len() as u64 * 4)

@@ -110,6 +110,7 @@ struct StrataCounters {
     strata_u64 no_frame_page;  // first page a warp gave up waiting for (~0 if none)
     strata_u64 store_error_page; // first page a lower tier failed (~0 if none)
     strata_u64 host_cache_loads; // faults served from the host cache without a request
+    strata_u64 background_writebacks; // dirty pages written down by the write-back warps
 };
 
 // The space handle a kernel receives (by value). Pointers are device addresses.
@@ -162,10 +163,22 @@ struct StrataRing {                // in GPU memory
     strata_u32 flags;
 };
 
+// ---- background write-back (write_back.cuh; strata_gpu::space::write_back) ---------------------
+struct StrataWriteBack {           // in GPU memory, one per space
+    strata_u64 stop;               // launches whose kernel has ended (the cleaners of a launch
+                                   // with a smaller or equal number stop)
+    strata_u64 idle_ns;            // cleaners also stop after this long without a fault
+    strata_u32 cursor;             // next frame to look at, in clock-hand units (free-running)
+    strata_u32 high_water;         // frames ahead of the hand to keep clean
+    strata_u32 low_water;          // start cleaning again below this many
+    strata_u32 reserved;
+};
+
+static_assert(sizeof(StrataWriteBack) == 32, "StrataWriteBack layout changed: update strata_gpu::layout");
 static_assert(sizeof(StrataRequest) == 32, "StrataRequest layout changed: update strata_gpu::ring::layout");
 static_assert(sizeof(StrataRing) == 80, "StrataRing layout changed: update strata_gpu::ring::layout");
 
 static_assert(sizeof(StrataFrame) == 8, "StrataFrame layout changed: update strata_gpu::layout");
-static_assert(sizeof(StrataCounters) == 8 * (STRATA_HIT_SHARDS * STRATA_SHARD_STRIDE + 11) + 8 + 64,
+static_assert(sizeof(StrataCounters) == 8 * (STRATA_HIT_SHARDS * STRATA_SHARD_STRIDE + 11) + 8 + 72,
               "StrataCounters layout changed: update strata_gpu::layout");
 static_assert(sizeof(StrataSpace) == 88, "StrataSpace layout changed: update strata_gpu::layout");

@@ -16,9 +16,13 @@ use crate::tier::store::StoreTier;
 mod error;
 mod options;
 mod stats;
+mod write_back;
 
 pub use error::SpaceError;
-pub use options::{ElementType, EvictionPolicy, SpaceOptions, SpacePlan, read_through_from_env};
+pub use options::{
+    BackgroundWriteBack, ElementType, EvictionPolicy, SpaceOptions, SpacePlan, default_write_back,
+    read_through_from_env, write_back_from_env,
+};
 pub use stats::GpuStats;
 
 /// A space: see the crate docs.
@@ -44,10 +48,15 @@ pub struct Space {
     counters: DeviceBuffer,
     handle: SpaceHandle<'static>,
     options: SpaceOptions,
+    /// The background write-back warps, if on.
+    write_back: Option<Arc<write_back::WriteBackWarps>>,
 }
 
 impl Drop for Space {
     fn drop(&mut self) {
+        if let Some(wb) = &self.write_back {
+            wb.retire();
+        }
         // Kernels queued with this space's handle (on any stream) must finish before its
         // buffers are freed; nothing can be done about a failure here but carry on.
         if let Err(e) = self.gpu.synchronize_context() {
@@ -164,7 +173,18 @@ impl Space {
             reserved: 0,
             space: std::marker::PhantomData,
         };
+        let write_back = match &options.background_write_back {
+            Some(wb) => Some(write_back::WriteBackWarps::start(
+                &gpu,
+                &strata.write_back,
+                &strata.write_back_stop,
+                handle,
+                wb,
+            )?),
+            None => None,
+        };
         Ok(Space {
+            write_back,
             gpu,
             flush_fn: strata.flush.clone(),
             evict_fn: strata.evict.clone(),
@@ -361,7 +381,7 @@ impl Space {
     fn flush_gpu_frames(&self) -> Result<(), SpaceError> {
         self.gpu.synchronize_context()?;
         self.flush_fn
-            .launch(self.grid, &Args::new().arg(self.handle))?;
+            .launch(self.grid, &Args::new().arg(self.handle).alone())?;
         self.gpu.synchronize()?;
         self.check_errors()
     }
@@ -421,7 +441,7 @@ impl Space {
         self.gpu.synchronize_context()?;
         self.prefetch_fn.launch(
             self.grid,
-            &Args::new().arg(self.handle).arg(first).arg(last),
+            &Args::new().arg(self.handle).arg(first).arg(last).alone(),
         )?;
         self.gpu.synchronize()?;
         self.check_errors()
@@ -433,7 +453,7 @@ impl Space {
         self.gpu.synchronize_context()?;
         self.evict_fn.launch(
             self.grid,
-            &Args::new().arg(self.handle).arg(first).arg(last),
+            &Args::new().arg(self.handle).arg(first).arg(last).alone(),
         )?;
         self.gpu.synchronize()?;
         self.check_errors()
@@ -529,6 +549,7 @@ impl Space {
             optimistic_retries: c.optimistic_retries,
             read_through: c.read_through,
             host_cache_loads: c.host_cache_loads,
+            background_writebacks: c.background_writebacks,
         })
     }
 

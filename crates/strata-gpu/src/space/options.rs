@@ -53,6 +53,98 @@ pub enum EvictionPolicy {
     },
 }
 
+/// Background write-back of a space: while a kernel launched with the space's handle runs
+/// (through [`crate::driver::Function::launch`] or `launch_on`, from Rust, C or Python),
+/// Strata runs `warps` warps of its own beside it, on a high-priority stream, that write dirty
+/// pages down the tier chain just ahead of the clock hand, so the fault that takes their frame
+/// only loads. They keep between `low_water` and `high_water` (fractions of the frames) ahead of
+/// the hand clean, skip frames the policy will pass over (referenced, protected) and pinned
+/// ones, and stop when the kernel ends (a stop queued after it on its stream) or after `idle`
+/// without a fault. Kernels launched by other means (nvcc code given the handle) get no
+/// write-back warps: their faults write their victims as before.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct BackgroundWriteBack {
+    /// Write-back warps (1 to 256).
+    pub warps: u32,
+    /// Fraction of the frames ahead of the clock hand to keep clean (0 < high <= 0.5).
+    pub high_water: f64,
+    /// Cleaning starts again once fewer than this fraction are clean (0 <= low <= high).
+    pub low_water: f64,
+    /// The warps also stop after this long without a fault in the space.
+    pub idle: std::time::Duration,
+}
+
+impl Default for BackgroundWriteBack {
+    fn default() -> Self {
+        BackgroundWriteBack {
+            warps: 16,
+            high_water: 0.125,
+            low_water: 0.0625,
+            idle: std::time::Duration::from_millis(20),
+        }
+    }
+}
+
+impl BackgroundWriteBack {
+    /// Checks the numbers.
+    pub fn validate(&self) -> Result<(), SpaceError> {
+        if !(1..=256).contains(&self.warps) {
+            return Err(SpaceError::Invalid(format!(
+                "{} background write-back warps: give 1 to 256 (16 is the default)",
+                self.warps
+            )));
+        }
+        if !(self.high_water > 0.0 && self.high_water <= 0.5) {
+            return Err(SpaceError::Invalid(format!(
+                "write-back high water mark {} is outside (0, 0.5]: give a fraction of the cache such as 0.125",
+                self.high_water
+            )));
+        }
+        if !(self.low_water >= 0.0 && self.low_water <= self.high_water) {
+            return Err(SpaceError::Invalid(format!(
+                "write-back low water mark {} is outside [0, high water mark {}]: give a smaller fraction such as half the high mark",
+                self.low_water, self.high_water
+            )));
+        }
+        if self.idle.is_zero() || self.idle > std::time::Duration::from_secs(10) {
+            return Err(SpaceError::Invalid(format!(
+                "write-back idle time {:?} is outside (0, 10 s]: give a few milliseconds",
+                self.idle
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// `STRATA_GPU_WRITE_BACK`: `off`, `on` (the defaults of [`BackgroundWriteBack`]) or a number
+/// of warps; `None` if unset.
+///
+/// # Errors
+/// Any other value, or a `STRATA_*` variable that is not UTF-8.
+pub fn write_back_from_env() -> Result<Option<Option<BackgroundWriteBack>>, SpaceError> {
+    let env = strata_core::config::process_env().map_err(|e| SpaceError::Invalid(e.to_string()))?;
+    let Some((_, v)) = env.iter().find(|(k, _)| k == "STRATA_GPU_WRITE_BACK") else {
+        return Ok(None);
+    };
+    match v.trim().to_ascii_lowercase().as_str() {
+        "off" | "0" | "false" | "no" => Ok(Some(None)),
+        "on" | "true" | "yes" => Ok(Some(Some(BackgroundWriteBack::default()))),
+        n => {
+            let warps: u32 = n.parse().map_err(|_| {
+                SpaceError::Invalid(format!(
+                    "STRATA_GPU_WRITE_BACK={v:?}: give off, on, or a number of write-back warps"
+                ))
+            })?;
+            let wb = BackgroundWriteBack {
+                warps,
+                ..BackgroundWriteBack::default()
+            };
+            wb.validate()?;
+            Ok(Some(Some(wb)))
+        }
+    }
+}
+
 /// Options of a new space.
 #[derive(Debug, Clone)]
 pub struct SpaceOptions {
@@ -74,6 +166,9 @@ pub struct SpaceOptions {
     /// quarter of the host's available memory, at most the space's size. Spaces backed by a
     /// full pinned host copy ([`Strata::space`]) ignore it.
     pub host_cache_bytes: Option<u64>,
+    /// Background write-back (`None`: off; faults write their dirty victims themselves).
+    /// The default is [`BackgroundWriteBack::default`], or what `STRATA_GPU_WRITE_BACK` says.
+    pub background_write_back: Option<BackgroundWriteBack>,
 }
 
 impl Default for SpaceOptions {
@@ -85,7 +180,18 @@ impl Default for SpaceOptions {
             policy: EvictionPolicy::Clock,
             read_through: false,
             host_cache_bytes: None,
+            background_write_back: default_write_back(),
         }
+    }
+}
+
+/// The background write-back new options start with: `STRATA_GPU_WRITE_BACK` if set and
+/// valid (an invalid value is reported by [`SpaceOptions::with_env`] and ignored here), else
+/// on with the defaults.
+pub fn default_write_back() -> Option<BackgroundWriteBack> {
+    match write_back_from_env() {
+        Ok(Some(wb)) => wb,
+        _ => Some(BackgroundWriteBack::default()),
     }
 }
 
@@ -118,6 +224,9 @@ impl SpacePlan {
                 "size {size_bytes} is not a whole number of {}-byte elements",
                 options.element.size()
             )));
+        }
+        if let Some(wb) = &options.background_write_back {
+            wb.validate()?;
         }
         let pages = size_bytes.div_ceil(ps);
         if pages >= u64::from(NO_PAGE) {
@@ -200,6 +309,9 @@ impl SpaceOptions {
         if let Some(on) = read_through_from_env()? {
             self.read_through = on;
         }
+        if let Some(wb) = write_back_from_env()? {
+            self.background_write_back = wb;
+        }
         Ok(self)
     }
 }
@@ -229,6 +341,7 @@ mod tests {
             policy,
             read_through: false,
             host_cache_bytes: None,
+            background_write_back: Some(BackgroundWriteBack::default()),
         }
     }
 
@@ -274,6 +387,47 @@ mod tests {
     }
 
     #[test]
+    fn write_back_options_are_checked() {
+        let ok = BackgroundWriteBack::default();
+        assert!(ok.validate().is_ok());
+        let bad = [
+            BackgroundWriteBack { warps: 0, ..ok },
+            BackgroundWriteBack { warps: 257, ..ok },
+            BackgroundWriteBack {
+                high_water: 0.0,
+                ..ok
+            },
+            BackgroundWriteBack {
+                high_water: 0.75,
+                ..ok
+            },
+            BackgroundWriteBack {
+                high_water: f64::NAN,
+                ..ok
+            },
+            BackgroundWriteBack {
+                low_water: 0.2,
+                ..ok
+            },
+            BackgroundWriteBack {
+                low_water: -0.1,
+                ..ok
+            },
+            BackgroundWriteBack {
+                idle: std::time::Duration::ZERO,
+                ..ok
+            },
+        ];
+        for wb in bad {
+            let e = wb.validate().unwrap_err();
+            assert!(matches!(e, SpaceError::Invalid(_)), "{wb:?}: {e}");
+            let mut opts = o(4096, 1 << 20, EvictionPolicy::Clock);
+            opts.background_write_back = Some(wb);
+            assert!(SpacePlan::new(1 << 20, &opts).is_err(), "{wb:?} accepted");
+        }
+    }
+
+    #[test]
     fn plan_checks_free_gpu_memory() {
         let p = SpacePlan::new(8 << 30, &o(64 << 10, 1 << 30, EvictionPolicy::Clock)).unwrap();
         let (frames, tables) = p.gpu_bytes();
@@ -300,6 +454,7 @@ mod tests {
             optimistic_retries: 0,
             read_through: 0,
             host_cache_loads: 0,
+            background_writebacks: 0,
         };
         assert_eq!(st.mean_fault_ns(), 1000);
         let snap = st.to_snapshot();

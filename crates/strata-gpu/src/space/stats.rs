@@ -35,6 +35,9 @@ pub struct GpuStats {
     pub read_through: u64,
     /// Faults of a space over a store served from the host cache with no request to the host.
     pub host_cache_loads: u64,
+    /// Dirty pages the background write-back warps wrote down (also counted in
+    /// `writebacks`); the rest were written by faults that found their victim dirty.
+    pub background_writebacks: u64,
 }
 
 impl GpuStats {

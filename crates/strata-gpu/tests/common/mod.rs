@@ -40,7 +40,8 @@ pub fn random_words(n: usize, seed: u64) -> Vec<u64> {
         .collect()
 }
 
-/// Options of a u64 space without read-through.
+/// Options of a u64 space without read-through (background write-back as
+/// `STRATA_GPU_WRITE_BACK` says: on unless it says off, so the suite runs both ways).
 pub fn opts(page: u64, cache: u64, policy: EvictionPolicy) -> SpaceOptions {
     SpaceOptions {
         page_size: page,
@@ -49,5 +50,6 @@ pub fn opts(page: u64, cache: u64, policy: EvictionPolicy) -> SpaceOptions {
         policy,
         read_through: false,
         host_cache_bytes: None,
+        background_write_back: strata_gpu::space::default_write_back(),
     }
 }
