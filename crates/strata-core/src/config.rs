@@ -75,6 +75,10 @@ pub const KNOWN_VARIABLES: &[(&str, &str)] = &[
         "GPU spaces over a store: pages read ahead of a sequential run",
     ),
     (
+        "STRATA_GPU_WRITE_BACK",
+        "GPU spaces: background write-back warps beside kernels (off, on, or a number of warps)",
+    ),
+    (
         "STRATA_RUN_MEMORY",
         "strata run: resident budget of the whole program",
     ),

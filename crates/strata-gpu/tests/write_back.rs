@@ -58,10 +58,21 @@ fn write_back_warps_clean_ahead_and_lose_nothing() {
     };
     let module = strata.compile(KERNELS, "write_back_kernels.cu").unwrap();
     let f = module.function("stream_and_hot").unwrap();
-    let grid = f.full_grid(256).unwrap();
-    let threads = u64::from(grid.blocks) * u64::from(grid.threads);
-    let (passes, hot_adds, hot_threads) = (2u64, 4u64, 4096u64.min(threads));
-    for (page, cache) in [(4u64 << 10, 16u64 << 20), (64 << 10, 32 << 20)] {
+    let full = f.full_grid(256).unwrap();
+    // A persistent grid (the write-back warps find no free multiprocessor until its blocks
+    // finish) and one of four waves (they start when the first block ends).
+    for (waves, page, cache) in [
+        (1u32, 4u64 << 10, 16u64 << 20),
+        (4, 4 << 10, 16 << 20),
+        (1, 64 << 10, 32 << 20),
+        (4, 64 << 10, 32 << 20),
+    ] {
+        let grid = Grid {
+            blocks: full.blocks * waves,
+            threads: full.threads,
+        };
+        let threads = u64::from(grid.blocks) * u64::from(grid.threads);
+        let (passes, hot_adds, hot_threads) = (2u64, 4u64, 4096u64.min(threads));
         for policy in [
             EvictionPolicy::Clock,
             EvictionPolicy::ScanResistant {
@@ -98,7 +109,7 @@ fn write_back_warps_clean_ahead_and_lose_nothing() {
                 let mut back = vec![0u64; n];
                 space.read_back(0, &mut back).unwrap();
                 eprintln!(
-                    "page {page} {policy:?} write-back {}: {took:?}, faults {} writebacks {} (background {})",
+                    "page {page} {policy:?} waves {waves} write-back {}: {took:?}, faults {} writebacks {} (background {})",
                     wb.is_some(),
                     st.faults,
                     st.writebacks,
