@@ -7,10 +7,9 @@
 //  - a page not there is asked for with a READ request; the warp then waits, with back-off, on
 //    the page's slot word (its completion word), re-asking if the page came and went;
 //  - a dirty page on its way down is copied to the ticket's staging page and posted as a WRITE;
-//    a fault posts its own page's READ right after (the two overlap on the host), then waits for
-//    the WRITE's done word before it overwrites the frame, so the victim is in the host cache
-//    before anyone can fault it again, and a read posted later is served after it (tickets are
-//    handled in order).
+//    the warp waits for the ticket's done word, so the page is in the host cache before anyone
+//    can fault it again, and a read posted later is served after it (tickets are handled in
+//    order).
 // Every wait is bounded by the space's wait limit; a store failure or a silent host becomes
 // STRATA_ERR_STORE with the page, and the access fails instead of hanging.
 #pragma once
@@ -48,13 +47,12 @@ __device__ __forceinline__ void ring_publish(StrataRing* r, strata_u64 t, strata
 // Warp-collective: brings `page` from the host cache (asking the host for it first if it is not
 // there) into `frame`. False: the store failed the page or the host did not answer in time
 // (STRATA_ERR_STORE recorded).
-// `asked_gen`: the generation of the page's slot word when a READ was already posted for it
-// (ring_ask), or 0xFFFFFFFF if none was.
 __device__ bool ring_load(const StrataSpace& s, strata_u64 page, unsigned char* frame, unsigned lane,
-                          unsigned mask, unsigned leader, strata_u32 asked_gen = 0xFFFFFFFFu) {
+                          unsigned mask, unsigned leader) {
     StrataRing* const r = (StrataRing*)__shfl_sync(mask, (strata_u64)s.ring, leader);
     const strata_u32 shift = __shfl_sync(mask, s.page_shift, leader);
     strata_u64* const word = &r->slot_words[page];
+    strata_u32 asked_gen = 0xFFFFFFFFu;  // the generation seen when we last asked (none yet)
     strata_u64 since = 0;
     unsigned sleep_ns = 256;
     for (;;) {
@@ -106,12 +104,12 @@ __device__ bool ring_load(const StrataSpace& s, strata_u64 page, unsigned char* 
     }
 }
 
-// Warp-collective: copies `frame`'s bytes to a ticket's staging page and posts them as `page`'s
-// new contents (a WRITE). Returns the ticket + 1, or 0 when no ticket could be had in time
-// (STRATA_ERR_STORE recorded; nothing was posted).
-__device__ strata_u64 ring_post_write(const StrataSpace& s, StrataRing* r, strata_u64 page,
-                                      const unsigned char* frame, unsigned lane, unsigned mask,
-                                      unsigned leader) {
+// Warp-collective: sends `frame`'s bytes down as `page`'s new contents and waits until the host
+// cache holds them. False: the host did not answer in time (STRATA_ERR_STORE recorded; the
+// caller keeps the page where it is, dirty).
+__device__ bool ring_write_back(const StrataSpace& s, strata_u64 page, const unsigned char* frame,
+                                unsigned lane, unsigned mask, unsigned leader) {
+    StrataRing* const r = (StrataRing*)__shfl_sync(mask, (strata_u64)s.ring, leader);
     const strata_u32 shift = __shfl_sync(mask, s.page_shift, leader);
     strata_u64 t = 0;
     int claimed = 0;
@@ -119,19 +117,12 @@ __device__ strata_u64 ring_post_write(const StrataSpace& s, StrataRing* r, strat
         claimed = ring_claim(s, r, &t);
         if (!claimed) report_error(s, STRATA_ERR_STORE, page);
     }
-    if (!__shfl_sync(mask, claimed, leader)) return 0;
+    if (!__shfl_sync(mask, claimed, leader)) return false;
     t = __shfl_sync(mask, t, leader);
-    warp_copy(r->staging + ((t & (r->capacity - 1)) << shift), frame, 1ull << shift, lane, mask);
+    const strata_u64 entry = t & (r->capacity - 1);
+    warp_copy(r->staging + (entry << shift), frame, 1ull << shift, lane, mask);
     __syncwarp(mask);
     if (lane == leader) ring_publish(r, t, page, STRATA_REQ_WRITE);
-    return t + 1;
-}
-
-// Warp-collective: waits until the host acknowledged WRITE ticket `t` (the page is in the host
-// cache). False: it did not in time (STRATA_ERR_STORE recorded).
-__device__ bool ring_wait_written(const StrataSpace& s, StrataRing* r, strata_u64 t, strata_u64 page,
-                                  unsigned lane, unsigned mask, unsigned leader) {
-    const strata_u64 entry = t & (r->capacity - 1);
     strata_u64 since = 0;
     unsigned sleep_ns = 256;
     for (;;) {
@@ -147,47 +138,12 @@ __device__ bool ring_wait_written(const StrataSpace& s, StrataRing* r, strata_u6
     }
 }
 
-// Warp-collective: sends `frame`'s bytes down as `page`'s new contents and waits until the host
-// cache holds them. False: the host did not answer in time (STRATA_ERR_STORE recorded; the
-// caller keeps the page where it is, dirty).
-__device__ bool ring_write_back(const StrataSpace& s, strata_u64 page, const unsigned char* frame,
-                                unsigned lane, unsigned mask, unsigned leader) {
-    StrataRing* const r = (StrataRing*)__shfl_sync(mask, (strata_u64)s.ring, leader);
-    const strata_u64 posted = ring_post_write(s, r, page, frame, lane, mask, leader);
-    return posted != 0 && ring_wait_written(s, r, posted - 1, page, lane, mask, leader);
-}
-
-// Warp-collective: posts a READ for `page` unless the host cache holds it already. Returns the
-// generation asked for (for ring_load), or 0xFFFFFFFF when nothing was asked.
-__device__ strata_u32 ring_ask(const StrataSpace& s, StrataRing* r, strata_u64 page, unsigned lane,
-                               unsigned mask, unsigned leader) {
-    strata_u32 gen = 0xFFFFFFFFu;
-    if (lane == leader) {
-        const strata_u64 w = load_acquire_sys(&r->slot_words[page]);
-        strata_u64 t;
-        // A claim that fails here is not an error yet: ring_load asks again and reports.
-        if (!(w & (STRATA_SLOT_PRESENT | STRATA_SLOT_ERROR)) && ring_claim(s, r, &t)) {
-            ring_publish(r, t, page, STRATA_REQ_READ);
-            gen = (strata_u32)(w >> STRATA_SLOT_GEN_SHIFT);
-        }
-    }
-    return __shfl_sync(mask, gen, leader);
-}
-
-// Warp-collective: `victim` (if not STRATA_NO_PAGE) down, then `page` in. The page's READ is
-// posted right after the victim's WRITE, before the write's acknowledgement is awaited (they
-// are different pages, so nothing orders them), so the store read overlaps the write; the
-// frame is overwritten only once the host holds the victim.
+// Warp-collective: `victim` (if not STRATA_NO_PAGE) down first, then `page` in.
 __device__ __forceinline__ int ring_exchange(const StrataSpace& s, strata_u64 victim, strata_u64 page,
                                              unsigned char* frame, unsigned lane, unsigned mask,
                                              unsigned leader) {
-    if (victim == STRATA_NO_PAGE) return ring_load(s, page, frame, lane, mask, leader) ? 0 : 2;
-    StrataRing* const r = (StrataRing*)__shfl_sync(mask, (strata_u64)s.ring, leader);
-    const strata_u64 posted = ring_post_write(s, r, victim, frame, lane, mask, leader);
-    if (posted == 0) return 1;
-    const strata_u32 asked = ring_ask(s, r, page, lane, mask, leader);
-    if (!ring_wait_written(s, r, posted - 1, victim, lane, mask, leader)) return 1;
-    return ring_load(s, page, frame, lane, mask, leader, asked) ? 0 : 2;
+    if (victim != STRATA_NO_PAGE && !ring_write_back(s, victim, frame, lane, mask, leader)) return 1;
+    return ring_load(s, page, frame, lane, mask, leader) ? 0 : 2;
 }
 
 }  // namespace detail
