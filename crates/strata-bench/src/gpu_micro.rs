@@ -37,6 +37,8 @@ pub struct MicroOptions {
     pub ceilings: Option<crate::ceilings::Ceilings>,
     /// Back every space with a store (`--store`) instead of a pinned host copy.
     pub backing: Option<crate::store_spec::SpaceBacking>,
+    /// Neighbour GPUs' memory every space borrows for its peer tier (`--peer`).
+    pub peers: Vec<strata_gpu::space::PeerBorrow>,
 }
 
 impl Default for MicroOptions {
@@ -51,6 +53,7 @@ impl Default for MicroOptions {
             patterns: Vec::new(),
             ceilings: None,
             backing: None,
+            peers: Vec::new(),
         }
     }
 }
@@ -349,6 +352,7 @@ impl Ctx<'_> {
             host_cache_bytes: None,
             // STRATA_GPU_WRITE_BACK=off|on|N compares runs without and with it.
             background_write_back: strata_gpu::space::default_write_back(),
+            peers: self.opts.peers.clone(),
         };
         let size = self.opts.cache_bytes * ratio;
         let seed = self.seed ^ ratio ^ page;
@@ -1096,6 +1100,7 @@ mod tests {
                 read_through: 0,
                 host_cache_loads: 0,
                 background_writebacks: 0,
+                peer: None,
             },
         };
         let record = crate::record::Record::new(

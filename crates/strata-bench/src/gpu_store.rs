@@ -794,6 +794,7 @@ impl Run<'_> {
             host_cache_bytes: host_cache,
             // STRATA_GPU_WRITE_BACK=off|on|N compares runs without and with it.
             background_write_back: strata_gpu::space::default_write_back(),
+            peers: Vec::new(),
         }
     }
 

@@ -51,7 +51,7 @@ const char* strata_version(void);
 
 /* ---- GPU spaces --------------------------------------------------------------------------- */
 
-/* The handle kernels take by value: identical in layout to `StrataSpace` in strata.cuh (88
+/* The handle kernels take by value: identical in layout to `StrataSpace` in strata.cuh (96
  * bytes). In a .cu file that includes both headers, copy it into a StrataSpace with memcpy
  * (see examples/gpu-space/scale.cu). */
 typedef struct strata_space_handle_t {
@@ -69,6 +69,7 @@ typedef struct strata_space_handle_t {
     uint64_t ring;
     uint32_t tier;
     uint32_t reserved;
+    uint64_t peer;
 } strata_space_handle_t;
 
 #define STRATA_ELEM_I32 0
@@ -164,9 +165,9 @@ int strata_region_close(strata_region_t* region);
 #endif
 
 #ifdef __cplusplus
-static_assert(sizeof(strata_space_handle_t) == 88, "strata_space_handle_t must match StrataSpace");
+static_assert(sizeof(strata_space_handle_t) == 96, "strata_space_handle_t must match StrataSpace");
 #else
-_Static_assert(sizeof(strata_space_handle_t) == 88, "strata_space_handle_t must match StrataSpace");
+_Static_assert(sizeof(strata_space_handle_t) == 96, "strata_space_handle_t must match StrataSpace");
 #endif
 
 #endif /* STRATA_H */

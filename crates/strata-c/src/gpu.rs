@@ -1,6 +1,6 @@
 //! GPU spaces from C: open a GPU (`strata_gpu`), create spaces on it (`strata_space`), fill
 //! and read them back, prefetch, evict and flush ranges, read statistics, and hand kernels the
-//! `StrataSpace` handle (`strata_space_handle`, the same 88 bytes as `strata.cuh`'s struct).
+//! `StrataSpace` handle (`strata_space_handle`, the same 96 bytes as `strata.cuh`'s struct).
 
 use std::ffi::c_void;
 
@@ -115,6 +115,7 @@ pub fn space_options(o: &CSpaceOptions) -> Result<SpaceOptions, Error> {
         host_cache_bytes: None,
         // Not in the C options (yet): on by default, STRATA_GPU_WRITE_BACK=off turns it off.
         background_write_back: strata_gpu::space::default_write_back(),
+        peers: Vec::new(),
     })
 }
 
@@ -233,7 +234,7 @@ fn bytes<'a>(data: *const c_void, len: u64) -> Result<&'a [u8], Error> {
     Ok(unsafe { std::slice::from_raw_parts(data.cast::<u8>(), len) })
 }
 
-/// The handle kernels take by value (`StrataSpace` in `strata.cuh`, same 88 bytes).
+/// The handle kernels take by value (`StrataSpace` in `strata.cuh`, same 96 bytes).
 ///
 /// # Safety
 /// `s` is a live space; `out` valid for a write.

@@ -34,6 +34,7 @@
 //   copy.cuh               warp-cooperative page copies
 //   tier_host_copy.cuh     tier: the whole space in pinned host memory
 //   tier_ring.cuh          tier: a pinned host cache over any store, via a request ring
+//   tier_peer.cuh          tier: a victim cache in neighbour GPUs' memory, above the host copy
 //   tiers.cuh              the tier chain the fault path asks
 //   fault.cuh              pin or claim, serve a fault
 //   write_back.cuh         background write-back: dirty pages down before the hand needs them
@@ -48,6 +49,7 @@
 #include "strata/copy.cuh"
 #include "strata/tier_host_copy.cuh"
 #include "strata/tier_ring.cuh"
+#include "strata/tier_peer.cuh"
 #include "strata/tiers.cuh"
 #include "strata/fault.cuh"
 #include "strata/write_back.cuh"

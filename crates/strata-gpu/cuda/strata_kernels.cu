@@ -48,6 +48,12 @@ extern "C" __global__ void strata_evict(StrataSpace s, strata_u64 first, strata_
              p += (strata_u64)gridDim.x * blockDim.x)
             atomicAnd(&s.page_table[p], ~STRATA_HISTORY);
     }
+    // Peer copies of the range are dropped too: the host copy is about to be written (fills).
+    if (s.peer) {
+        for (strata_u64 p = first + blockIdx.x * (strata_u64)blockDim.x + threadIdx.x; p < last;
+             p += (strata_u64)gridDim.x * blockDim.x)
+            s.peer->page_slots[p] = 0u;
+    }
     STRATA_FOR_EACH_FRAME(f) {
         const strata_u32 page = s.frames[f].page;
         if (page == STRATA_NO_PAGE || page < first || page >= last) continue;
@@ -112,6 +118,8 @@ extern "C" __global__ void strata_layout_probe(strata_u64* out) {
     out[i++] = (const char*)&s.protected_quota - sb;
     out[i++] = (const char*)&s.ring - sb;
     out[i++] = (const char*)&s.tier - sb;
+    out[i++] = (const char*)&s.peer - sb;
+    out[i++] = sizeof(StrataPeer);
     out[i++] = sizeof(StrataCounters);
     out[i++] = (const char*)&c.faults - cb;
     out[i++] = (const char*)&c.error_flags - cb;

@@ -183,6 +183,11 @@ impl Gpu {
         out
     }
 
+    /// The GPU's ordinal (CUDA device number).
+    pub fn ordinal(&self) -> usize {
+        self.ctx.ordinal()
+    }
+
     /// Makes this GPU's context current on the calling thread.
     pub fn bind(&self) -> Result<(), DriverError> {
         check(
@@ -262,6 +267,203 @@ impl Drop for Gpu {
             unsafe {
                 sys::cuStreamDestroy_v2(self.stream);
             }
+        }
+    }
+}
+
+/// Memory of neighbour GPUs mapped for one GPU's kernels (CUDA virtual memory management):
+/// chunks created on each lender, mapped side by side into one reserved address range, lenders
+/// taking turns chunk by chunk, with read/write access granted to the borrower for this range
+/// only (no context-wide peer access). Unmapped and released on drop.
+#[derive(Debug)]
+pub struct BorrowedMemory {
+    borrower: Arc<Gpu>,
+    /// The lenders' primary contexts, kept alive while their memory is mapped.
+    _lenders: Vec<Arc<Gpu>>,
+    base: sys::CUdeviceptr,
+    bytes: usize,
+    mapped: usize,
+    handles: Vec<sys::CUmemGenericAllocationHandle>,
+}
+
+// SAFETY: the range and handles are plain driver identifiers, valid from any thread.
+unsafe impl Send for BorrowedMemory {}
+// SAFETY: as above; nothing is mutated after construction.
+unsafe impl Sync for BorrowedMemory {}
+
+fn device_allocation(ordinal: usize) -> sys::CUmemAllocationProp {
+    // SAFETY: CUmemAllocationProp is plain data; all-zero is its documented "no flags" value.
+    let mut prop: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
+    prop.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = i32::try_from(ordinal).unwrap_or(i32::MAX);
+    prop
+}
+
+impl BorrowedMemory {
+    /// Borrows `chunks` chunks of `chunk` bytes from each `(lender ordinal, chunks)` for
+    /// `borrower`'s kernels.
+    ///
+    /// # Errors
+    /// A lender that does not exist, is the borrower, cannot be reached from it, has too little
+    /// free memory, or a chunk size that is not a multiple of the lender's granularity.
+    pub fn new(
+        borrower: &Arc<Gpu>,
+        lenders: &[(usize, usize)],
+        chunk: usize,
+    ) -> Result<Self, DriverError> {
+        borrower.bind()?;
+        let mut count = 0i32;
+        check(
+            // SAFETY: valid out-pointer; the driver is initialised (a context exists).
+            unsafe { sys::cuDeviceGetCount(&raw mut count) },
+            "cuDeviceGetCount",
+        )?;
+        let mut gpus = Vec::new();
+        for &(ordinal, _) in lenders {
+            let refuse = |why: String| DriverError::Call {
+                call: "cuMemCreate",
+                code: sys::CUresult::CUDA_ERROR_INVALID_DEVICE,
+                message: why,
+                hint: "",
+            };
+            if i32::try_from(ordinal).map_or(true, |o| o >= count) {
+                return Err(refuse(format!(
+                    "GPU {ordinal} does not exist (this machine has {count}): name a neighbour GPU that does"
+                )));
+            }
+            if ordinal == borrower.ordinal() {
+                return Err(refuse(format!(
+                    "GPU {ordinal} is the space's own GPU: borrow from a neighbour"
+                )));
+            }
+            let lender = Gpu::open(ordinal)?;
+            let mut can = 0i32;
+            check(
+                // SAFETY: both devices are valid; valid out-pointer.
+                unsafe {
+                    sys::cuDeviceCanAccessPeer(
+                        &raw mut can,
+                        borrower.ctx.cu_device(),
+                        lender.ctx.cu_device(),
+                    )
+                },
+                "cuDeviceCanAccessPeer",
+            )?;
+            if can == 0 {
+                return Err(refuse(format!(
+                    "GPU {} cannot reach GPU {ordinal}'s memory (no NVLink or PCIe peer path): borrow from a GPU that `strata info` lists as a peer",
+                    borrower.ordinal()
+                )));
+            }
+            let prop = device_allocation(ordinal);
+            let mut granularity = 0usize;
+            check(
+                // SAFETY: valid out-pointer and property.
+                unsafe {
+                    sys::cuMemGetAllocationGranularity(
+                        &raw mut granularity,
+                        &raw const prop,
+                        sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
+                    )
+                },
+                "cuMemGetAllocationGranularity",
+            )?;
+            if granularity == 0 || !chunk.is_multiple_of(granularity) {
+                return Err(refuse(format!(
+                    "chunks of {chunk} bytes are not a multiple of GPU {ordinal}'s allocation granularity ({granularity})"
+                )));
+            }
+            gpus.push(lender);
+        }
+        let total_chunks: usize = lenders.iter().map(|&(_, n)| n).sum();
+        let bytes = total_chunks * chunk;
+        let mut base: sys::CUdeviceptr = 0;
+        borrower.bind()?;
+        check(
+            // SAFETY: valid out-pointer; size is a multiple of the granularity checked above.
+            unsafe { sys::cuMemAddressReserve(&raw mut base, bytes, chunk, 0, 0) },
+            "cuMemAddressReserve",
+        )?;
+        let mut me = BorrowedMemory {
+            borrower: borrower.clone(),
+            _lenders: gpus,
+            base,
+            bytes,
+            mapped: 0,
+            handles: Vec::new(),
+        };
+        // Lenders take turns chunk by chunk, so consecutive slots spread over every link.
+        let mut left: Vec<usize> = lenders.iter().map(|&(_, n)| n).collect();
+        while me.mapped < bytes {
+            for (i, &(ordinal, _)) in lenders.iter().enumerate() {
+                if left[i] == 0 {
+                    continue;
+                }
+                left[i] -= 1;
+                let prop = device_allocation(ordinal);
+                let mut handle: sys::CUmemGenericAllocationHandle = 0;
+                check(
+                    // SAFETY: valid out-pointer and property; `chunk` is a granularity multiple.
+                    unsafe { sys::cuMemCreate(&raw mut handle, chunk, &raw const prop, 0) },
+                    "cuMemCreate",
+                )?;
+                me.handles.push(handle);
+                check(
+                    // SAFETY: [base + mapped, + chunk) lies inside the reserved range and is unmapped;
+                    // `handle` is a fresh allocation of exactly `chunk` bytes.
+                    unsafe { sys::cuMemMap(base + me.mapped as u64, chunk, 0, handle, 0) },
+                    "cuMemMap",
+                )?;
+                me.mapped += chunk;
+            }
+        }
+        let access = sys::CUmemAccessDesc {
+            location: sys::CUmemLocation {
+                type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+                id: i32::try_from(borrower.ordinal()).unwrap_or(i32::MAX),
+            },
+            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        check(
+            // SAFETY: the whole range is mapped (above); one valid descriptor.
+            unsafe { sys::cuMemSetAccess(base, bytes, &raw const access, 1) },
+            "cuMemSetAccess",
+        )?;
+        Ok(me)
+    }
+
+    /// The range's device address (as the borrower sees it).
+    pub fn ptr(&self) -> u64 {
+        self.base
+    }
+
+    /// Bytes borrowed.
+    pub fn len(&self) -> usize {
+        self.bytes
+    }
+
+    /// Never empty (at least one chunk).
+    pub fn is_empty(&self) -> bool {
+        self.bytes == 0
+    }
+}
+
+impl Drop for BorrowedMemory {
+    fn drop(&mut self) {
+        if self.borrower.bind().is_err() {
+            return;
+        }
+        // SAFETY: every mapped byte was mapped by us (prefix of the range), the handles are
+        // ours and released once, the range was reserved by us and is freed once.
+        unsafe {
+            if self.mapped > 0 {
+                sys::cuMemUnmap(self.base, self.mapped);
+            }
+            for &h in &self.handles {
+                sys::cuMemRelease(h);
+            }
+            sys::cuMemAddressFree(self.base, self.bytes);
         }
     }
 }

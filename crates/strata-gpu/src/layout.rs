@@ -217,6 +217,8 @@ pub struct SpaceHandle<'space> {
     pub tier: u32,
     /// Unused (zero).
     pub reserved: u32,
+    /// The peer tier's descriptor (device address; 0 without one).
+    pub peer: u64,
     /// The borrow of the space (zero-sized; also keeps handles from being made outside).
     pub(crate) space: std::marker::PhantomData<&'space ()>,
 }
@@ -226,6 +228,28 @@ unsafe impl crate::driver::KernelParam for SpaceHandle<'_> {
     fn companion_key(&self) -> Option<u64> {
         Some(self.counters)
     }
+}
+
+/// The peer tier's descriptor (`StrataPeer`, in GPU memory).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PeerDescriptor {
+    /// Borrowed memory for the slots (device address, mapped for this GPU).
+    pub slots: u64,
+    /// Slot words (device address).
+    pub slot_words: u64,
+    /// Per page: slot + 1 holding its copy, 0 for none (device address).
+    pub page_slots: u64,
+    /// Slots.
+    pub slot_count: u64,
+    /// Round-robin cursor.
+    pub next: u64,
+    /// Faults served from a peer slot.
+    pub loads: u64,
+    /// Victims copied to a peer slot.
+    pub stores: u64,
+    /// Peer copies rewritten while a fault loaded them (that fault loaded from below).
+    pub stale: u64,
 }
 
 /// The background write-back's control block (`StrataWriteBack`, in GPU memory).
@@ -247,7 +271,9 @@ pub struct WriteBackControl {
 }
 
 const _: () = assert!(size_of::<FrameEntry>() == 8);
-const _: () = assert!(size_of::<SpaceHandle<'static>>() == 88);
+const _: () = assert!(size_of::<SpaceHandle<'static>>() == 96);
+const _: () = assert!(offset_of!(SpaceHandle<'static>, peer) == 88);
+const _: () = assert!(size_of::<PeerDescriptor>() == 64);
 const _: () = assert!(offset_of!(SpaceHandle<'static>, ring) == 72);
 const _: () = assert!(offset_of!(SpaceHandle<'static>, size_bytes) == 40);
 const _: () = assert!(offset_of!(SpaceHandle<'static>, frame_count) == 56);
@@ -272,6 +298,8 @@ pub fn host_layout() -> Vec<u64> {
         offset_of!(SpaceHandle<'static>, protected_quota),
         offset_of!(SpaceHandle<'static>, ring),
         offset_of!(SpaceHandle<'static>, tier),
+        offset_of!(SpaceHandle<'static>, peer),
+        size_of::<PeerDescriptor>(),
         size_of::<DeviceCounters>(),
         offset_of!(DeviceCounters, faults),
         offset_of!(DeviceCounters, error_flags),
@@ -403,7 +431,7 @@ mod tests {
 
     #[test]
     fn host_layout_lists_every_probe_field() {
-        assert_eq!(host_layout().len(), 34);
-        assert_eq!(host_layout()[0], 88);
+        assert_eq!(host_layout().len(), 36);
+        assert_eq!(host_layout()[0], 96);
     }
 }

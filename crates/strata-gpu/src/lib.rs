@@ -11,8 +11,11 @@
 //! (device side `cuda/strata/tiers.cuh`, host side the crate's `tier` module):
 //!
 //! ```text
-//!  GPU frames ──miss──> [host copy]  the whole space in pinned host memory (Strata::space):
-//!      ^                             the warp copies the page straight in; a dirty victim
+//!  GPU frames ──miss──> [peer slots] optional (SpaceOptions::peers): neighbour GPUs' memory
+//!      ^                             borrowed as a victim cache (CUDA VMM); every evicted page
+//!      │                             is copied there too, a fault on it loads over NVLink
+//!      │        ──then──> [host copy] the whole space in pinned host memory (Strata::space):
+//!      │                             the warp copies the page straight in; a dirty victim
 //!      │                             goes back in the same pass
 //!      │        ──or──> [host cache] bounded pinned slots (Strata::space_over_store): a page
 //!      │                     │       there is copied straight in (checked like a seqlock);

@@ -42,6 +42,10 @@ pub const HEADERS: &[(&str, &str)] = &[
         "strata/tier_ring.cuh",
         include_str!("../cuda/strata/tier_ring.cuh"),
     ),
+    (
+        "strata/tier_peer.cuh",
+        include_str!("../cuda/strata/tier_peer.cuh"),
+    ),
     ("strata/tiers.cuh", include_str!("../cuda/strata/tiers.cuh")),
     ("strata/fault.cuh", include_str!("../cuda/strata/fault.cuh")),
     (

@@ -7,7 +7,7 @@ use strata_gpu::driver::{Args, DeviceBuffer, Grid};
 use strata_gpu::{ElementType, EvictionPolicy, SpaceError};
 
 mod common;
-use common::{mix, opts, random_words, seed, strata_or_skip};
+use common::{check_read_random, opts, random_words, replay_rmw_owned, seed, strata_or_skip};
 
 const KERNELS: &str = include_str!("gpu_kernels.cu");
 
@@ -69,41 +69,17 @@ fn random_reads_and_writes_match_a_host_reference() {
                 rmw.launch(grid, &Args::new().arg(space.handle()).arg(ops).arg(s))
                     .unwrap();
                 space.check_errors().unwrap();
-                let per = n as u64 / threads;
-                for t in 0..threads {
-                    for k in 0..ops {
-                        let i = (t + threads
-                            * (mix(s ^ t.wrapping_mul(0x9E3779B97F4A7C15) ^ k) % per))
-                            as usize;
-                        reference[i] = reference[i].wrapping_mul(3).wrapping_add(i as u64);
-                    }
-                }
-                let sums = DeviceBuffer::zeroed(strata.gpu(), threads as usize * 8).unwrap();
-                let rops = ops.min(4);
-                let s2 = s ^ 0x5555;
-                read.launch(
+                replay_rmw_owned(&mut reference, threads, ops, s);
+                let what = format!("page {page} ratio {ratio} {policy:?}");
+                check_read_random(
+                    &read,
+                    &space,
                     grid,
-                    &Args::new()
-                        .arg(space.handle())
-                        .arg(rops)
-                        .arg(s2)
-                        .arg(sums.ptr()),
-                )
-                .unwrap();
-                space.check_errors().unwrap();
-                let mut got = vec![0u64; threads as usize];
-                sums.download(0, &mut got).unwrap();
-                for t in 0..threads {
-                    let mut acc = 0u64;
-                    for k in 0..rops {
-                        acc = acc
-                            .wrapping_add(reference[(mix(s2 ^ (t << 20) ^ k) % n as u64) as usize]);
-                    }
-                    assert_eq!(
-                        got[t as usize], acc,
-                        "page {page} ratio {ratio} {policy:?}: thread {t} read wrong sums"
-                    );
-                }
+                    &reference,
+                    ops.min(4),
+                    s ^ 0x5555,
+                    &what,
+                );
                 let mut back = vec![0u64; n];
                 space.read_back(0, &mut back).unwrap();
                 let bad = back.iter().zip(&reference).filter(|(a, b)| a != b).count();

@@ -73,7 +73,7 @@ fn header_layout_matches_rust() {
     nvrtc::compile(&src, "layout_check.cu", "sm_90", &[])
         .unwrap_or_else(|e| panic!("strata.cuh disagrees with strata_gpu::layout: {e}"));
     // And the check can fail: a wrong size must be rejected.
-    let wrong = src.replace("sizeof(StrataSpace) == 88", "sizeof(StrataSpace) == 80");
+    let wrong = src.replace("sizeof(StrataSpace) == 96", "sizeof(StrataSpace) == 80");
     assert_ne!(wrong, src);
     assert!(matches!(
         nvrtc::compile(&wrong, "layout_wrong.cu", "sm_90", &[]),

@@ -128,11 +128,11 @@ impl PySpace {
         self.lock().frames()
     }
 
-    /// The `StrataSpace` handle kernels take by value: 88 bytes, as in `strata.cuh`.
+    /// The `StrataSpace` handle kernels take by value: 96 bytes, as in `strata.cuh`.
     fn handle<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
         let space = self.lock();
         let h = space.handle();
-        let mut b = Vec::with_capacity(88);
+        let mut b = Vec::with_capacity(96);
         for w in [
             h.page_table,
             h.frames,
@@ -151,6 +151,7 @@ impl PySpace {
         for w in [h.tier, h.reserved] {
             b.extend_from_slice(&w.to_ne_bytes());
         }
+        b.extend_from_slice(&h.peer.to_ne_bytes());
         PyBytes::new(py, &b)
     }
 

@@ -30,7 +30,7 @@ def test_space_round_trip_and_kernel(rng):
     want = rng.standard_normal(n)
     s.fill(want)
     np.testing.assert_array_equal(s.read(dtype=np.float64), want)
-    assert len(s.handle()) == 88
+    assert len(s.handle()) == 96
     m = s.compile(
         r'''
         #include "strata.cuh"

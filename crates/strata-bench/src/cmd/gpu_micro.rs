@@ -39,6 +39,23 @@ pub struct GpuMicroArgs {
     /// Spaces over a store (`--store`, `--codec`, `--file-io`, `--host-cache`).
     #[command(flatten)]
     pub store: crate::store_spec::SpaceStoreArgs,
+    /// Borrow SIZE of GPU N's memory as every space's peer tier (a victim cache over NVLink),
+    /// as N:SIZE, e.g. 1:8GiB; repeat for several lenders. Compare with a run without it.
+    #[arg(long, value_parser = parse_peer)]
+    pub peer: Vec<strata_gpu::space::PeerBorrow>,
+}
+
+fn parse_peer(s: &str) -> Result<strata_gpu::space::PeerBorrow, String> {
+    let (gpu, size) = s
+        .split_once(':')
+        .ok_or_else(|| format!("--peer {s:?}: give GPU:SIZE, e.g. 1:8GiB"))?;
+    let gpu = gpu
+        .parse()
+        .map_err(|_| format!("--peer {s:?}: {gpu:?} is not a GPU number"))?;
+    Ok(strata_gpu::space::PeerBorrow {
+        gpu,
+        bytes: parse_size(size)?,
+    })
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -69,7 +86,11 @@ pub fn micro(args: &GpuMicroArgs) -> anyhow::Result<()> {
         patterns: args.patterns.clone(),
         ceilings: ceilings.values.clone(),
         backing: backing.clone(),
+        peers: args.peer.clone(),
     };
+    if !opts.peers.is_empty() && backing.is_some() {
+        anyhow::bail!("--peer works over the pinned host copy only: leave out --store");
+    }
     let rows = run_micro(&opts)?;
     println!(
         "pattern            page  ratio unit          Strata | zero-copy (Strata/x) | chunked copy | UVM (fits, first touch) | of ceiling | hit rate, faults"
@@ -82,6 +103,7 @@ pub fn micro(args: &GpuMicroArgs) -> anyhow::Result<()> {
         "reps": args.reps,
         "store": backing.as_ref().map(|b| b.spec.label()),
         "host_cache_bytes": backing.as_ref().and_then(|b| b.host_cache),
+        "peers": args.peer,
         "rows": rows,
     });
     let record = Record::new("gpu-micro", Device::of(0), ceilings, body);

@@ -177,6 +177,7 @@ fn space_over_store<T: Element>(
         host_cache_bytes: backing.host_cache,
         // STRATA_GPU_WRITE_BACK=off|on|N compares runs without and with it.
         background_write_back: strata_gpu::space::default_write_back(),
+        peers: Vec::new(),
     };
     // Whole pages: the store and the space cover the last partial page too.
     let bytes = (data.len() as u64 * 4)

@@ -91,7 +91,7 @@ __device__ strata_u32 serve_fault(const StrataSpace& s, strata_u64 page, unsigne
     }
     unsigned char* fdata = frame_data + (strata_u64)frame * ps;
     const bool write_victim = victim != STRATA_NO_PAGE && dirty;
-    const int moved = tier_exchange(s, write_victim ? victim : STRATA_NO_PAGE, page, fdata, lane, mask, leader);
+    const int moved = tier_exchange(s, victim, write_victim, page, fdata, lane, mask, leader);
     __syncwarp(mask);
     if (moved == TIER_WRITE_FAILED) {
         if (lane == leader) {

@@ -130,6 +130,7 @@ struct StrataSpace {
     struct StrataRing* ring;     // RING tier: the request ring's descriptor (GPU memory)
     strata_u32 tier;             // STRATA_TIER_*
     strata_u32 reserved;
+    struct StrataPeer* peer;     // the peer tier above the host copy (GPU memory), or null
 };
 
 // ---- the request ring of store-backed spaces (protocol: strata_gpu::ring::layout) --------------
@@ -163,6 +164,27 @@ struct StrataRing {                // in GPU memory
     strata_u32 flags;
 };
 
+// ---- the peer tier: a victim cache in borrowed memory of neighbour GPUs (tier_peer.cuh) ---------
+// Slot words (one per slot, in this GPU's memory): which page a slot holds and whether it is
+// being rewritten. A reader validates the word before and after copying (a seqlock).
+#define STRATA_PEER_PAGE_MASK 0xFFFFFFFFull
+#define STRATA_PEER_VALID (1ull << 32)
+#define STRATA_PEER_BUSY (1ull << 33)
+#define STRATA_PEER_GEN_SHIFT 40
+
+struct StrataPeer {                // in GPU memory
+    unsigned char* slots;          // [slot_count << page_shift] borrowed memory, mapped here
+    strata_u64* slot_words;        // [slot_count]
+    strata_u32* page_slots;        // [pages] slot + 1 holding the page's copy (0: none)
+    strata_u64 slot_count;
+    strata_u64 next;               // round-robin cursor over the slots
+    strata_u64 loads;              // faults served from a peer slot
+    strata_u64 stores;             // victims copied to a peer slot
+    strata_u64 stale;              // peer copies found rewritten while loaded (loaded from below)
+};
+
+static_assert(sizeof(StrataPeer) == 64, "StrataPeer layout changed: update strata_gpu::layout");
+
 // ---- background write-back (write_back.cuh; strata_gpu::space::write_back) ---------------------
 struct StrataWriteBack {           // in GPU memory, one per space
     strata_u64 stop;               // launches whose kernel has ended (the cleaners of a launch
@@ -181,4 +203,4 @@ static_assert(sizeof(StrataRing) == 80, "StrataRing layout changed: update strat
 static_assert(sizeof(StrataFrame) == 8, "StrataFrame layout changed: update strata_gpu::layout");
 static_assert(sizeof(StrataCounters) == 8 * (STRATA_HIT_SHARDS * STRATA_SHARD_STRIDE + 11) + 8 + 72,
               "StrataCounters layout changed: update strata_gpu::layout");
-static_assert(sizeof(StrataSpace) == 88, "StrataSpace layout changed: update strata_gpu::layout");
+static_assert(sizeof(StrataSpace) == 96, "StrataSpace layout changed: update strata_gpu::layout");

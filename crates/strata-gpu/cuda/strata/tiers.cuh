@@ -8,16 +8,20 @@ namespace detail {
 
 enum TierStatus { TIER_OK = 0, TIER_WRITE_FAILED = 1, TIER_LOAD_FAILED = 2 };
 
-// Warp-collective (every lane of `mask`, with `leader`'s space): writes `victim`'s bytes from
-// `frame` down (when victim != STRATA_NO_PAGE, i.e. it was dirty), then loads `page` into
-// `frame`. TIER_WRITE_FAILED: nothing was written and `frame` still holds the victim.
+// Warp-collective (every lane of `mask`, with `leader`'s space): `victim` (STRATA_NO_PAGE if
+// the frame was free) leaves `frame` (written down if `victim_dirty`), then `page` is loaded
+// into `frame`. A space with a peer tier asks it first (it sits above the host copy).
+// TIER_WRITE_FAILED: nothing was written and `frame` still holds the victim.
 // TIER_LOAD_FAILED: the victim is safely down, `frame` holds no page. Failures are recorded.
-__device__ __forceinline__ int tier_exchange(const StrataSpace& s, strata_u64 victim, strata_u64 page,
-                                             unsigned char* frame, unsigned lane, unsigned mask,
-                                             unsigned leader) {
+__device__ __forceinline__ int tier_exchange(const StrataSpace& s, strata_u64 victim, bool victim_dirty,
+                                             strata_u64 page, unsigned char* frame, unsigned lane,
+                                             unsigned mask, unsigned leader) {
+    if (__shfl_sync(mask, (strata_u64)s.peer, leader) != 0)
+        return peer_exchange(s, victim, victim_dirty, page, frame, lane, mask, leader);
+    const strata_u64 down = victim_dirty ? victim : STRATA_NO_PAGE;
     switch (__shfl_sync(mask, s.tier, leader)) {
-    case STRATA_TIER_RING: return ring_exchange(s, victim, page, frame, lane, mask, leader);
-    default: return host_copy_exchange(s, victim, page, frame, lane, mask, leader);
+    case STRATA_TIER_RING: return ring_exchange(s, down, page, frame, lane, mask, leader);
+    default: return host_copy_exchange(s, down, page, frame, lane, mask, leader);
     }
 }
 

@@ -11,6 +11,7 @@ use crate::layout::{DeviceCounters, FrameEntry, NO_PAGE, SpaceHandle};
 pub use crate::runtime::{KernelModule, Strata};
 use crate::tier::Backing;
 use crate::tier::host_copy::HostCopy;
+use crate::tier::peer::PeerTier;
 use crate::tier::store::StoreTier;
 
 mod error;
@@ -20,10 +21,10 @@ mod write_back;
 
 pub use error::SpaceError;
 pub use options::{
-    BackgroundWriteBack, ElementType, EvictionPolicy, SpaceOptions, SpacePlan, default_write_back,
-    read_through_from_env, write_back_from_env,
+    BackgroundWriteBack, ElementType, EvictionPolicy, PEER_CHUNK_BYTES, PeerBorrow, SpaceOptions,
+    SpacePlan, default_write_back, read_through_from_env, write_back_from_env,
 };
-pub use stats::GpuStats;
+pub use stats::{GpuStats, PeerStats};
 
 /// A space: see the crate docs.
 ///
@@ -50,6 +51,9 @@ pub struct Space {
     options: SpaceOptions,
     /// The background write-back warps, if on.
     write_back: Option<Arc<write_back::WriteBackWarps>>,
+    /// Borrowed memory of neighbour GPUs, if any (freed after the kernels end: fields drop
+    /// after `Drop::drop` waited for them).
+    peer: Option<PeerTier>,
 }
 
 impl Drop for Space {
@@ -96,6 +100,11 @@ impl Space {
         if options.read_through {
             return Err(SpaceError::Invalid(
                 "read-through reads first touches from a full host copy, which a space over a store does not have: leave SpaceOptions::read_through off".into(),
+            ));
+        }
+        if !options.peers.is_empty() {
+            return Err(SpaceError::Invalid(
+                "a peer tier sits above a full pinned host copy; over a store it is not supported yet: leave SpaceOptions::peers empty or use Strata::space".into(),
             ));
         }
         Space::build(strata, size_bytes, options, |gpu, plan| {
@@ -145,6 +154,11 @@ impl Space {
             to_usize(frames)?
         ];
         frames_buf.upload(0, &free_frames)?;
+        let peer = if options.peers.is_empty() {
+            None
+        } else {
+            Some(PeerTier::new(&gpu, &options.peers, ps, pages)?)
+        };
         let (host, ring, tier) = match &backing {
             Backing::HostCopy(h) => (h.buffer.device_ptr(), 0, crate::layout::TIER_HOST_COPY),
             Backing::Store(s) => (0, s.descriptor.ptr(), crate::layout::TIER_RING),
@@ -171,6 +185,7 @@ impl Space {
             ring,
             tier,
             reserved: 0,
+            peer: peer.as_ref().map_or(0, |p| p.descriptor.ptr()),
             space: std::marker::PhantomData,
         };
         let write_back = match &options.background_write_back {
@@ -185,6 +200,7 @@ impl Space {
         };
         Ok(Space {
             write_back,
+            peer,
             gpu,
             flush_fn: strata.flush.clone(),
             evict_fn: strata.evict.clone(),
@@ -550,6 +566,19 @@ impl Space {
             read_through: c.read_through,
             host_cache_loads: c.host_cache_loads,
             background_writebacks: c.background_writebacks,
+            peer: match &self.peer {
+                Some(p) => {
+                    let d = p.state()?;
+                    Some(stats::PeerStats {
+                        slots: p.slots,
+                        borrowed_bytes: p.borrowed_bytes(),
+                        loads: d.loads,
+                        stores: d.stores,
+                        stale: d.stale,
+                    })
+                }
+                None => None,
+            },
         })
     }
 
@@ -567,6 +596,9 @@ impl Space {
         fresh.protected_now = c.protected_now;
         fresh.lifetime_faults = c.lifetime_faults;
         self.counters.upload(0, std::slice::from_ref(&fresh))?;
+        if let Some(p) = &self.peer {
+            p.reset_counters()?;
+        }
         Ok(())
     }
 

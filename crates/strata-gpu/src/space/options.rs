@@ -145,6 +145,24 @@ pub fn write_back_from_env() -> Result<Option<Option<BackgroundWriteBack>>, Spac
     }
 }
 
+/// Memory a space borrows from a neighbour GPU for its peer tier: a victim cache between the
+/// GPU cache and the pinned host copy. Pages evicted from the cache are also copied into
+/// borrowed slots (round robin over the borrowed memory, chunk by chunk across lenders), and
+/// a fault on a page that has a slot copies it over NVLink instead of PCIe. A slot copy is
+/// always clean (the host copy is written at the same eviction), so giving memory back never
+/// needs a write. Access is granted per allocation (CUDA VMM, `cuMemSetAccess`), not for all
+/// of the lender's memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct PeerBorrow {
+    /// The lending GPU's ordinal (not the space's own GPU).
+    pub gpu: usize,
+    /// Bytes to borrow (rounded down to whole 2 MiB chunks, at least one).
+    pub bytes: u64,
+}
+
+/// Granularity of borrowed peer memory.
+pub const PEER_CHUNK_BYTES: u64 = 2 << 20;
+
 /// Options of a new space.
 #[derive(Debug, Clone)]
 pub struct SpaceOptions {
@@ -169,6 +187,9 @@ pub struct SpaceOptions {
     /// Background write-back (`None`: off; faults write their dirty victims themselves).
     /// The default is [`BackgroundWriteBack::default`], or what `STRATA_GPU_WRITE_BACK` says.
     pub background_write_back: Option<BackgroundWriteBack>,
+    /// Neighbour GPUs' memory to borrow for the peer tier (empty: none). Spaces backed by a
+    /// full pinned host copy only; a space over a store refuses it.
+    pub peers: Vec<PeerBorrow>,
 }
 
 impl Default for SpaceOptions {
@@ -181,6 +202,7 @@ impl Default for SpaceOptions {
             read_through: false,
             host_cache_bytes: None,
             background_write_back: default_write_back(),
+            peers: Vec::new(),
         }
     }
 }
@@ -227,6 +249,25 @@ impl SpacePlan {
         }
         if let Some(wb) = &options.background_write_back {
             wb.validate()?;
+        }
+        for p in &options.peers {
+            if p.bytes < PEER_CHUNK_BYTES {
+                return Err(SpaceError::Invalid(format!(
+                    "borrowing {} from GPU {} is less than one {} chunk: borrow at least {}",
+                    fmt(p.bytes),
+                    p.gpu,
+                    fmt(PEER_CHUNK_BYTES),
+                    fmt(PEER_CHUNK_BYTES)
+                )));
+            }
+            if p.bytes < options.page_size {
+                return Err(SpaceError::Invalid(format!(
+                    "borrowing {} from GPU {} holds no page of {}: borrow more or use smaller pages",
+                    fmt(p.bytes),
+                    p.gpu,
+                    fmt(options.page_size)
+                )));
+            }
         }
         let pages = size_bytes.div_ceil(ps);
         if pages >= u64::from(NO_PAGE) {
@@ -342,6 +383,7 @@ mod tests {
             read_through: false,
             host_cache_bytes: None,
             background_write_back: Some(BackgroundWriteBack::default()),
+            peers: Vec::new(),
         }
     }
 
@@ -455,6 +497,7 @@ mod tests {
             read_through: 0,
             host_cache_loads: 0,
             background_writebacks: 0,
+            peer: None,
         };
         assert_eq!(st.mean_fault_ns(), 1000);
         let snap = st.to_snapshot();

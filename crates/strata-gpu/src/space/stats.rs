@@ -38,6 +38,23 @@ pub struct GpuStats {
     /// Dirty pages the background write-back warps wrote down (also counted in
     /// `writebacks`); the rest were written by faults that found their victim dirty.
     pub background_writebacks: u64,
+    /// The peer tier's figures, for a space that borrows neighbour GPUs' memory.
+    pub peer: Option<PeerStats>,
+}
+
+/// A space's peer tier (memory borrowed from neighbour GPUs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct PeerStats {
+    /// Page slots the borrowed memory holds.
+    pub slots: u64,
+    /// Bytes borrowed.
+    pub borrowed_bytes: u64,
+    /// Faults served from a peer slot (over NVLink rather than from the host).
+    pub loads: u64,
+    /// Evicted pages copied to a peer slot.
+    pub stores: u64,
+    /// Peer copies rewritten while a fault loaded them (that fault loaded from the host).
+    pub stale: u64,
 }
 
 impl GpuStats {

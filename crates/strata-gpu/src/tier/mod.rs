@@ -16,11 +16,15 @@
 //!                                                                    memory node, compressed
 //! ```
 //!
+//! Above the host copy a space may have a peer tier (`peer`): a victim cache in memory
+//! borrowed from neighbour GPUs, asked before the host copy.
+//!
 //! A new tier is one device header (`tier_<name>.cuh`, an exchange and a write-back, plus a
 //! line in each switch of `tiers.cuh`) and one module here (a variant of [`Backing`] with what
 //! the host must do for the space's maintenance calls).
 
 pub(crate) mod host_copy;
+pub(crate) mod peer;
 pub(crate) mod store;
 
 use std::ops::Range;

@@ -51,5 +51,60 @@ pub fn opts(page: u64, cache: u64, policy: EvictionPolicy) -> SpaceOptions {
         read_through: false,
         host_cache_bytes: None,
         background_write_back: strata_gpu::space::default_write_back(),
+        peers: Vec::new(),
+    }
+}
+
+/// The host replay of `rmw_owned` (gpu_kernels.cu): `ops` updates x -> 3x + i per thread of a
+/// grid of `threads`, at the indices the kernel picks from `seed`.
+pub fn replay_rmw_owned(reference: &mut [u64], threads: u64, ops: u64, seed: u64) {
+    let per = reference.len() as u64 / threads;
+    for t in 0..threads {
+        for k in 0..ops {
+            let i =
+                (t + threads * (mix(seed ^ t.wrapping_mul(0x9E3779B97F4A7C15) ^ k) % per)) as usize;
+            reference[i] = reference[i].wrapping_mul(3).wrapping_add(i as u64);
+        }
+    }
+}
+
+/// What `read_random` (gpu_kernels.cu) must leave in `sums[t]` for thread `t`.
+pub fn read_random_sum(reference: &[u64], t: u64, ops: u64, seed: u64) -> u64 {
+    (0..ops).fold(0u64, |acc, k| {
+        acc.wrapping_add(reference[(mix(seed ^ (t << 20) ^ k) % reference.len() as u64) as usize])
+    })
+}
+
+/// Runs `read_random` (gpu_kernels.cu) over `space` with `ops` reads per thread and checks
+/// every thread's sum against `reference` (the space's expected contents).
+pub fn check_read_random(
+    read: &strata_gpu::driver::Function,
+    space: &strata_gpu::Space,
+    grid: strata_gpu::driver::Grid,
+    reference: &[u64],
+    ops: u64,
+    seed: u64,
+    what: &str,
+) {
+    let threads = u64::from(grid.blocks) * u64::from(grid.threads);
+    let sums = strata_gpu::driver::DeviceBuffer::zeroed(space.gpu(), threads as usize * 8).unwrap();
+    read.launch(
+        grid,
+        &strata_gpu::driver::Args::new()
+            .arg(space.handle())
+            .arg(ops)
+            .arg(seed)
+            .arg(sums.ptr()),
+    )
+    .unwrap();
+    space.check_errors().unwrap();
+    let mut got = vec![0u64; threads as usize];
+    sums.download(0, &mut got).unwrap();
+    for t in 0..threads {
+        assert_eq!(
+            got[t as usize],
+            read_random_sum(reference, t, ops, seed),
+            "{what}: thread {t} read wrong sums"
+        );
     }
 }

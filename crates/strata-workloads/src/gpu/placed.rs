@@ -78,6 +78,7 @@ impl Placed {
             read_through: strata_gpu::space::read_through_from_env()?.unwrap_or(false),
             host_cache_bytes: None,
             background_write_back: strata_gpu::space::default_write_back(),
+            peers: Vec::new(),
         };
         let mut space = strata.space((data.len() as u64 * 4).max(4), &options)?;
         space.with_host_mut(|bytes| copy_into(bytes, data))?;
