@@ -116,6 +116,7 @@ def run(args):
                            lookups_per_s=n / (med / 1e3), **extra)
                 results["runs"].append(rec)
                 print(json.dumps(rec), flush=True)
+                save(results, args.out)  # after each run, so a cut-off benchmark keeps its rows
 
             # Strata: the table in a space `ratio` times its cache.
             t0 = time.time()
@@ -195,6 +196,14 @@ def run(args):
     return results
 
 
+def save(results, out):
+    os.makedirs(out, exist_ok=True)
+    path = os.path.join(out, "embedding_bag.json")
+    with open(path, "w") as f:
+        json.dump(results, f, indent=1)
+    return path
+
+
 def plot(results, path):
     try:
         import matplotlib
@@ -252,11 +261,7 @@ def main():
     args.ratios = [int(x) for x in args.ratios.split(",")]
     args.dims = [int(x) for x in args.dims.split(",")]
     results = run(args)
-    os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, "embedding_bag.json")
-    with open(path, "w") as f:
-        json.dump(results, f, indent=1)
-    print(f"json: {path}")
+    print(f"json: {save(results, args.out)}")
     plot(results, os.path.join(args.out, "embedding_bag.png"))
     return 0
 

@@ -99,7 +99,8 @@ impl PyKernelModule {
         Ok((f, blocks))
     }
 
-    /// Launches with the parameters already laid out.
+    /// Launches with the parameters already laid out (the context made current by `prepare`
+    /// on this thread).
     fn launch_params(
         &self,
         f: RawFunction,
@@ -108,7 +109,6 @@ impl PyKernelModule {
         params: &Params,
         stream: u64,
     ) -> Result<(), SpaceError> {
-        self.runtime.gpu().bind()?;
         let mut ptrs = params.pointers();
         // SAFETY: `ptrs` points at the live slots of `params` (one per argument, each laid out
         // as its KernelParam type, which the caller matched to the kernel's signature as the
@@ -127,6 +127,12 @@ impl PyKernelModule {
         stream: Option<u64>,
     ) -> PyResult<(RawFunction, u32, Params, u64)> {
         check_threads(threads)?;
+        // The calling thread may have no context current (autograd runs backward on its own
+        // threads): make the GPU's primary context current before any driver call.
+        self.runtime
+            .gpu()
+            .bind()
+            .map_err(|e| py_err(SpaceError::from(e)))?;
         let (f, full) = self.function(name, threads)?;
         let mut params = Params::default();
         for arg in args {
