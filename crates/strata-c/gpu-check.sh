@@ -9,7 +9,8 @@
 #   crates/strata-c/gpu-check.sh run py    # there: only the Python package (pytest, benchmark)
 #
 # The benchmark writes embedding_bag.json/.png and its log under $BENCH_OUT (default $OUT, else
-# a temporary directory); EMBAG_BENCH=0 skips it, EMBAG_BENCH_ARGS passes it options.
+# a temporary directory); EMBAG_BENCH=0 skips it, EMBAG_BENCH_ARGS passes it options;
+# PYTEST_TIMEOUT and BENCH_TIMEOUT (seconds) bound the two steps.
 set -u -o pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 carry="$root/.carry-py"
@@ -55,13 +56,13 @@ run)
     fi
     step "wheel" python3 -m pip install -q --no-deps --no-index --target "$site" "$carry"/strata-*.whl
     # Each subshell exits with its step's status (step itself always returns 0).
-    (cd "$work" && export PYTHONPATH="$site" && step pytest timeout 400 python3 -m pytest -q -p no:cacheprovider \
+    (cd "$work" && export PYTHONPATH="$site" && step pytest timeout "${PYTEST_TIMEOUT:-400}" python3 -m pytest -q -p no:cacheprovider \
         -rs "$root/crates/strata-py/tests"; exit $status) || status=1
     if [ "${EMBAG_BENCH:-1}" != 0 ]; then
         bench_out="${BENCH_OUT:-${OUT:-$work/bench}}"
         mkdir -p "$bench_out"
         # shellcheck disable=SC2086 # EMBAG_BENCH_ARGS holds several options
-        (export PYTHONPATH="$site" PYTHONUNBUFFERED=1 && step "EmbeddingBag benchmark" timeout 480 \
+        (export PYTHONPATH="$site" PYTHONUNBUFFERED=1 && step "EmbeddingBag benchmark" timeout "${BENCH_TIMEOUT:-480}" \
             python3 "$root/crates/strata-py/bench/embedding_bag.py" --out "$bench_out" ${EMBAG_BENCH_ARGS:-}
             exit $status) 2>&1 | tee "$bench_out/bench.log" || status=1
     fi

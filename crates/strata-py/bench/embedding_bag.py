@@ -90,7 +90,6 @@ def run(args):
     cache = args.cache_mib << 20
     n = args.bags * args.bag_size
     offsets = torch.arange(args.bags, device=dev, dtype=torch.int64) * args.bag_size
-    ends = torch.arange(args.bags + 1, device=dev, dtype=torch.int64) * args.bag_size
     results = {"device": torch.cuda.get_device_name(dev), "torch": torch.__version__,
                "cache_bytes": cache, "bags": args.bags, "bag_size": args.bag_size, "alpha": args.alpha,
                "warmup": args.warmup, "iters": args.iters, "lr": args.lr, "runs": []}
@@ -150,8 +149,8 @@ def run(args):
             def ptr_step(table_ptr):
                 def step(ids):
                     stream = torch.cuda.current_stream().cuda_stream
-                    c = [("ptr", ids.data_ptr()), ("i64", n), ("ptr", ends.data_ptr()), ("ptr", 0),
-                         ("u64", args.bags), ("i64", rows), ("i32", 0), ("i64", -1)]
+                    c = [("ptr", ids.data_ptr()), ("i64", n), ("ptr", offsets.data_ptr()), ("i64", args.bags),
+                         ("i64", 0), ("ptr", 0), ("u64", args.bags), ("i64", rows), ("i32", 0), ("i64", -1)]
                     blocks = -(-args.bags * 32 // 256)
                     mod.launch("eb_forward_ptr", [("ptr", table_ptr), *c, ("ptr", out.data_ptr()),
                                                   ("ptr", err.data_ptr())],

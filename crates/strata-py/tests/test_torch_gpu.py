@@ -214,12 +214,11 @@ def test_zero_copy_kernels_match_the_space(gen):
     mod = kernels(bag.space, DEV.index, dim, dim)
     ids, offsets = random_bags(gen, rows, 100, 30)
     ids, offsets = ids.to(DEV), offsets.to(DEV)
-    ends = torch.cat([offsets, torch.tensor([ids.numel()], device=DEV)])
     err = torch.tensor([0, -1], device=DEV)
     out = torch.empty(100, dim, device=DEV)
     stream = torch.cuda.current_stream().cuda_stream
-    common = [("ptr", ids.data_ptr()), ("i64", ids.numel()), ("ptr", ends.data_ptr()), ("ptr", 0),
-              ("u64", 100), ("i64", rows), ("i32", 0), ("i64", -1)]
+    common = [("ptr", ids.data_ptr()), ("i64", ids.numel()), ("ptr", offsets.data_ptr()), ("i64", 100),
+              ("i64", 0), ("ptr", 0), ("u64", 100), ("i64", rows), ("i32", 0), ("i64", -1)]
     # CUDA tensors pass as their device pointers (__cuda_array_interface__).
     mod.launch("eb_forward_ptr", [("ptr", host.data_ptr()), *common, out, err],
                blocks=13, threads=256, synchronize=False,

@@ -74,52 +74,56 @@ def _bag(handle):
 @torch.library.custom_op("strata::embedding_bag", mutates_args=())
 def _forward_op(
     ids: torch.Tensor,
-    ends: torch.Tensor,
+    offsets: Optional[torch.Tensor],
     weights: Optional[torch.Tensor],
     anchor: torch.Tensor,
     handle: int,
     dim: int,
+    bags: int,
+    fixed_len: int,
 ) -> torch.Tensor:
-    return _bag(handle)._forward_impl(ids, ends, weights)
+    return _bag(handle)._forward_impl(ids, offsets, weights, bags, fixed_len)
 
 
 @_forward_op.register_fake
-def _forward_fake(ids, ends, weights, anchor, handle, dim):
-    return ids.new_empty((ends.shape[0] - 1, dim), dtype=torch.float32)
+def _forward_fake(ids, offsets, weights, anchor, handle, dim, bags, fixed_len):
+    return ids.new_empty((bags, dim), dtype=torch.float32)
 
 
 @torch.library.custom_op("strata::embedding_bag_update", mutates_args=())
 def _update_op(
     grad: torch.Tensor,
     ids: torch.Tensor,
-    ends: torch.Tensor,
+    offsets: Optional[torch.Tensor],
     weights: Optional[torch.Tensor],
     anchor: torch.Tensor,
     handle: int,
+    bags: int,
+    fixed_len: int,
 ) -> torch.Tensor:
-    _bag(handle)._update_impl(grad, ids, ends, weights)
-    # The anchor's "gradient": zeros. Returning it keeps the update in a compiled backward
-    # graph (an op whose output nobody uses could be dropped).
+    _bag(handle)._update_impl(grad, ids, offsets, weights, bags, fixed_len)
+    # The anchor's "gradient" (empty, like the anchor). Returning it keeps the update in a
+    # compiled backward graph (an op whose output nobody uses could be dropped).
     return torch.zeros_like(anchor)
 
 
 @_update_op.register_fake
-def _update_fake(grad, ids, ends, weights, anchor, handle):
+def _update_fake(grad, ids, offsets, weights, anchor, handle, bags, fixed_len):
     return torch.empty_like(anchor)
 
 
 def _setup_context(ctx, inputs, output):
-    ids, ends, weights, anchor, handle, _dim = inputs
-    ctx.save_for_backward(ids, ends, weights, anchor)
-    ctx.handle = handle
+    ids, offsets, weights, anchor, handle, _dim, bags, fixed_len = inputs
+    ctx.save_for_backward(ids, offsets, weights, anchor)
+    ctx.handle, ctx.bags, ctx.fixed_len = handle, bags, fixed_len
 
 
 def _backward(ctx, grad):
-    ids, ends, weights, anchor = ctx.saved_tensors
+    ids, offsets, weights, anchor = ctx.saved_tensors
     done = torch.ops.strata.embedding_bag_update(
-        grad.contiguous(), ids, ends, weights, anchor, ctx.handle
+        grad.contiguous(), ids, offsets, weights, anchor, ctx.handle, ctx.bags, ctx.fixed_len
     )
-    return None, None, None, done, None, None
+    return None, None, None, done, None, None, None, None
 
 
 _forward_op.register_autograd(_backward, setup_context=_setup_context)
@@ -218,8 +222,9 @@ class EmbeddingBag(torch.nn.Module):
         self._kernels = kernels(self.space, dev.index, o.embedding_dim, o.stride_floats)
         self._err = torch.tensor([0, -1], dtype=torch.int64, device=dev)
         # Autograd calls backward only for outputs of inputs that require grad: the table is
-        # no tensor, so a one-element stand-in does (it is no Parameter: optimizers never see it).
-        self._anchor = torch.zeros(1, device=dev, requires_grad=True)
+        # no tensor, so an empty stand-in does (no Parameter: optimizers never see it; empty, so
+        # its "gradient" costs no kernel).
+        self._anchor = torch.zeros(0, device=dev, requires_grad=True)
         self._adagrad_sum = (
             torch.full((o.num_embeddings,), o.initial_accumulator_value, device=dev)
             if o.optimizer == "adagrad"
@@ -244,9 +249,9 @@ class EmbeddingBag(torch.nn.Module):
     # ---- forward ---------------------------------------------------------------------------
 
     def forward(self, input, offsets=None, per_sample_weights=None):
-        ids, ends, weights = self._prepare(input, offsets, per_sample_weights)
+        ids, offsets, weights, bags, fixed_len = self._prepare(input, offsets, per_sample_weights)
         return torch.ops.strata.embedding_bag(
-            ids, ends, weights, self._anchor, self._handle, self.embedding_dim
+            ids, offsets, weights, self._anchor, self._handle, self.embedding_dim, bags, fixed_len
         )
 
     def _check_device(self, name, t):
@@ -259,7 +264,9 @@ class EmbeddingBag(torch.nn.Module):
             )
 
     def _prepare(self, input, offsets, per_sample_weights):
-        """ids (1-D int64), ends (bags + 1 offsets, the last the number of ids) and weights."""
+        """ids (1-D int64), offsets (int64, None for 2-D input), weights, the number of bags
+        and (2-D input) their fixed length: what the kernels take, made without extra kernels
+        where the input already has that form."""
         self._check_device("input", input)
         if input.dtype not in (torch.int32, torch.int64):
             raise TypeError(f"input must hold int32 or int64 ids, not {input.dtype}")
@@ -287,9 +294,8 @@ class EmbeddingBag(torch.nn.Module):
                     "if input is 2D, then offsets has to be None, as input is treated as a "
                     "mini-batch of fixed length sequences"
                 )
-            bags, length = input.shape
+            bags, fixed_len = input.shape
             ids = input.reshape(-1).to(torch.int64).contiguous()
-            ends = torch.arange(bags + 1, device=self.device, dtype=torch.int64) * length
         elif input.dim() == 1:
             if offsets is None:
                 raise ValueError("offsets has to be a 1D Tensor but got None")
@@ -299,27 +305,29 @@ class EmbeddingBag(torch.nn.Module):
             if offsets.dtype not in (torch.int32, torch.int64):
                 raise TypeError(f"offsets must be int32 or int64, not {offsets.dtype}")
             ids = input.to(torch.int64).contiguous()
-            offsets = offsets.to(torch.int64)
+            offsets = offsets.to(torch.int64).contiguous()
+            fixed_len = 0
+            bags = offsets.shape[0]
             if self.include_last_offset:
-                if offsets.numel() == 0:
+                if bags == 0:
                     raise ValueError("include_last_offset=True needs at least one offset")
-                ends = offsets.contiguous()
-            else:
-                total = torch.full((1,), ids.numel(), dtype=torch.int64, device=self.device)
-                ends = torch.cat([offsets, total])
+                bags -= 1
         else:
             raise ValueError(f"input has to be 1D or 2D Tensor, but got Tensor of dimension {input.dim()}")
-        return ids, ends, per_sample_weights
+        return ids, offsets, per_sample_weights, bags, fixed_len
 
     def _stream(self):
         return torch.cuda.current_stream(self.device).cuda_stream
 
-    def _common_args(self, ids, ends, weights, bags):
+    def _common_args(self, ids, offsets, fixed_len, weights, bags):
+        """The bag kernels' arguments from ids to padding_idx (BAG_PARAMS, then the rest)."""
         o = self.options
         return [
             _ptr(ids),
             ("i64", ids.numel()),
-            _ptr(ends),
+            _ptr(offsets),
+            ("i64", 0 if offsets is None else offsets.numel()),
+            ("i64", fixed_len),
             _ptr(weights),
             ("u64", bags),
             ("i64", o.num_embeddings),
@@ -327,11 +335,11 @@ class EmbeddingBag(torch.nn.Module):
             ("i64", o.padding_idx),
         ]
 
-    def _forward_impl(self, ids, ends, weights):
-        bags = ends.shape[0] - 1
+    def _forward_impl(self, ids, offsets, weights, bags, fixed_len):
         out = torch.empty((bags, self.embedding_dim), dtype=torch.float32, device=self.device)
         if bags > 0:
-            args = [self.space, *self._common_args(ids, ends, weights, bags), _ptr(out), _ptr(self._err)]
+            common = self._common_args(ids, offsets, fixed_len, weights, bags)
+            args = [self.space, *common, _ptr(out), _ptr(self._err)]
             self._kernels.launch(
                 "eb_forward_space", args, blocks=_blocks(bags), threads=_THREADS,
                 synchronize=False, stream=self._stream(),
@@ -342,14 +350,13 @@ class EmbeddingBag(torch.nn.Module):
 
     # ---- backward: the fused optimizer step ------------------------------------------------
 
-    def _update_impl(self, grad, ids, ends, weights):
-        bags = ends.shape[0] - 1
+    def _update_impl(self, grad, ids, offsets, weights, bags, fixed_len):
         if bags == 0 or ids.numel() == 0 or self.lr == 0.0:
             return
         grad = grad.to(torch.float32).contiguous()
         o = self.options
         stream = self._stream()
-        common = self._common_args(ids, ends, weights, bags)
+        common = self._common_args(ids, offsets, fixed_len, weights, bags)
         if o.optimizer == "sgd":
             args = [self.space, *common, _ptr(grad), ("f32", self.lr), _ptr(self._err)]
             self._kernels.launch(
@@ -369,7 +376,7 @@ class EmbeddingBag(torch.nn.Module):
         rows_of = torch.full((n,), -1, dtype=torch.int64, device=self.device)
         rows_of[slot_sorted] = sorted_ids
         gsum = torch.zeros((n, self.embedding_dim), dtype=torch.float32, device=self.device)
-        args = [_ptr(gsum), _ptr(ids), _ptr(slot), *common[1:], _ptr(grad), _ptr(self._err)]
+        args = [_ptr(gsum), *common[:5], _ptr(slot), *common[5:], _ptr(grad), _ptr(self._err)]
         self._kernels.launch(
             "eb_grad_sum", args, blocks=_blocks(bags), threads=_THREADS,
             synchronize=False, stream=stream,

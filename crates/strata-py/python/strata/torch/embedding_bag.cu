@@ -12,9 +12,12 @@
 // (a plain pointer: GPU memory or zero-copy pinned host memory; the benchmark's baselines and
 // the Adagrad gradient buffer).
 //
-// Ids are int64 (as PyTorch gives them); offsets hold bags + 1 entries (the last is the number
-// of ids). padding_idx < 0 means none. An id outside [0, rows) is never read or written: it is skipped and counted in
-// err[0], the first one seen stored in err[1] (initially ~0), for the host to raise.
+// Ids are int64 (as PyTorch gives them). Bag b is ids [offsets[b], offsets[b + 1]), the last
+// bag running to the end of the ids when offsets has no entry after it (n_offsets == bags, as
+// torch's default; include_last_offset gives bags + 1 entries); without offsets (2-D input) bag
+// b is ids [b * fixed_len, (b + 1) * fixed_len). padding_idx < 0 means none. An id outside
+// [0, rows) is never read or written: it is skipped and counted in err[0], the first one seen
+// stored in err[1] (initially ~0), for the host to raise.
 #include "strata.cuh"
 
 typedef unsigned long long u64;
@@ -44,7 +47,12 @@ __device__ __forceinline__ unsigned lane_id() { return threadIdx.x & 31; }
 // Whether vector k of this lane lies inside the row (always, unless DIM % 32 != 0).
 __device__ __forceinline__ bool vec_in_row(int k) { return (k * 32 + lane_id()) * VEC < DIM; }
 
-__device__ __forceinline__ void to_floats(const float4& v, float* f) { f[0] = v.x; f[1] = v.y; f[2] = v.z; f[3] = v.w; }
+__device__ __forceinline__ void to_floats(const float4& v, float* f) {
+    f[0] = v.x;
+    f[1] = v.y;
+    f[2] = v.z;
+    f[3] = v.w;
+}
 __device__ __forceinline__ void to_floats(const float2& v, float* f) { f[0] = v.x; f[1] = v.y; }
 __device__ __forceinline__ void to_floats(const float& v, float* f) { f[0] = v; }
 __device__ __forceinline__ void from_floats(const float* f, float4* v) { *v = make_float4(f[0], f[1], f[2], f[3]); }
@@ -167,9 +175,21 @@ __device__ __forceinline__ bool usable(i64 id, i64 rows, i64 padding_idx, u64* e
     return true;
 }
 
+// Every bag kernel takes the bags as (ids, n_ids, offsets, n_offsets, fixed_len), see above.
+#define BAG_PARAMS const i64 *ids, i64 n_ids, const i64 *offsets, i64 n_offsets, i64 fixed_len
+#define BAG_ARGS ids, n_ids, offsets, n_offsets, fixed_len
+
 // The ids of bag b: [*begin, *end), clamped to [0, n_ids] so a bad offset never reads past ids.
-__device__ __forceinline__ void bag_range(const i64* offsets, u64 b, i64 n_ids, i64* begin, i64* end) {
-    i64 s0 = offsets[b], s1 = offsets[b + 1];
+__device__ __forceinline__ void bag_range(const i64* offsets, i64 n_offsets, i64 fixed_len, u64 b, i64 n_ids,
+                                          i64* begin, i64* end) {
+    i64 s0, s1;
+    if (offsets) {
+        s0 = offsets[b];
+        s1 = (i64)b + 1 < n_offsets ? offsets[b + 1] : n_ids;
+    } else {
+        s0 = (i64)b * fixed_len;
+        s1 = s0 + fixed_len;
+    }
     s0 = s0 < 0 ? 0 : (s0 > n_ids ? n_ids : s0);
     s1 = s1 < s0 ? s0 : (s1 > n_ids ? n_ids : s1);
     *begin = s0;
@@ -190,8 +210,8 @@ __device__ __forceinline__ i64 bag_count(const i64* ids, i64 begin, i64 end, i64
 
 // out[b] = sum (or mean) over bag b of weight_j * row(ids[j]).
 template <class Table>
-__device__ void forward(const Table& t, const i64* ids, i64 n_ids, const i64* offsets, const float* weights,
-                        u64 bags, i64 rows, int mean, i64 padding_idx, float* out, u64* err) {
+__device__ void forward(const Table& t, BAG_PARAMS, const float* weights, u64 bags, i64 rows, int mean,
+                        i64 padding_idx, float* out, u64* err) {
     const u64 warps = ((u64)gridDim.x * blockDim.x) >> 5;
     u64 hits = 0;
     for (u64 b = (blockIdx.x * (u64)blockDim.x + threadIdx.x) >> 5; b < bags; b += warps) {
@@ -199,7 +219,7 @@ __device__ void forward(const Table& t, const i64* ids, i64 n_ids, const i64* of
 #pragma unroll
         for (int k = 0; k < PER; ++k) acc[k] = 0.0f;
         i64 begin, end, used = 0;
-        bag_range(offsets, b, n_ids, &begin, &end);
+        bag_range(offsets, n_offsets, fixed_len, b, n_ids, &begin, &end);
         for (i64 j0 = begin; j0 < end; j0 += 32) {
             // Each lane loads one id (and weight) of the next 32; the warp walks them by shuffles.
             const int count = end - j0 < 32 ? (int)(end - j0) : 32;
@@ -226,13 +246,12 @@ __device__ void forward(const Table& t, const i64* ids, i64 n_ids, const i64* of
 // target = the ids' distinct-row numbers, a plain gradient buffer and lr = -1, the per-row
 // gradient sums Adagrad needs.
 template <class Table>
-__device__ void scatter(const Table& t, const i64* ids, const i64* target, i64 n_ids, const i64* offsets,
-                        const float* weights, u64 bags, i64 rows, int mean, i64 padding_idx, const float* grad,
-                        float lr, u64* err) {
+__device__ void scatter(const Table& t, BAG_PARAMS, const i64* target, const float* weights, u64 bags, i64 rows,
+                        int mean, i64 padding_idx, const float* grad, float lr, u64* err) {
     const u64 warps = ((u64)gridDim.x * blockDim.x) >> 5;
     for (u64 b = (blockIdx.x * (u64)blockDim.x + threadIdx.x) >> 5; b < bags; b += warps) {
         i64 begin, end;
-        bag_range(offsets, b, n_ids, &begin, &end);
+        bag_range(offsets, n_offsets, fixed_len, b, n_ids, &begin, &end);
         if (begin == end) continue;
         float g[PER];
         load_row_plain(grad + b * (u64)DIM, g);
@@ -277,33 +296,26 @@ __device__ void adagrad(const Table& t, const i64* rows_of, u64 n, const float* 
     }
 }
 
-extern "C" __global__ void eb_forward_space(StrataSpace s, const i64* ids, i64 n_ids, const i64* offsets,
-                                            const float* weights, u64 bags, i64 rows, int mean, i64 padding_idx,
-                                            float* out, u64* err) {
-    forward(SpaceTable{s}, ids, n_ids, offsets, weights, bags, rows, mean, padding_idx, out, err);
+extern "C" __global__ void eb_forward_space(StrataSpace s, BAG_PARAMS, const float* weights, u64 bags, i64 rows,
+                                            int mean, i64 padding_idx, float* out, u64* err) {
+    forward(SpaceTable{s}, BAG_ARGS, weights, bags, rows, mean, padding_idx, out, err);
 }
-extern "C" __global__ void eb_forward_ptr(float* table, const i64* ids, i64 n_ids, const i64* offsets,
-                                          const float* weights, u64 bags, i64 rows, int mean, i64 padding_idx,
-                                          float* out, u64* err) {
-    forward(PtrTable{table, STRIDE}, ids, n_ids, offsets, weights, bags, rows, mean, padding_idx, out, err);
+extern "C" __global__ void eb_forward_ptr(float* table, BAG_PARAMS, const float* weights, u64 bags, i64 rows,
+                                          int mean, i64 padding_idx, float* out, u64* err) {
+    forward(PtrTable{table, STRIDE}, BAG_ARGS, weights, bags, rows, mean, padding_idx, out, err);
 }
-extern "C" __global__ void eb_sgd_space(StrataSpace s, const i64* ids, i64 n_ids, const i64* offsets,
-                                        const float* weights, u64 bags, i64 rows, int mean, i64 padding_idx,
-                                        const float* grad, float lr, u64* err) {
-    scatter(SpaceTable{s}, ids, ids, n_ids, offsets, weights, bags, rows, mean, padding_idx, grad, lr, err);
+extern "C" __global__ void eb_sgd_space(StrataSpace s, BAG_PARAMS, const float* weights, u64 bags, i64 rows,
+                                        int mean, i64 padding_idx, const float* grad, float lr, u64* err) {
+    scatter(SpaceTable{s}, BAG_ARGS, ids, weights, bags, rows, mean, padding_idx, grad, lr, err);
 }
-extern "C" __global__ void eb_sgd_ptr(float* table, const i64* ids, i64 n_ids, const i64* offsets,
-                                      const float* weights, u64 bags, i64 rows, int mean, i64 padding_idx,
-                                      const float* grad, float lr, u64* err) {
-    scatter(PtrTable{table, STRIDE}, ids, ids, n_ids, offsets, weights, bags, rows, mean, padding_idx, grad, lr,
-            err);
+extern "C" __global__ void eb_sgd_ptr(float* table, BAG_PARAMS, const float* weights, u64 bags, i64 rows,
+                                      int mean, i64 padding_idx, const float* grad, float lr, u64* err) {
+    scatter(PtrTable{table, STRIDE}, BAG_ARGS, ids, weights, bags, rows, mean, padding_idx, grad, lr, err);
 }
 // gsum[slot[j]] += weight_j * scale_b * grad[b] (gsum: n_ids x DIM floats, zeroed by the host).
-extern "C" __global__ void eb_grad_sum(float* gsum, const i64* ids, const i64* slot, i64 n_ids, const i64* offsets,
-                                       const float* weights, u64 bags, i64 rows, int mean, i64 padding_idx,
-                                       const float* grad, u64* err) {
-    scatter(PtrTable{gsum, DIM}, ids, slot, n_ids, offsets, weights, bags, rows, mean, padding_idx, grad, -1.0f,
-            err);
+extern "C" __global__ void eb_grad_sum(float* gsum, BAG_PARAMS, const i64* slot, const float* weights, u64 bags,
+                                       i64 rows, int mean, i64 padding_idx, const float* grad, u64* err) {
+    scatter(PtrTable{gsum, DIM}, BAG_ARGS, slot, weights, bags, rows, mean, padding_idx, grad, -1.0f, err);
 }
 extern "C" __global__ void eb_adagrad_space(StrataSpace s, const i64* rows_of, u64 n, const float* gsum,
                                             float* state, i64 rows, i64 padding_idx, float lr, float eps) {
