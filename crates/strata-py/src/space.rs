@@ -1,19 +1,22 @@
 //! `strata._strata.Space` and `KernelModule`: GPU spaces (create, fill from and read into host
 //! memory, prefetch, evict, flush, statistics, the 72-byte `StrataSpace` handle) and user
-//! kernels compiled with NVRTC and launched with arguments from Python. One `Strata` runtime
-//! per GPU is shared by every space and module on it.
+//! kernels compiled with NVRTC and launched with arguments from Python ([`crate::kernels`]).
+//! One `Strata` runtime per GPU is shared by every space and module on it.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
-use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyTuple};
+use pyo3::types::{PyBytes, PyDict};
 use strata::gpu::{CSpaceOptions, space_options};
-use strata_gpu::driver::{Args, Grid};
-use strata_gpu::{KernelModule, Space, Strata};
+use strata_core::StoreConfig;
+use strata_gpu::{Space, Strata};
 
 use crate::errors::{InvalidArgumentError, py_err};
+use crate::kernels::PyKernelModule;
+
+/// How long a warp may wait for a page of a space over a store (Strata's default is 4 s).
+const STORE_WAIT_LIMIT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// The runtime of GPU `ordinal`, opened (and Strata's kernels loaded) at first use.
 fn runtime(ordinal: usize) -> Result<Arc<Strata>, strata::Error> {
@@ -51,22 +54,24 @@ fn element_code(dtype: &str) -> PyResult<u32> {
 #[pyclass(module = "strata._strata", name = "Space", frozen, subclass)]
 pub struct PySpace {
     space: Mutex<Space>,
-    runtime: Arc<Strata>,
+    pub(crate) runtime: Arc<Strata>,
 }
 
 impl PySpace {
-    fn lock(&self) -> MutexGuard<'_, Space> {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Space> {
         self.space.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
 #[pymethods]
 impl PySpace {
-    /// Creates a zero-filled space of `size` bytes on GPU `device`.
+    /// Creates a zero-filled space of `size` bytes on GPU `device`: over pinned host memory,
+    /// or with `store` (`memory`, `file:PATH`, `remote:HOST:PORT[,...]` with `token`) over
+    /// that store, through a pinned host cache of `host_cache_bytes`.
     #[new]
     #[pyo3(signature = (size, page_size = 65536, cache_bytes = 1 << 30, dtype = "uint64",
                         policy = "clock", protected_fraction = 0.5, read_through = false,
-                        device = 0))]
+                        device = 0, store = None, token = None, host_cache_bytes = None))]
     #[allow(clippy::too_many_arguments)] // mirrors the keyword arguments Python callers see
     fn new(
         py: Python<'_>,
@@ -78,6 +83,9 @@ impl PySpace {
         protected_fraction: f64,
         read_through: bool,
         device: usize,
+        store: Option<&str>,
+        token: Option<String>,
+        host_cache_bytes: Option<u64>,
     ) -> PyResult<Self> {
         let policy = match policy {
             "clock" => 0,
@@ -88,7 +96,7 @@ impl PySpace {
                 )));
             }
         };
-        let options = space_options(&CSpaceOptions {
+        let mut options = space_options(&CSpaceOptions {
             page_size,
             cache_bytes,
             element: element_code(dtype)?,
@@ -97,10 +105,32 @@ impl PySpace {
             read_through: u32::from(read_through),
         })
         .map_err(py_err)?;
+        // The store's spec is checked before the GPU is touched.
+        let store_config = store
+            .map(|spec| -> Result<StoreConfig, strata::Error> {
+                let mut config = StoreConfig::builder().kind(spec.parse()?).grow(true);
+                if let Some(t) = token {
+                    config = config.token(t);
+                }
+                Ok(config.build()?)
+            })
+            .transpose()
+            .map_err(py_err)?;
         let (space, runtime) = py
             .detach(|| -> Result<_, strata::Error> {
                 let rt = runtime(device)?;
-                let space = rt.space(size, &options)?;
+                let space = match store_config {
+                    None => rt.space(size, &options)?,
+                    Some(config) => {
+                        let store = strata_net::open_store_with_page(&config, size, page_size)?;
+                        options.host_cache_bytes = host_cache_bytes;
+                        let space = rt.space_over_store(store, size, &options)?;
+                        // Host threads serve a store's faults, far slower than a warp copies
+                        // pinned memory: thousands of concurrent faults may wait long.
+                        space.set_wait_limit(STORE_WAIT_LIMIT)?;
+                        space
+                    }
+                };
                 Ok((space, rt))
             })
             .map_err(py_err)?;
@@ -253,13 +283,7 @@ impl PySpace {
         name: &str,
         options: Vec<String>,
     ) -> PyResult<PyKernelModule> {
-        let module = py
-            .detach(|| self.runtime.compile_with(source, name, &options))
-            .map_err(py_err)?;
-        Ok(PyKernelModule {
-            module,
-            runtime: Arc::clone(&self.runtime),
-        })
+        PyKernelModule::compile(py, &self.runtime, source, name, &options)
     }
 }
 
@@ -277,91 +301,4 @@ fn checked_end(offset: u64, length: u64) -> PyResult<u64> {
     offset
         .checked_add(length)
         .ok_or_else(|| InvalidArgumentError::new_err(format!("range {offset}+{length} overflows")))
-}
-
-/// Compiled user kernels.
-#[derive(Debug)]
-#[pyclass(module = "strata._strata", name = "KernelModule", frozen)]
-pub struct PyKernelModule {
-    module: KernelModule,
-    runtime: Arc<Strata>,
-}
-
-/// Appends one Python kernel argument: a `Space` (its handle), a `(type, value)` tuple with
-/// type `i32`/`u32`/`i64`/`u64`/`f32`/`f64`, an `int` (as `u64`, or `i64` when negative), or a
-/// `float` (as `f64`).
-fn push_arg(args: Args, arg: &Bound<'_, PyAny>) -> PyResult<Args> {
-    if let Ok(space) = arg.cast::<PySpace>() {
-        return Ok(args.arg(space.get().lock().handle()));
-    }
-    if let Ok(t) = arg.cast::<PyTuple>() {
-        let (ty, v): (String, Bound<'_, PyAny>) = t.extract()?;
-        return Ok(match ty.as_str() {
-            "i32" => args.arg(v.extract::<i32>()?),
-            "u32" => args.arg(v.extract::<u32>()?),
-            "i64" => args.arg(v.extract::<i64>()?),
-            "u64" | "ptr" => args.arg(v.extract::<u64>()?),
-            "f32" => args.arg(v.extract::<f32>()?),
-            "f64" => args.arg(v.extract::<f64>()?),
-            other => {
-                return Err(InvalidArgumentError::new_err(format!(
-                    "argument type {other:?} is unknown: use i32, u32, i64, u64, ptr, f32 or f64"
-                )));
-            }
-        });
-    }
-    if arg.is_instance_of::<pyo3::types::PyBool>() {
-        return Err(PyTypeError::new_err(
-            "a bool kernel argument is ambiguous: pass (\"i32\", int(b))",
-        ));
-    }
-    if let Ok(v) = arg.extract::<u64>() {
-        return Ok(args.arg(v));
-    }
-    if let Ok(v) = arg.extract::<i64>() {
-        return Ok(args.arg(v));
-    }
-    if let Ok(v) = arg.extract::<f64>() {
-        return Ok(args.arg(v));
-    }
-    Err(PyTypeError::new_err(format!(
-        "cannot pass {} to a kernel: use a Space, an int, a float or a (type, value) tuple",
-        arg.get_type().name()?
-    )))
-}
-
-#[pymethods]
-impl PyKernelModule {
-    /// Launches kernel `name` on `blocks` blocks of `threads` threads (`blocks=0`: enough
-    /// resident blocks to fill the GPU) and, with `synchronize`, waits for it.
-    #[pyo3(signature = (name, args, blocks = 0, threads = 256, synchronize = true))]
-    fn launch(
-        &self,
-        py: Python<'_>,
-        name: &str,
-        args: Vec<Bound<'_, PyAny>>,
-        blocks: u32,
-        threads: u32,
-        synchronize: bool,
-    ) -> PyResult<()> {
-        let f = self.module.function(name).map_err(py_err)?;
-        let mut a = Args::new();
-        for arg in &args {
-            a = push_arg(a, arg)?;
-        }
-        let grid = if blocks == 0 {
-            f.full_grid(threads)
-                .map_err(|e| py_err(strata_gpu::SpaceError::from(e)))?
-        } else {
-            Grid { blocks, threads }
-        };
-        py.detach(|| -> Result<(), strata_gpu::SpaceError> {
-            f.launch(grid, &a)?;
-            if synchronize {
-                self.runtime.gpu().synchronize()?;
-            }
-            Ok(())
-        })
-        .map_err(py_err)
-    }
 }

@@ -74,3 +74,8 @@ def test_host_buffers_are_taken_without_copies_where_possible(rng):
 
     with pytest.raises(strata.InvalidArgumentError, match="cuda_array_interface"):
         _host_array(DeviceOnly(), writable=False)
+
+
+def test_bad_store_specs_raise_before_touching_the_gpu():
+    with pytest.raises(strata.InvalidArgumentError, match="bogus"):
+        strata.Space(1 << 20, store="bogus:x")

@@ -32,8 +32,10 @@ class Space(_Space):
     """A GPU space: ``size`` bytes paged through a cache of ``cache_bytes`` in GPU memory.
 
     ``Space(size, page_size=65536, cache_bytes=1<<30, dtype="uint64", policy="clock",
-    protected_fraction=0.5, read_through=False, device=0)``. Raises ``NoCudaDriverError`` on a
-    machine without a CUDA driver.
+    protected_fraction=0.5, read_through=False, device=0, store=None, token=None,
+    host_cache_bytes=None)``: over pinned host memory, or with ``store`` (``"memory"``,
+    ``"file:PATH"``, ``"remote:HOST:PORT[,...]"`` with ``token``) over that store through a
+    pinned host cache. Raises ``NoCudaDriverError`` on a machine without a CUDA driver.
     """
 
     def fill(self, data, offset=0):
