@@ -80,6 +80,8 @@ impl Default for CopyConfig {
 struct Inner {
     ctx: Context,
     pid: u32,
+    /// [`sys::fork_generation`] at open: a different value means a forked child.
+    forks: Option<u64>,
     report: BackendReport,
     cfg: CopyConfig,
     service: OnceLock<Service>,
@@ -151,6 +153,7 @@ impl Copier {
             inner: Arc::new(Inner {
                 ctx,
                 pid: std::process::id(),
+                forks: sys::fork_generation(),
                 report,
                 cfg,
                 service: OnceLock::new(),
@@ -176,8 +179,11 @@ impl Copier {
     }
 
     fn check_pid(&self) -> Result<(), CopyError> {
+        if self.inner.forks.is_some() && sys::fork_generation() == self.inner.forks {
+            return Ok(());
+        }
         let current = std::process::id();
-        if current != self.inner.pid {
+        if current != self.inner.pid || sys::fork_generation() != self.inner.forks {
             return Err(CopyError::Forked {
                 owner: self.inner.pid,
                 current,
