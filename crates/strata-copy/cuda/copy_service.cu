@@ -56,6 +56,8 @@ struct StrataServiceParams {
 static_assert(sizeof(StrataServiceParams) == 104, "layout shared with service.rs");
 
 #define FLAG_SYS_FENCE_H2D 1
+#define FLAG_POLL_CV 2
+#define FLAG_ACQ_REL 4
 
 // Block-wide state, in shared memory.
 struct StrataShared {
@@ -83,10 +85,32 @@ __device__ __forceinline__ unsigned strata_tag(unsigned long long seq) {
     return (unsigned)((seq - 1) % 0xffffffffull) + 1u;
 }
 
-// A 16-byte load that always goes to memory (the host rewrites the ring behind the GPU's back).
+// A 16-byte load that always goes to memory (the host rewrites the ring behind the GPU's back):
+// a volatile load, or (FLAG_POLL_CV) a weak "fetch again" load, which other warps' loads need
+// not wait for.
 __device__ __forceinline__ void strata_load2(const unsigned long long* p, unsigned long long& a,
-                                             unsigned long long& b) {
-    asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(a), "=l"(b) : "l"(p) : "memory");
+                                             unsigned long long& b, bool cv) {
+    if (cv) {
+        asm volatile("ld.global.cv.v2.u64 {%0, %1}, [%2];" : "=l"(a), "=l"(b) : "l"(p) : "memory");
+    } else {
+        asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];"
+                     : "=l"(a), "=l"(b)
+                     : "l"(p)
+                     : "memory");
+    }
+}
+
+// The fence before `done`: sequentially consistent (__threadfence*), or (FLAG_ACQ_REL) the
+// release-acquire fence, which is all publishing needs.
+__device__ __forceinline__ void strata_publish_fence(bool sys, bool acq_rel) {
+    if (acq_rel) {
+        if (sys) asm volatile("fence.acq_rel.sys;" ::: "memory");
+        else asm volatile("fence.acq_rel.gpu;" ::: "memory");
+    } else if (sys) {
+        __threadfence_system();
+    } else {
+        __threadfence();
+    }
 }
 
 __device__ __forceinline__ void strata_store_sys(unsigned long long* p, unsigned long long v) {
@@ -240,6 +264,7 @@ __device__ void strata_poller(const StrataServiceParams& p, volatile StrataShare
     const unsigned lane = threadIdx.x & 31;
     const unsigned hot_lanes = min(max(p.hot_poll_lanes, 2u), 32u);
     const unsigned mirror = warp % max(p.mirrors, 1u);
+    const bool cv = (p.flags & FLAG_POLL_CV) != 0;
     if (warp > 0) __nanosleep(warp * p.poll_stagger_ns);
     unsigned backoff = 0;
     for (;;) {
@@ -259,7 +284,7 @@ __device__ void strata_poller(const StrataServiceParams& p, volatile StrataShare
         const unsigned tag = strata_tag(seq);
         const unsigned loaded = hot ? hot_lanes : 2u;
         unsigned long long a = 0, b = 0;
-        if (lane < loaded) strata_load2(slot + 2 * lane, a, b);
+        if (lane < loaded) strata_load2(slot + 2 * lane, a, b, cv);
         const bool head_ok =
             __all_sync(FULL_MASK, lane >= 2 || (strata_tagged(a, tag) && strata_tagged(b, tag)));
         if (!head_ok) {
@@ -279,7 +304,7 @@ __device__ void strata_poller(const StrataServiceParams& p, volatile StrataShare
             reinterpret_cast<unsigned char*>((w1 & 0xffffffffull) | ((w2 & 0xffffffffull) << 32));
         if (op == OP_H2D_INLINE && len <= INLINE_MAX) {
             const unsigned need = HEADER_WORDS + (len + 3) / 4;
-            if (lane >= loaded && 2 * lane < need) strata_load2(slot + 2 * lane, a, b);
+            if (lane >= loaded && 2 * lane < need) strata_load2(slot + 2 * lane, a, b, cv);
             // Words still in flight from the host's WC buffers: read them again.
             // Give up if another poller claimed it meanwhile (the slot may even be reused).
             bool complete = false;
@@ -290,7 +315,7 @@ __device__ void strata_poller(const StrataServiceParams& p, volatile StrataShare
                 if (complete) break;
                 const int taken = sh->claimed >= seq ? 1 : 0;
                 if (__shfl_sync(FULL_MASK, taken, 0)) break;
-                if (!ok) strata_load2(slot + 2 * lane, a, b);
+                if (!ok) strata_load2(slot + 2 * lane, a, b, cv);
             }
             if (!complete) continue;
         }
@@ -342,8 +367,8 @@ __device__ void strata_poller(const StrataServiceParams& p, volatile StrataShare
         // Device-memory writes (H2D) need only reach the GPU's L2 before `done`: anything the
         // host starts after seeing `done` reads them there. Host-memory writes must reach the
         // host first: a system-scope fence.
-        if (to_host || (p.flags & FLAG_SYS_FENCE_H2D)) __threadfence_system();
-        else __threadfence();
+        strata_publish_fence(to_host || (p.flags & FLAG_SYS_FENCE_H2D),
+                             (p.flags & FLAG_ACQ_REL) != 0);
         __syncwarp();
         if (lane == 0) {
             if (fault) {

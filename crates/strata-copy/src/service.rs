@@ -50,6 +50,13 @@ pub struct ServiceConfig {
     /// Device-to-host copies up to this many bytes come back as tagged words, taken by the host
     /// before the device's system-scope fence (0: never; at most `warp_max`).
     pub d2h_tagged_max: u32,
+    /// Poll with weak "fetch again" loads (`ld.global.cv`) instead of volatile ones.
+    pub poll_cv: bool,
+    /// Publish with release-acquire fences instead of sequentially consistent ones.
+    pub acq_rel_fences: bool,
+    /// Host-to-device staging in write-combined memory (fast for the CPU to write a few lines,
+    /// slow for bulk memcpy) rather than cached memory.
+    pub h2d_stage_write_combined: bool,
     /// Fence at system scope after host-to-device copies too (they need only GPU scope: what
     /// the host starts after seeing `done` reads device memory through the GPU's L2).
     pub sys_fence_h2d: bool,
@@ -70,6 +77,9 @@ impl Default for ServiceConfig {
             hot_poll_bytes: 512,
             warp_max: 4096,
             d2h_tagged_max: 1024,
+            poll_cv: false,
+            acq_rel_fences: false,
+            h2d_stage_write_combined: true,
             sys_fence_h2d: false,
         }
     }
@@ -137,6 +147,10 @@ const _: () = assert!(std::mem::size_of::<ServiceParams>() == 104);
 
 /// `flags` bit: system-scope fence after host-to-device copies.
 const FLAG_SYS_FENCE_H2D: u32 = 1;
+/// `flags` bit: poll with `ld.global.cv`.
+const FLAG_POLL_CV: u32 = 2;
+/// `flags` bit: release-acquire publishing fences.
+const FLAG_ACQ_REL: u32 = 4;
 
 /// Compiles (once per process and architecture) the service kernel.
 pub fn service_cubin(arch: &str) -> Result<Vec<u8>, CopyError> {
@@ -192,7 +206,14 @@ impl Engine for Device {
             pollers: cfg.pollers,
             poll_stagger_ns: cfg.poll_stagger_ns,
             max_backoff_ns: cfg.max_backoff_ns.max(64),
-            flags: if cfg.sys_fence_h2d { FLAG_SYS_FENCE_H2D } else { 0 },
+            flags: [
+                (cfg.sys_fence_h2d, FLAG_SYS_FENCE_H2D),
+                (cfg.poll_cv, FLAG_POLL_CV),
+                (cfg.acq_rel_fences, FLAG_ACQ_REL),
+            ]
+            .iter()
+            .filter(|(on, _)| *on)
+            .fold(0, |f, (_, bit)| f | bit),
             warp_max: cfg.warp_max,
             hot_poll_lanes: cfg.hot_poll_bytes.div_ceil(16),
         };
@@ -234,7 +255,7 @@ impl Service {
         let mirrors = usize::try_from(cfg.mirrors()).unwrap_or(1);
         let stride = ring::stage_stride(cfg.stage_slot);
         let ring_mem = HostMem::new(ctx, n * mirrors * ring::SLOT_BYTES, true)?;
-        let h2d = HostMem::new(ctx, n * stride, true)?;
+        let h2d = HostMem::new(ctx, n * stride, cfg.h2d_stage_write_combined)?;
         let d2h = HostMem::new(ctx, n * stride, false)?;
         let status = HostMem::new(ctx, ring::STATUS_WORDS * 8, false)?;
         let mem = RingMemory {
@@ -387,5 +408,26 @@ impl Drop for Service {
             // it under a live kernel, and rather than hang here waiting for it.
             std::mem::forget(self.dev.clone());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_and_params_agree_with_the_kernel_source() {
+        for (name, v) in [
+            ("FLAG_SYS_FENCE_H2D", FLAG_SYS_FENCE_H2D),
+            ("FLAG_POLL_CV", FLAG_POLL_CV),
+            ("FLAG_ACQ_REL", FLAG_ACQ_REL),
+        ] {
+            assert!(
+                SERVICE_CU.contains(&format!("#define {name} {v}\n")),
+                "{name} differs from the .cu"
+            );
+        }
+        assert!(SERVICE_CU.contains("sizeof(StrataServiceParams) == 104"));
+        ServiceConfig::default().check().unwrap();
     }
 }

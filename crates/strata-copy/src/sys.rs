@@ -394,6 +394,69 @@ pub fn memcpy_dtoh(ctx: &Context, dst: &mut [u8], src: u64) -> Result<(), CopyEr
     )
 }
 
+/// A CUDA event without timing (a marker in a stream to wait for).
+#[derive(Debug)]
+pub struct Event {
+    ctx: Context,
+    raw: sys::CUevent,
+}
+
+// SAFETY: event handles may be used from any thread with their context current.
+unsafe impl Send for Event {}
+// SAFETY: as above; record and synchronise are thread-safe in the driver.
+unsafe impl Sync for Event {}
+
+impl Event {
+    /// A new event (never recorded: waiting for it returns at once).
+    pub fn new(ctx: &Context) -> Result<Event, CopyError> {
+        ctx.bind()?;
+        let mut raw: sys::CUevent = std::ptr::null_mut();
+        check(
+            // SAFETY: valid out-pointer, context current.
+            unsafe {
+                sys::cuEventCreate(
+                    &raw mut raw,
+                    sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32,
+                )
+            },
+            "cuEventCreate",
+        )?;
+        Ok(Event {
+            ctx: ctx.clone(),
+            raw,
+        })
+    }
+
+    /// Marks the current end of `stream`'s queue.
+    pub fn record(&self, stream: &Stream) -> Result<(), CopyError> {
+        self.ctx.bind()?;
+        // SAFETY: both handles are alive and of this context.
+        check(
+            unsafe { sys::cuEventRecord(self.raw, stream.raw()) },
+            "cuEventRecord",
+        )
+    }
+
+    /// Waits until the work queued before the last `record` completed.
+    pub fn synchronize(&self) -> Result<(), CopyError> {
+        self.ctx.bind()?;
+        // SAFETY: the event is alive.
+        check(
+            unsafe { sys::cuEventSynchronize(self.raw) },
+            "cuEventSynchronize",
+        )
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        if self.ctx.bind().is_ok() {
+            // SAFETY: created by us, destroyed once.
+            unsafe { sys::cuEventDestroy_v2(self.raw) };
+        }
+    }
+}
+
 /// Host-to-device copy queued on `stream`.
 ///
 /// # Safety

@@ -132,6 +132,63 @@ fn data_validation_service_variants() {
     }
 }
 
+/// The pinned pipeline of large copies: chunk boundaries, unaligned offsets, several threads
+/// and callers at once, checked against the driver's own copies.
+#[test]
+fn large_copies_through_the_pinned_pipeline() {
+    let Some(_) = copier() else { return };
+    let mut rng = rng();
+    let c = Copier::open_with(
+        0,
+        CopyConfig {
+            force_service: true,
+            large_threshold: 4096,
+            large_threshold_d2h: 4096,
+            pipeline_min: 0,
+            pipeline_chunk: 64 << 10,
+            copy_threads: 3,
+            ..CopyConfig::default()
+        },
+    )
+    .unwrap();
+    let len = 4 << 20;
+    let alloc = c.alloc(len).unwrap();
+    let p = c.pin(alloc.ptr(), len as u64).unwrap();
+    for &n in &[4096usize, 65535, 65536, 65537, 131_072, 200_001, (1 << 20) + 3] {
+        for &off in &[0u64, 1, 4099] {
+            let data: Vec<u8> = (0..n).map(|_| rng.random()).collect();
+            p.copy_to(off, &data).unwrap();
+            let mut check = vec![0u8; n];
+            sys::memcpy_dtoh(c.context(), &mut check, alloc.ptr() + off).unwrap();
+            assert!(check == data, "copy_to: size {n} offset {off}");
+            let data: Vec<u8> = (0..n).map(|_| rng.random()).collect();
+            htod_complete(&c, alloc.ptr() + off, &data);
+            let mut back = vec![0u8; n];
+            p.copy_from(off, &mut back).unwrap();
+            assert!(back == data, "copy_from: size {n} offset {off}");
+        }
+    }
+    // Callers in several threads share the staging one copy at a time.
+    let seed: u64 = rng.random();
+    std::thread::scope(|s| {
+        for t in 0..3u64 {
+            let p = &p;
+            s.spawn(move || {
+                let mut rng = StdRng::seed_from_u64(seed + t);
+                let at = t * (1 << 20);
+                for _ in 0..5 {
+                    let n = rng.random_range(4096..=1 << 20);
+                    let data: Vec<u8> = (0..n).map(|_| rng.random()).collect();
+                    p.copy_to(at, &data).unwrap();
+                    let mut back = vec![0u8; n];
+                    p.copy_from(at, &mut back).unwrap();
+                    assert!(back == data, "thread {t}, {n} bytes");
+                }
+            });
+        }
+    });
+}
+
 /// Bad service settings are refused with a reason, never launched.
 #[test]
 fn bad_service_configs_are_refused() {

@@ -208,29 +208,51 @@ extern "C" __global__ void strata_bench_costs(unsigned long long* host, unsigned
         __threadfence_system();
     }
     out[3] = (now_ns() - t) / iters;
-    out[4] = x;
+    t = now_ns();
+    for (unsigned i = 0; i < iters; ++i) {
+        asm volatile("st.volatile.global.u64 [%0], %1;" ::"l"(dev), "l"(x + i) : "memory");
+        asm volatile("fence.acq_rel.gpu;" ::: "memory");
+    }
+    out[4] = (now_ns() - t) / iters;
+    t = now_ns();
+    for (unsigned i = 0; i < iters; ++i) {
+        asm volatile("st.volatile.global.u64 [%0], %1;" ::"l"(host + 8), "l"(x + i) : "memory");
+        asm volatile("fence.acq_rel.sys;" ::: "memory");
+    }
+    out[5] = (now_ns() - t) / iters;
+    t = now_ns();
+    unsigned long long* word = dev + 64;
+    for (unsigned i = 0; i < iters; ++i) x += atomicCAS(word, x, x + 1) & 1;
+    out[6] = (now_ns() - t) / iters;
+    out[7] = x;
 }
 extern "C" __global__ void strata_bench_mailbox(const unsigned long long* flags,
-                                                unsigned long long* ack, unsigned pollers,
+                                                unsigned long long* acks, unsigned load_kind,
                                                 unsigned stagger_ns, unsigned long long timeout_ns) {
-    __shared__ unsigned long long seen;
-    const unsigned warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    if (threadIdx.x == 0) seen = 0;
-    __syncthreads();
-    if (warp >= pollers || lane != 0) return;
-    __nanosleep(warp * stagger_ns);
-    unsigned long long last = now_ns();
+    // Poller i (one per warp, in any block) polls its own word, a page apart from the others,
+    // and acknowledges into its own word.
+    const unsigned lane = threadIdx.x & 31;
+    const unsigned i = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (lane != 0) return;
+    __nanosleep(i * stagger_ns);
+    const unsigned long long* flag = flags + 512 * i;
+    unsigned long long last = 0, seen = now_ns();
     for (;;) {
         unsigned long long v;
-        asm volatile("ld.volatile.global.u64 %0, [%1];" : "=l"(v) : "l"(flags + 8 * warp) : "memory");
+        if (load_kind == 0) {
+            asm volatile("ld.volatile.global.u64 %0, [%1];" : "=l"(v) : "l"(flag) : "memory");
+        } else if (load_kind == 1) {
+            asm volatile("ld.global.cv.u64 %0, [%1];" : "=l"(v) : "l"(flag) : "memory");
+        } else {
+            asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(flag) : "memory");
+        }
         const unsigned long long now = now_ns();
         if (v == ~0ull) return;
-        if (v > *(volatile unsigned long long*)&seen) {
-            if (atomicMax(&seen, v) < v) {
-                asm volatile("st.volatile.global.u64 [%0], %1;" ::"l"(ack), "l"(v) : "memory");
-            }
-            last = now;
-        } else if (now - last > timeout_ns) {
+        if (v != last) {
+            last = v;
+            asm volatile("st.volatile.global.u64 [%0], %1;" ::"l"(acks + 8 * i), "l"(v) : "memory");
+            seen = now;
+        } else if (now - seen > timeout_ns) {
             return;
         }
     }
@@ -273,6 +295,9 @@ fn probe_limits(
         "GPU host store + sys fence",
         "GPU device store + gpu fence",
         "GPU device store + sys fence",
+        "GPU device store + acq_rel gpu fence",
+        "GPU host store + acq_rel sys fence",
+        "GPU atomicCAS on device memory",
     ];
     for (i, name) in names.iter().enumerate() {
         // SAFETY: word i of our synchronised pinned buffer.
@@ -295,16 +320,26 @@ fn probe_limits(
         print_row(&r);
         rows.push(r);
     }
-    // Mailbox round trips with 1, 2 and 4 pollers.
-    let flags = HostMem::new(ctx, 4096, true)?;
-    let ack = HostMem::new(ctx, 64, false)?;
+    // Mailbox round trips: pollers in one block or one per block, three kinds of load.
+    let flags = HostMem::new(ctx, 4 << 12, true)?;
+    let acks = HostMem::new(ctx, 4096, false)?;
     let flag_words = flags.ptr().cast::<u64>();
-    let ack_word = ack.ptr().cast::<u64>();
-    for pollers in [1u32, 2, 4] {
+    let ack_words = acks.ptr().cast::<u64>();
+    let layouts: [(u32, u32, u32, &str); 7] = [
+        (1, 1, 0, "1 poller, volatile loads"),
+        (1, 2, 0, "2 pollers in one block, volatile"),
+        (1, 4, 0, "4 pollers in one block, volatile"),
+        (4, 1, 0, "4 pollers in 4 blocks, volatile"),
+        (1, 1, 1, "1 poller, ld.cv"),
+        (1, 4, 1, "4 pollers in one block, ld.cv"),
+        (1, 4, 2, "4 pollers in one block, relaxed.sys"),
+    ];
+    for (grid, per_block, kind, name) in layouts {
+        let pollers = (grid * per_block) as usize;
         let write_all = |v: u64| {
-            for w in 0..pollers as usize {
-                // SAFETY: word 8w of our 4 KiB pinned buffer (w < 4).
-                unsafe { flag_words.add(8 * w).write_volatile(v) };
+            for w in 0..pollers {
+                // SAFETY: word 512w of our 16 KiB pinned buffer (w < 4).
+                unsafe { flag_words.add(512 * w).write_volatile(v) };
             }
             #[cfg(target_arch = "x86_64")]
             // SAFETY: sfence has no preconditions.
@@ -313,30 +348,32 @@ fn probe_limits(
             }
         };
         write_all(0);
-        // SAFETY: our pinned word.
-        unsafe { ack_word.write_volatile(0) };
+        for w in 0..pollers {
+            // SAFETY: our pinned words.
+            unsafe { ack_words.add(8 * w).write_volatile(0) };
+        }
         let mut f = flags.device_ptr()?;
-        let mut a = ack.device_ptr()?;
-        let mut p = pollers;
-        let mut stagger: u32 = 1000 / pollers;
+        let mut a = acks.device_ptr()?;
+        let mut k = kind;
+        let mut stagger: u32 = 1200 / u32::try_from(pollers).unwrap_or(1);
         let mut timeout: u64 = 10_000_000_000;
         let mut params: [*mut c_void; 5] = [
             (&raw mut f).cast(),
             (&raw mut a).cast(),
-            (&raw mut p).cast(),
+            (&raw mut k).cast(),
             (&raw mut stagger).cast(),
             (&raw mut timeout).cast(),
         ];
         // SAFETY: parameters match strata_bench_mailbox; the buffers outlive the kernel, which
-        // is stopped (flag = all ones) and synchronised below.
-        unsafe { mailbox.launch(stream.raw(), 1, 32 * pollers, &mut params)? };
+        // is stopped (flags = all ones) and synchronised below.
+        unsafe { mailbox.launch(stream.raw(), grid, 32 * per_block, &mut params)? };
         let mut v = 0u64;
         let res = time_ops(args.warmup, args.iters, |_| {
             v += 1;
             write_all(v);
             let t = Instant::now();
-            // SAFETY: our pinned word, written by the kernel.
-            while unsafe { ack_word.read_volatile() } != v {
+            // SAFETY: our pinned words, written by the kernel.
+            while !(0..pollers).any(|w| unsafe { ack_words.add(8 * w).read_volatile() } == v) {
                 std::hint::spin_loop();
                 if t.elapsed() > Duration::from_secs(2) {
                     anyhow::bail!("the mailbox kernel did not answer within 2 s");
@@ -346,12 +383,7 @@ fn probe_limits(
         });
         write_all(u64::MAX);
         stream.synchronize()?;
-        let r = row(
-            "limits",
-            format!("mailbox round trip, {pollers} poller(s)"),
-            8,
-            res?,
-        );
+        let r = row("limits", format!("mailbox round trip, {name}"), 8, res?);
         print_row(&r);
         rows.push(r);
     }
@@ -378,15 +410,28 @@ pub fn bench(args: &CopyBenchArgs) -> anyhow::Result<()> {
     let mut pageable = vec![0x5Au8; max.max(1 << 20)];
     let mut rows = Vec::new();
     // Every size through the copy service (no copy engine), to place the default's switch.
-    let service_only = Copier::open_with(
+    let mut service_cfg = CopyConfig {
+        force_service: true,
+        large_threshold: usize::MAX,
+        large_threshold_d2h: usize::MAX,
+        ..CopyConfig::default()
+    };
+    service_cfg.service.h2d_stage_write_combined = false;
+    let service_only = Copier::open_with(args.gpu, service_cfg)?;
+    let service_pin = service_only.pin(dev.ptr(), dev.len() as u64)?;
+    // Large copies through the pinned pipeline from 1 MiB, with 8 host threads.
+    let piped = Copier::open_with(
         args.gpu,
         CopyConfig {
             force_service: true,
-            large_threshold: usize::MAX,
+            large_threshold: 1 << 20,
+            large_threshold_d2h: 1 << 20,
+            pipeline_min: 0,
+            copy_threads: 8,
             ..CopyConfig::default()
         },
     )?;
-    let service_pin = service_only.pin(dev.ptr(), dev.len() as u64)?;
+    let piped_pin = piped.pin(dev.ptr(), dev.len() as u64)?;
     header();
 
     // copylat / copybw.
@@ -426,6 +471,14 @@ pub fn bench(args: &CopyBenchArgs) -> anyhow::Result<()> {
                 Ok(stream.synchronize()?)
             })?,
         ));
+        if n >= 1 << 20 {
+            push(row(
+                "copylat",
+                "strata copy_to, pipeline 8 threads (H2D)",
+                n,
+                time_ops(warm, iters, |_| Ok(piped_pin.copy_to(0, &data)?))?,
+            ));
+        }
         if n >= 16 << 10 {
             push(row(
                 "copylat",
@@ -441,6 +494,14 @@ pub fn bench(args: &CopyBenchArgs) -> anyhow::Result<()> {
             n,
             time_ops(warm, iters, |_| Ok(map.copy_from(0, out)?))?,
         ));
+        if n >= 1 << 20 {
+            push(row(
+                "copylat",
+                "strata copy_from, pipeline 8 threads (D2H)",
+                n,
+                time_ops(warm, iters, |_| Ok(piped_pin.copy_from(0, out)?))?,
+            ));
+        }
         if n >= 16 << 10 {
             push(row(
                 "copylat",
@@ -649,7 +710,7 @@ pub fn bench(args: &CopyBenchArgs) -> anyhow::Result<()> {
         set(&mut c);
         c
     };
-    let variants: [(&str, CopyConfig); 11] = [
+    let variants: [(&str, CopyConfig); 14] = [
         ("default", CopyConfig::default()),
         ("1 poller", with(&|c| c.service.pollers = 1)),
         ("3 pollers", with(&|c| c.service.pollers = 3)),
@@ -669,6 +730,16 @@ pub fn bench(args: &CopyBenchArgs) -> anyhow::Result<()> {
             with(&|c| c.check_liveness = false),
         ),
         ("sys fence after H2D", with(&|c| c.service.sys_fence_h2d = true)),
+        ("polls with ld.cv", with(&|c| c.service.poll_cv = true)),
+        ("acq_rel fences", with(&|c| c.service.acq_rel_fences = true)),
+        ("4 pollers, ld.cv, acq_rel", {
+            with(&|c| {
+                c.service.pollers = 4;
+                c.service.poll_stagger_ns = 300;
+                c.service.poll_cv = true;
+                c.service.acq_rel_fences = true;
+            })
+        }),
     ];
     for (name, mut cfg) in variants {
         cfg.force_service = true;
