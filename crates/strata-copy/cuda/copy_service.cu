@@ -52,8 +52,10 @@ struct StrataServiceParams {
     unsigned flags;                  // FLAG_*
     unsigned warp_max;               // requests up to this size are served by one warp
     unsigned hot_poll_lanes;         // lanes (16 bytes each) read per hot poll: 2..32
+    unsigned rephase_ns;             // after serving, sleep a random 0..rephase_ns (0: never)
+    unsigned reserved;
 };
-static_assert(sizeof(StrataServiceParams) == 104, "layout shared with service.rs");
+static_assert(sizeof(StrataServiceParams) == 112, "layout shared with service.rs");
 
 #define FLAG_SYS_FENCE_H2D 1
 #define FLAG_POLL_CV 2
@@ -267,6 +269,7 @@ __device__ void strata_poller(const StrataServiceParams& p, volatile StrataShare
     const bool cv = (p.flags & FLAG_POLL_CV) != 0;
     if (warp > 0) __nanosleep(warp * p.poll_stagger_ns);
     unsigned backoff = 0;
+    unsigned long long rng = strata_now_ns() ^ (0x9e3779b97f4a7c15ull * (warp + 1));
     for (;;) {
         // Shared state is read by lane 0 and broadcast, so the warp decides as one.
         if (__shfl_sync(FULL_MASK, sh->stop, 0)) return;
@@ -383,6 +386,15 @@ __device__ void strata_poller(const StrataServiceParams& p, volatile StrataShare
             sh->served = seq;
         }
         __syncwarp();
+        // The warp that served is in step with the host's loop (it resumes polling a fixed time
+        // after the host saw `done`), and would stay the one that finds the next request, at
+        // the same unlucky delay every time. A random pause puts it back at a random phase, so
+        // the pollers keep independent phases and the first poll after a request lands comes
+        // sooner on average.
+        if (p.rephase_ns != 0) {
+            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+            __nanosleep((unsigned)(rng >> 33) % p.rephase_ns);
+        }
     }
 }
 

@@ -63,9 +63,12 @@ pub struct CopyConfig {
     /// Device-to-host copies of at least this many bytes use the copy engine instead of the
     /// service.
     pub large_threshold_d2h: usize,
-    /// Copy-engine copies of at least this many bytes go through strata's pinned staging,
-    /// filled by `copy_threads` threads; smaller ones hand pageable memory to the driver.
+    /// Host-to-device copy-engine copies of at least this many bytes go through strata's
+    /// pinned staging, filled by `copy_threads` threads; smaller ones hand pageable memory to
+    /// the driver.
     pub pipeline_min: usize,
+    /// The same for device-to-host copies.
+    pub pipeline_min_d2h: usize,
     /// Host threads copying to and from pinned staging on that path (the caller counts).
     pub copy_threads: usize,
     /// Bytes per pinned staging buffer (two are allocated on first use).
@@ -81,12 +84,13 @@ impl Default for CopyConfig {
     fn default() -> Self {
         CopyConfig {
             service: ServiceConfig::default(),
-            large_threshold: 64 << 10,
-            large_threshold_d2h: 64 << 10,
-            pipeline_min: 2 << 20,
+            large_threshold: 128 << 10,
+            large_threshold_d2h: 2 << 20,
+            pipeline_min: 8 << 20,
+            pipeline_min_d2h: 2 << 20,
             copy_threads: std::thread::available_parallelism()
                 .map_or(1, |n| (n.get() / 2).clamp(1, 4)),
-            pipeline_chunk: 2 << 20,
+            pipeline_chunk: 4 << 20,
             force_service: false,
             check_liveness: true,
         }
@@ -254,7 +258,7 @@ impl Copier {
     fn engine_dtoh(&self, out: &mut [u8], dev: u64) -> Result<(), CopyError> {
         self.flush()?;
         let stream = self.copy_stream()?;
-        if out.len() >= self.inner.cfg.pipeline_min {
+        if out.len() >= self.inner.cfg.pipeline_min_d2h {
             return self.with_staging(|st, ctx, threads| st.dtoh(ctx, stream, out, dev, threads));
         }
         // SAFETY: `out` stays borrowed until the stream synchronisation below.
@@ -277,7 +281,7 @@ impl Copier {
     ) -> Result<(), CopyError> {
         let mut guard = self.inner.staged.lock().unwrap_or_else(|e| e.into_inner());
         if guard.is_none() {
-            let chunk = self.inner.cfg.pipeline_chunk.max(64 << 10);
+            let chunk = self.inner.cfg.pipeline_chunk.max(256 << 10);
             *guard = Some(StagedEngine::new(&self.inner.ctx, chunk)?);
         }
         match guard.as_ref() {

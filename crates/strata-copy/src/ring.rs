@@ -19,8 +19,9 @@
 //! one parallel round trip over PCIe instead of polling a flag and then reading the payload.
 //!
 //! # Staging
-//! Each slot owns `stage_stride` ([`stage_stride`]) bytes of host-to-device staging
-//! (write-combined) and as many of device-to-host staging (cached). Payloads above
+//! Each slot owns `stage_stride` ([`stage_stride`]) bytes of host-to-device staging (cached or
+//! write-combined, as the service is configured) and as many of device-to-host staging
+//! (cached). Payloads above
 //! [`INLINE_MAX`] go through host-to-device staging at offset `dev % 16` of the slot's area (so
 //! source and destination share their alignment and the device copies 16 bytes at a time): the
 //! host writes the staging bytes, fences, then writes the ring slot and fences again.

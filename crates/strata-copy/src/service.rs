@@ -50,6 +50,9 @@ pub struct ServiceConfig {
     /// Device-to-host copies up to this many bytes come back as tagged words, taken by the host
     /// before the device's system-scope fence (0: never; at most `warp_max`).
     pub d2h_tagged_max: u32,
+    /// After serving a request, the serving warp pauses a random 0 to this many ns before it
+    /// polls again, so it does not stay in step with the host's loop (0: never).
+    pub rephase_ns: u32,
     /// Poll with weak "fetch again" loads (`ld.global.cv`) instead of volatile ones.
     pub poll_cv: bool,
     /// Publish with release-acquire fences instead of sequentially consistent ones.
@@ -71,15 +74,16 @@ impl Default for ServiceConfig {
             hot_ns: 2_000_000,
             max_backoff_ns: 2_000,
             idle_stop: Some(Duration::from_millis(100)),
-            pollers: 2,
-            poll_stagger_ns: 400,
+            pollers: 4,
+            poll_stagger_ns: 300,
             mirror_ring: true,
             hot_poll_bytes: 512,
             warp_max: 4096,
             d2h_tagged_max: 1024,
+            rephase_ns: 1200,
             poll_cv: false,
             acq_rel_fences: false,
-            h2d_stage_write_combined: true,
+            h2d_stage_write_combined: false,
             sys_fence_h2d: false,
         }
     }
@@ -120,7 +124,7 @@ impl ServiceConfig {
 }
 
 /// The service kernel's one parameter (`StrataServiceParams` in `cuda/copy_service.cu`, which
-/// checks the same 104-byte size).
+/// checks the same 112-byte size).
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 struct ServiceParams {
@@ -141,9 +145,11 @@ struct ServiceParams {
     flags: u32,
     warp_max: u32,
     hot_poll_lanes: u32,
+    rephase_ns: u32,
+    reserved: u32,
 }
 
-const _: () = assert!(std::mem::size_of::<ServiceParams>() == 104);
+const _: () = assert!(std::mem::size_of::<ServiceParams>() == 112);
 
 /// `flags` bit: system-scope fence after host-to-device copies.
 const FLAG_SYS_FENCE_H2D: u32 = 1;
@@ -216,6 +222,8 @@ impl Engine for Device {
             .fold(0, |f, (_, bit)| f | bit),
             warp_max: cfg.warp_max,
             hot_poll_lanes: cfg.hot_poll_bytes.div_ceil(16),
+            rephase_ns: cfg.rephase_ns,
+            reserved: 0,
         };
         let mut params: [*mut c_void; 1] = [(&raw mut p).cast()];
         // SAFETY: the one parameter matches StrataServiceParams field by field (repr(C), size
@@ -427,7 +435,7 @@ mod tests {
                 "{name} differs from the .cu"
             );
         }
-        assert!(SERVICE_CU.contains("sizeof(StrataServiceParams) == 104"));
+        assert!(SERVICE_CU.contains("sizeof(StrataServiceParams) == 112"));
         ServiceConfig::default().check().unwrap();
     }
 }

@@ -4,8 +4,8 @@
 //! one-thread staging of pageable memory (`cudaMemcpy` from pageable memory reached about
 //! 15 GB/s on our H100 host, where the copy engine does 54 GB/s from pinned memory).
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Barrier, OnceLock};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use crate::error::CopyError;
 use crate::sys::{self, Context, Event, HostMem, Stream};
@@ -36,6 +36,45 @@ pub(crate) struct StagedEngine {
     chunk: usize,
 }
 
+/// A barrier that spins (then yields) instead of sleeping: the threads of one large copy meet
+/// twice per chunk, and a futex wake-up costs tens of microseconds in a VM.
+#[derive(Debug)]
+struct SpinBarrier {
+    parties: usize,
+    arrived: AtomicUsize,
+    generation: AtomicUsize,
+}
+
+impl SpinBarrier {
+    fn new(parties: usize) -> SpinBarrier {
+        SpinBarrier {
+            parties,
+            arrived: AtomicUsize::new(0),
+            generation: AtomicUsize::new(0),
+        }
+    }
+
+    fn wait(&self) {
+        let generation = self.generation.load(Ordering::Acquire);
+        if self.arrived.fetch_add(1, Ordering::AcqRel) + 1 == self.parties {
+            // Reset before releasing: a released thread may arrive again at once.
+            self.arrived.store(0, Ordering::Relaxed);
+            self.generation.fetch_add(1, Ordering::Release);
+            return;
+        }
+        let mut spins = 0u32;
+        while self.generation.load(Ordering::Acquire) == generation {
+            if spins < 1 << 12 {
+                spins += 1;
+                std::hint::spin_loop();
+            } else {
+                // Fewer cores than threads (a small CI machine): let the others run.
+                std::thread::yield_now();
+            }
+        }
+    }
+}
+
 /// Byte range of part `part` of `parts` of `len` bytes (cache-line aligned cuts).
 fn part_range(len: usize, part: usize, parts: usize) -> (usize, usize) {
     let cut = |k: usize| ((len / 64) * k / parts * 64).min(len);
@@ -54,7 +93,7 @@ fn run_parallel(
     mut after: impl FnMut(usize) -> Result<(), CopyError>,
 ) -> Result<(), CopyError> {
     // The barrier is made once the helpers that could be spawned are counted.
-    let sync: OnceLock<(Barrier, usize)> = OnceLock::new();
+    let sync: OnceLock<(SpinBarrier, usize)> = OnceLock::new();
     let abort = AtomicBool::new(false);
     std::thread::scope(|s| {
         let mut helpers = 0;
@@ -85,7 +124,7 @@ fn run_parallel(
             }
         }
         let parts = helpers + 1;
-        let (barrier, _) = sync.get_or_init(|| (Barrier::new(parts), parts));
+        let (barrier, _) = sync.get_or_init(|| (SpinBarrier::new(parts), parts));
         let mut result = Ok(());
         for c in 0..nchunks {
             if result.is_ok()
@@ -119,8 +158,11 @@ impl StagedEngine {
         })
     }
 
-    fn range(&self, c: usize, len: usize) -> (usize, usize) {
-        (c * self.chunk, ((c + 1) * self.chunk).min(len))
+    /// Chunk size for a copy of `len` bytes: about an eighth of it (so the first and last
+    /// chunks, which do not overlap with the copy engine, stay short), within 256 KiB and the
+    /// staging buffers' size.
+    fn chunk_for(&self, len: usize) -> usize {
+        (len / 8).next_multiple_of(64 << 10).clamp(256 << 10, self.chunk)
     }
 
     /// Copies `data` to device address `dev` on `stream`; complete on return.
@@ -132,7 +174,9 @@ impl StagedEngine {
         data: &[u8],
         threads: usize,
     ) -> Result<(), CopyError> {
-        let n = data.len().div_ceil(self.chunk);
+        let chunk = self.chunk_for(data.len());
+        let range = |c: usize| (c * chunk, ((c + 1) * chunk).min(data.len()));
+        let n = data.len().div_ceil(chunk);
         let bufs = [SharedPtr(self.bufs[0].ptr()), SharedPtr(self.bufs[1].ptr())];
         let r = run_parallel(
             threads,
@@ -146,9 +190,9 @@ impl StagedEngine {
                 }
             },
             |c, part, parts| {
-                let (s, e) = self.range(c, data.len());
+                let (s, e) = range(c);
                 let (a, b) = part_range(e - s, part, parts);
-                // SAFETY: the staging buffer has chunk >= e - s bytes; parts write disjoint
+                // SAFETY: the staging buffer has self.chunk >= chunk >= e - s bytes; parts write disjoint
                 // ranges; the engine no longer reads this buffer (`before` waited).
                 unsafe {
                     std::ptr::copy_nonoverlapping(
@@ -159,7 +203,7 @@ impl StagedEngine {
                 }
             },
             |c| {
-                let (s, e) = self.range(c, data.len());
+                let (s, e) = range(c);
                 // SAFETY: the staging buffer stays untouched until its event fires (checked
                 // before it is refilled, and by the stream synchronisation below).
                 unsafe {
@@ -189,12 +233,14 @@ impl StagedEngine {
         threads: usize,
     ) -> Result<(), CopyError> {
         let len = out.len();
-        let n = len.div_ceil(self.chunk);
+        let chunk = self.chunk_for(len);
+        let range = |c: usize| (c * chunk, ((c + 1) * chunk).min(len));
+        let n = len.div_ceil(chunk);
         let bufs = [SharedPtr(self.bufs[0].ptr()), SharedPtr(self.bufs[1].ptr())];
         let dst = SharedPtr(out.as_mut_ptr());
         let submit = |c: usize| -> Result<(), CopyError> {
-            let (s, e) = self.range(c, len);
-            // SAFETY: the buffer has chunk >= e - s bytes, and nobody reads it until its
+            let (s, e) = range(c);
+            // SAFETY: the buffer has self.chunk >= chunk >= e - s bytes, and nobody reads it until its
             // event fired (`before` of chunk c).
             unsafe {
                 sys::memcpy_dtoh_async(ctx, bufs[c % 2].get(), dev + s as u64, e - s, stream.raw())?;
@@ -211,7 +257,7 @@ impl StagedEngine {
                 n,
                 |c| self.done[c % 2].synchronize(),
                 |c, part, parts| {
-                    let (s, e) = self.range(c, len);
+                    let (s, e) = range(c);
                     let (a, b) = part_range(e - s, part, parts);
                     // SAFETY: `out` has len >= e bytes and outlives the threads; parts write
                     // disjoint ranges; the engine finished this buffer (`before` waited).
@@ -236,6 +282,27 @@ impl StagedEngine {
 mod tests {
     use super::*;
     use std::sync::Mutex;
+
+    #[test]
+    fn spin_barrier_keeps_threads_in_step() {
+        let b = SpinBarrier::new(4);
+        let round = AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| {
+                    for r in 0..2000 {
+                        // Nobody may be a round ahead before everyone arrived.
+                        assert!(round.load(Ordering::Acquire) / 4 <= r);
+                        round.fetch_add(1, Ordering::AcqRel);
+                        b.wait();
+                        assert!(round.load(Ordering::Acquire) >= 4 * (r + 1));
+                        b.wait();
+                    }
+                });
+            }
+        });
+        assert_eq!(round.load(Ordering::Acquire), 8000);
+    }
 
     #[test]
     fn parts_cover_every_byte_once() {

@@ -145,7 +145,8 @@ fn large_copies_through_the_pinned_pipeline() {
             large_threshold: 4096,
             large_threshold_d2h: 4096,
             pipeline_min: 0,
-            pipeline_chunk: 64 << 10,
+            pipeline_min_d2h: 0,
+            pipeline_chunk: 256 << 10,
             copy_threads: 3,
             ..CopyConfig::default()
         },

@@ -419,7 +419,7 @@ pub fn bench(args: &CopyBenchArgs) -> anyhow::Result<()> {
     service_cfg.service.h2d_stage_write_combined = false;
     let service_only = Copier::open_with(args.gpu, service_cfg)?;
     let service_pin = service_only.pin(dev.ptr(), dev.len() as u64)?;
-    // Large copies through the pinned pipeline from 1 MiB, with 8 host threads.
+    // Large copies through the pinned pipeline from 1 MiB.
     let piped = Copier::open_with(
         args.gpu,
         CopyConfig {
@@ -427,7 +427,7 @@ pub fn bench(args: &CopyBenchArgs) -> anyhow::Result<()> {
             large_threshold: 1 << 20,
             large_threshold_d2h: 1 << 20,
             pipeline_min: 0,
-            copy_threads: 8,
+            pipeline_min_d2h: 0,
             ..CopyConfig::default()
         },
     )?;
@@ -474,7 +474,7 @@ pub fn bench(args: &CopyBenchArgs) -> anyhow::Result<()> {
         if n >= 1 << 20 {
             push(row(
                 "copylat",
-                "strata copy_to, pipeline 8 threads (H2D)",
+                "strata copy_to, pinned pipeline (H2D)",
                 n,
                 time_ops(warm, iters, |_| Ok(piped_pin.copy_to(0, &data)?))?,
             ));
@@ -497,7 +497,7 @@ pub fn bench(args: &CopyBenchArgs) -> anyhow::Result<()> {
         if n >= 1 << 20 {
             push(row(
                 "copylat",
-                "strata copy_from, pipeline 8 threads (D2H)",
+                "strata copy_from, pinned pipeline (D2H)",
                 n,
                 time_ops(warm, iters, |_| Ok(piped_pin.copy_from(0, out)?))?,
             ));
@@ -713,18 +713,21 @@ pub fn bench(args: &CopyBenchArgs) -> anyhow::Result<()> {
     let variants: [(&str, CopyConfig); 14] = [
         ("default", CopyConfig::default()),
         ("1 poller", with(&|c| c.service.pollers = 1)),
-        ("3 pollers", with(&|c| c.service.pollers = 3)),
-        ("4 pollers, stagger 250 ns", {
+        ("2 pollers, stagger 600 ns", {
             with(&|c| {
-                c.service.pollers = 4;
-                c.service.poll_stagger_ns = 250;
+                c.service.pollers = 2;
+                c.service.poll_stagger_ns = 600;
             })
         }),
+        ("no rephase after serving", with(&|c| c.service.rephase_ns = 0)),
         ("no ring mirrors", with(&|c| c.service.mirror_ring = false)),
         ("hot poll 128 B", with(&|c| c.service.hot_poll_bytes = 128)),
         ("no hot window", with(&|c| c.service.hot_ns = 0)),
         ("no tagged D2H", with(&|c| c.service.d2h_tagged_max = 0)),
         ("tagged D2H to 4 KiB", with(&|c| c.service.d2h_tagged_max = 4096)),
+        ("WC H2D staging", {
+            with(&|c| c.service.h2d_stage_write_combined = true)
+        }),
         (
             "no per-copy liveness check",
             with(&|c| c.check_liveness = false),
@@ -732,14 +735,6 @@ pub fn bench(args: &CopyBenchArgs) -> anyhow::Result<()> {
         ("sys fence after H2D", with(&|c| c.service.sys_fence_h2d = true)),
         ("polls with ld.cv", with(&|c| c.service.poll_cv = true)),
         ("acq_rel fences", with(&|c| c.service.acq_rel_fences = true)),
-        ("4 pollers, ld.cv, acq_rel", {
-            with(&|c| {
-                c.service.pollers = 4;
-                c.service.poll_stagger_ns = 300;
-                c.service.poll_cv = true;
-                c.service.acq_rel_fences = true;
-            })
-        }),
     ];
     for (name, mut cfg) in variants {
         cfg.force_service = true;
