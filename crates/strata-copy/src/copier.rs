@@ -86,7 +86,7 @@ impl Default for CopyConfig {
             service: ServiceConfig::default(),
             large_threshold: 128 << 10,
             large_threshold_d2h: 2 << 20,
-            pipeline_min: 8 << 20,
+            pipeline_min: 1 << 20,
             pipeline_min_d2h: 2 << 20,
             copy_threads: std::thread::available_parallelism()
                 .map_or(1, |n| (n.get() / 2).clamp(1, 4)),
@@ -282,7 +282,8 @@ impl Copier {
         let mut guard = self.inner.staged.lock().unwrap_or_else(|e| e.into_inner());
         if guard.is_none() {
             let chunk = self.inner.cfg.pipeline_chunk.max(256 << 10);
-            *guard = Some(StagedEngine::new(&self.inner.ctx, chunk)?);
+            let threads = self.inner.cfg.copy_threads.max(1);
+            *guard = Some(StagedEngine::new(&self.inner.ctx, chunk, threads)?);
         }
         match guard.as_ref() {
             Some(st) => f(st, &self.inner.ctx, self.inner.cfg.copy_threads.max(1)),

@@ -20,6 +20,7 @@ pub mod copier;
 pub mod error;
 pub mod ring;
 pub mod service;
+mod stage_workers;
 mod staged_engine;
 pub mod sys;
 

@@ -272,9 +272,11 @@ pub struct Producer {
     pub timeout: Duration,
     /// When the last request was posted (for the idle reaper).
     pub last_use: Instant,
-    /// Device-to-host copies up to this many bytes are answered with tagged words (0: never);
-    /// capped at half a staging area.
+    /// Device-to-host copies of `d2h_tagged_min..=d2h_tagged_max` bytes are answered with
+    /// tagged words (the rest after a fence); the maximum is capped at half a staging area.
     pub d2h_tagged_max: usize,
+    /// See `d2h_tagged_max`.
+    pub d2h_tagged_min: usize,
 }
 
 // SAFETY: the raw pointers are to pinned memory owned by whoever owns the Producer (the service
@@ -321,6 +323,7 @@ impl Producer {
             timeout: Duration::from_secs(10),
             last_use: Instant::now(),
             d2h_tagged_max: 0,
+            d2h_tagged_min: 0,
         }
     }
 
@@ -429,7 +432,8 @@ impl Producer {
         self.ensure_running(engine)?;
         let seq = self.next_seq;
         self.wait_slot_free(engine, seq)?;
-        let tagged = len <= self.d2h_tagged_max.min(self.stride() / 8 * 4);
+        let tagged =
+            len >= self.d2h_tagged_min && len <= self.d2h_tagged_max.min(self.stride() / 8 * 4);
         let op = if tagged { Op::D2hTagged } else { Op::D2h };
         let mut words = [0u64; SLOT_WORDS];
         let used = encode(seq, op, len, dev, &[], &mut words);

@@ -47,9 +47,13 @@ pub struct ServiceConfig {
     /// Requests up to this many bytes are served by the warp that found them alone; larger ones
     /// are split over every warp of the block.
     pub warp_max: u32,
-    /// Device-to-host copies up to this many bytes come back as tagged words, taken by the host
-    /// before the device's system-scope fence (0: never; at most `warp_max`).
+    /// Device-to-host copies of `d2h_tagged_min..=d2h_tagged_max` bytes come back as tagged
+    /// words, taken by the host before the device's system-scope fence (max 0: never; at most
+    /// `warp_max`). On our H100 they win from 128 to 512 bytes and lose outside (see
+    /// results/README.md).
     pub d2h_tagged_max: u32,
+    /// See `d2h_tagged_max`.
+    pub d2h_tagged_min: u32,
     /// After serving a request, the serving warp pauses a random 0 to this many ns before it
     /// polls again, so it does not stay in step with the host's loop (0: never).
     pub rephase_ns: u32,
@@ -79,7 +83,8 @@ impl Default for ServiceConfig {
             mirror_ring: true,
             hot_poll_bytes: 512,
             warp_max: 4096,
-            d2h_tagged_max: 1024,
+            d2h_tagged_max: 512,
+            d2h_tagged_min: 128,
             rephase_ns: 1200,
             poll_cv: false,
             acq_rel_fences: false,
@@ -292,6 +297,7 @@ impl Service {
         // lives in `dev`, which the producer's users keep alive alongside it.
         let mut producer = unsafe { Producer::new(mem) };
         producer.d2h_tagged_max = cfg.d2h_tagged_max as usize;
+        producer.d2h_tagged_min = cfg.d2h_tagged_min as usize;
         let producer = Arc::new(Mutex::new(producer));
         let reaper_stop = Arc::new(AtomicBool::new(false));
         let reaper = cfg.idle_stop.map(|idle| {

@@ -4,10 +4,10 @@
 //! one-thread staging of pageable memory (`cudaMemcpy` from pageable memory reached about
 //! 15 GB/s on our H100 host, where the copy engine does 54 GB/s from pinned memory).
 
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use crate::error::CopyError;
+use crate::stage_workers::Workers;
 use crate::sys::{self, Context, Event, HostMem, Stream};
 
 /// A raw address shared by the copying threads; each writes its own disjoint range.
@@ -34,6 +34,7 @@ pub(crate) struct StagedEngine {
     bufs: [HostMem; 2],
     done: [Event; 2],
     chunk: usize,
+    workers: Workers,
 }
 
 /// A barrier that spins (then yields) instead of sleeping: the threads of one large copy meet
@@ -82,49 +83,33 @@ fn part_range(len: usize, part: usize, parts: usize) -> (usize, usize) {
     (cut(part), end)
 }
 
-/// Runs chunks `0..nchunks` through `threads` threads: for each chunk the calling thread runs
-/// `before`, then every thread runs `copy(chunk, part, parts)`, then the calling thread runs
-/// `after`. An error stops the loop (every thread leaves) and is returned.
+/// Runs chunks `0..nchunks` through the calling thread and up to `threads - 1` of `workers`:
+/// for each chunk the calling thread runs `before`, then every thread runs
+/// `copy(chunk, part, parts)`, then the calling thread runs `after`. An error stops the loop
+/// (every thread leaves) and is returned. `copy` must not panic.
 fn run_parallel(
+    workers: &Workers,
     threads: usize,
     nchunks: usize,
     mut before: impl FnMut(usize) -> Result<(), CopyError>,
     copy: impl Fn(usize, usize, usize) + Sync,
     mut after: impl FnMut(usize) -> Result<(), CopyError>,
 ) -> Result<(), CopyError> {
-    // The barrier is made once the helpers that could be spawned are counted.
-    let sync: OnceLock<(SpinBarrier, usize)> = OnceLock::new();
+    let helpers = threads.saturating_sub(1).min(workers.len());
+    let parts = helpers + 1;
+    let barrier = SpinBarrier::new(parts);
     let abort = AtomicBool::new(false);
-    std::thread::scope(|s| {
-        let mut helpers = 0;
-        for _ in 1..threads {
-            let (sync, abort, copy) = (&sync, &abort, &copy);
-            let part = helpers + 1;
-            let spawned = std::thread::Builder::new()
-                .name("strata-copy-stage".into())
-                .spawn_scoped(s, move || {
-                    let (barrier, parts) = loop {
-                        if let Some(b) = sync.get() {
-                            break b;
-                        }
-                        std::thread::yield_now();
-                    };
-                    for c in 0..nchunks {
-                        barrier.wait();
-                        if abort.load(Ordering::Acquire) {
-                            return;
-                        }
-                        copy(c, part, *parts);
-                        barrier.wait();
-                    }
-                });
-            // A thread that could not be spawned is simply not counted: fewer parts.
-            if spawned.is_ok() {
-                helpers += 1;
+    let helper = |part: usize| {
+        for c in 0..nchunks {
+            barrier.wait();
+            if abort.load(Ordering::Acquire) {
+                return;
             }
+            copy(c, part, parts);
+            barrier.wait();
         }
-        let parts = helpers + 1;
-        let (barrier, _) = sync.get_or_init(|| (SpinBarrier::new(parts), parts));
+    };
+    workers.run(helpers, &helper, || {
         let mut result = Ok(());
         for c in 0..nchunks {
             if result.is_ok()
@@ -149,12 +134,14 @@ fn run_parallel(
 }
 
 impl StagedEngine {
-    /// Allocates the staging buffers (pinned, cached) of `chunk` bytes each.
-    pub(crate) fn new(ctx: &Context, chunk: usize) -> Result<StagedEngine, CopyError> {
+    /// Allocates the staging buffers (pinned, cached) of `chunk` bytes each and starts
+    /// `threads - 1` helper threads.
+    pub(crate) fn new(ctx: &Context, chunk: usize, threads: usize) -> Result<StagedEngine, CopyError> {
         Ok(StagedEngine {
             bufs: [HostMem::new(ctx, chunk, false)?, HostMem::new(ctx, chunk, false)?],
             done: [Event::new(ctx)?, Event::new(ctx)?],
             chunk,
+            workers: Workers::new(threads.saturating_sub(1)),
         })
     }
 
@@ -179,6 +166,7 @@ impl StagedEngine {
         let n = data.len().div_ceil(chunk);
         let bufs = [SharedPtr(self.bufs[0].ptr()), SharedPtr(self.bufs[1].ptr())];
         let r = run_parallel(
+            &self.workers,
             threads,
             n,
             // The engine must be done with this buffer (chunk c - 2) before it is refilled.
@@ -253,6 +241,7 @@ impl StagedEngine {
         }
         if r.is_ok() {
             r = run_parallel(
+                &self.workers,
                 threads,
                 n,
                 |c| self.done[c % 2].synchronize(),
@@ -328,7 +317,9 @@ mod tests {
         let n = src.len().div_ceil(chunk);
         let out = SharedPtr(dst.as_mut_ptr());
         let log = Mutex::new(Vec::new());
+        let workers = Workers::new(3);
         run_parallel(
+            &workers,
             4,
             n,
             |c| {
@@ -357,6 +348,7 @@ mod tests {
         for fail_after in [false, true] {
             let copied = std::sync::atomic::AtomicUsize::new(0);
             let r = run_parallel(
+                &workers,
                 3,
                 10,
                 |c| {

@@ -114,6 +114,7 @@ fn data_validation_service_variants() {
     wide.service.pollers = 4;
     wide.service.mirror_ring = false;
     wide.service.d2h_tagged_max = 4096;
+    wide.service.d2h_tagged_min = 0;
     let mut narrow = CopyConfig {
         force_service: true,
         ..CopyConfig::default()

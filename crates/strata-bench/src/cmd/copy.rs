@@ -323,10 +323,11 @@ fn probe_limits(
     // Mailbox round trips: pollers in one block or one per block, three kinds of load.
     let flags = HostMem::new(ctx, 4 << 12, true)?;
     let acks = HostMem::new(ctx, 4096, false)?;
-    let flag_words = flags.ptr().cast::<u64>();
     let ack_words = acks.ptr().cast::<u64>();
-    let layouts: [(u32, u32, u32, &str); 7] = [
+    let cached_flags = HostMem::new(ctx, 4 << 12, false)?;
+    let layouts: [(u32, u32, u32, &str); 8] = [
         (1, 1, 0, "1 poller, volatile loads"),
+        (1, 1, 3, "1 poller, flag in cached memory"),
         (1, 2, 0, "2 pollers in one block, volatile"),
         (1, 4, 0, "4 pollers in one block, volatile"),
         (4, 1, 0, "4 pollers in 4 blocks, volatile"),
@@ -334,8 +335,15 @@ fn probe_limits(
         (1, 4, 1, "4 pollers in one block, ld.cv"),
         (1, 4, 2, "4 pollers in one block, relaxed.sys"),
     ];
-    for (grid, per_block, kind, name) in layouts {
+    for (grid, per_block, layout_kind, name) in layouts {
         let pollers = (grid * per_block) as usize;
+        // Kind 3: volatile loads of a flag in cached (not write-combined) host memory.
+        let (kind, flags) = if layout_kind == 3 {
+            (0, &cached_flags)
+        } else {
+            (layout_kind, &flags)
+        };
+        let flag_words = flags.ptr().cast::<u64>();
         let write_all = |v: u64| {
             for w in 0..pollers {
                 // SAFETY: word 512w of our 16 KiB pinned buffer (w < 4).
@@ -419,13 +427,13 @@ pub fn bench(args: &CopyBenchArgs) -> anyhow::Result<()> {
     service_cfg.service.h2d_stage_write_combined = false;
     let service_only = Copier::open_with(args.gpu, service_cfg)?;
     let service_pin = service_only.pin(dev.ptr(), dev.len() as u64)?;
-    // Large copies through the pinned pipeline from 1 MiB.
+    // Large copies through the pinned pipeline from 128 KiB.
     let piped = Copier::open_with(
         args.gpu,
         CopyConfig {
             force_service: true,
-            large_threshold: 1 << 20,
-            large_threshold_d2h: 1 << 20,
+            large_threshold: 128 << 10,
+            large_threshold_d2h: 128 << 10,
             pipeline_min: 0,
             pipeline_min_d2h: 0,
             ..CopyConfig::default()
@@ -471,7 +479,7 @@ pub fn bench(args: &CopyBenchArgs) -> anyhow::Result<()> {
                 Ok(stream.synchronize()?)
             })?,
         ));
-        if n >= 1 << 20 {
+        if n >= 128 << 10 {
             push(row(
                 "copylat",
                 "strata copy_to, pinned pipeline (H2D)",
@@ -494,7 +502,7 @@ pub fn bench(args: &CopyBenchArgs) -> anyhow::Result<()> {
             n,
             time_ops(warm, iters, |_| Ok(map.copy_from(0, out)?))?,
         ));
-        if n >= 1 << 20 {
+        if n >= 128 << 10 {
             push(row(
                 "copylat",
                 "strata copy_from, pinned pipeline (D2H)",
@@ -724,7 +732,12 @@ pub fn bench(args: &CopyBenchArgs) -> anyhow::Result<()> {
         ("hot poll 128 B", with(&|c| c.service.hot_poll_bytes = 128)),
         ("no hot window", with(&|c| c.service.hot_ns = 0)),
         ("no tagged D2H", with(&|c| c.service.d2h_tagged_max = 0)),
-        ("tagged D2H to 4 KiB", with(&|c| c.service.d2h_tagged_max = 4096)),
+        ("tagged D2H from 1 B to 4 KiB", {
+            with(&|c| {
+                c.service.d2h_tagged_min = 0;
+                c.service.d2h_tagged_max = 4096;
+            })
+        }),
         ("WC H2D staging", {
             with(&|c| c.service.h2d_stage_write_combined = true)
         }),
@@ -798,7 +811,7 @@ fn tune_variant(
 ) -> anyhow::Result<()> {
     let c = Copier::open_with(args.gpu, cfg)?;
     let p = c.pin(buf.ptr(), 1 << 20)?;
-    for &n in &[8usize, 240, 241, 1024, 4096] {
+    for &n in &[8usize, 240, 241, 512, 1024, 4096] {
         let data = vec![7u8; n];
         let mut out = vec![0u8; n];
         let r = row(
