@@ -133,11 +133,19 @@ __device__ __forceinline__ unsigned char strata_load1(const unsigned char* p, bo
 
 // Part `part` of `parts` of a copy between buffers that share their alignment modulo 16 (the
 // host places staged bytes at the device address's offset within 16). One warp per part.
+// Every load (head bytes, 16-byte body, tail bytes) is issued before the first store: a store
+// could alias a later load, so the compiler would otherwise wait a whole PCIe round trip for
+// the head before it reads the body, and again for the tail.
 __device__ void strata_copy_part(unsigned char* dst, const unsigned char* src, unsigned len,
                                  bool from_host, unsigned part, unsigned parts, unsigned lane) {
     const unsigned head = min(len, (16u - ((unsigned)(unsigned long long)dst & 15u)) & 15u);
-    if (part == 0 && lane < head) dst[lane] = strata_load1(src + lane, from_host);
     const unsigned body = (len - head) / 16;
+    const unsigned tail = head + body * 16;
+    const bool has_head = part == 0 && lane < head;
+    const bool has_tail = part == parts - 1 && lane < len - tail;
+    unsigned char head_byte = 0, tail_byte = 0;
+    if (has_head) head_byte = strata_load1(src + lane, from_host);
+    if (has_tail) tail_byte = strata_load1(src + tail + lane, from_host);
     const uint4* s = reinterpret_cast<const uint4*>(src + head);
     uint4* d = reinterpret_cast<uint4*>(dst + head);
     const unsigned stride = parts * 32;
@@ -154,10 +162,8 @@ __device__ void strata_copy_part(unsigned char* dst, const unsigned char* src, u
             if (i < body) d[i] = v[u];
         }
     }
-    const unsigned tail = head + body * 16;
-    if (part == parts - 1 && lane < len - tail) {
-        dst[tail + lane] = strata_load1(src + tail + lane, from_host);
-    }
+    if (has_head) dst[lane] = head_byte;
+    if (has_tail) dst[tail + lane] = tail_byte;
 }
 
 // Device to host as tagged words: word i = tag << 32 | bytes [4i, 4i + 4) of the source. Reads

@@ -85,9 +85,9 @@ impl Default for CopyConfig {
         CopyConfig {
             service: ServiceConfig::default(),
             large_threshold: 128 << 10,
-            large_threshold_d2h: 2 << 20,
-            pipeline_min: 1 << 20,
-            pipeline_min_d2h: 2 << 20,
+            large_threshold_d2h: 256 << 10,
+            pipeline_min: 128 << 10,
+            pipeline_min_d2h: 256 << 10,
             copy_threads: std::thread::available_parallelism()
                 .map_or(1, |n| (n.get() / 2).clamp(1, 4)),
             pipeline_chunk: 4 << 20,

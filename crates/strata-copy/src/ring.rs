@@ -466,7 +466,10 @@ impl Producer {
         // slot is not reused before the request is collected (that needs &mut self).
         unsafe {
             std::slice::from_raw_parts(
-                self.mem.d2h_stage.add(slot * self.stride()).cast::<AtomicU64>(),
+                self.mem
+                    .d2h_stage
+                    .add(slot * self.stride())
+                    .cast::<AtomicU64>(),
                 words,
             )
         }
@@ -495,11 +498,7 @@ impl Producer {
             // its slot is not reused until we post `nslots` more requests, which needs &mut
             // self; skew + len < stage_stride.
             unsafe {
-                std::ptr::copy_nonoverlapping(
-                    self.mem.d2h_stage.add(off),
-                    out.as_mut_ptr(),
-                    t.len,
-                );
+                std::ptr::copy_nonoverlapping(self.mem.d2h_stage.add(off), out.as_mut_ptr(), t.len);
             }
             return Ok(());
         }

@@ -49,7 +49,7 @@ pub struct ServiceConfig {
     pub warp_max: u32,
     /// Device-to-host copies of `d2h_tagged_min..=d2h_tagged_max` bytes come back as tagged
     /// words, taken by the host before the device's system-scope fence (max 0: never; at most
-    /// `warp_max`). On our H100 they win from 128 to 512 bytes and lose outside (see
+    /// `warp_max`). On our H100 they win from 128 to about 256 bytes and lose outside (see
     /// results/README.md).
     pub d2h_tagged_max: u32,
     /// See `d2h_tagged_max`.
@@ -61,6 +61,8 @@ pub struct ServiceConfig {
     pub poll_cv: bool,
     /// Publish with release-acquire fences instead of sequentially consistent ones.
     pub acq_rel_fences: bool,
+    /// The doorbell ring in write-combined memory (else cached).
+    pub ring_write_combined: bool,
     /// Host-to-device staging in write-combined memory (fast for the CPU to write a few lines,
     /// slow for bulk memcpy) rather than cached memory.
     pub h2d_stage_write_combined: bool,
@@ -83,11 +85,12 @@ impl Default for ServiceConfig {
             mirror_ring: true,
             hot_poll_bytes: 512,
             warp_max: 4096,
-            d2h_tagged_max: 512,
+            d2h_tagged_max: 256,
             d2h_tagged_min: 128,
             rephase_ns: 1200,
             poll_cv: false,
             acq_rel_fences: false,
+            ring_write_combined: true,
             h2d_stage_write_combined: false,
             sys_fence_h2d: false,
         }
@@ -234,7 +237,10 @@ impl Engine for Device {
         // SAFETY: the one parameter matches StrataServiceParams field by field (repr(C), size
         // checked on both sides); the memory it names is owned by `self` and outlives the
         // kernel, which is stopped (and has left host memory alone) before `self` drops.
-        unsafe { self.kernel.launch(self.stream.raw(), 1, cfg.threads, &mut params) }
+        unsafe {
+            self.kernel
+                .launch(self.stream.raw(), 1, cfg.threads, &mut params)
+        }
     }
 
     fn health(&self) -> Result<(), CopyError> {
@@ -267,7 +273,7 @@ impl Service {
         let n = usize::try_from(cfg.nslots).unwrap_or(usize::MAX);
         let mirrors = usize::try_from(cfg.mirrors()).unwrap_or(1);
         let stride = ring::stage_stride(cfg.stage_slot);
-        let ring_mem = HostMem::new(ctx, n * mirrors * ring::SLOT_BYTES, true)?;
+        let ring_mem = HostMem::new(ctx, n * mirrors * ring::SLOT_BYTES, cfg.ring_write_combined)?;
         let h2d = HostMem::new(ctx, n * stride, cfg.h2d_stage_write_combined)?;
         let d2h = HostMem::new(ctx, n * stride, false)?;
         let status = HostMem::new(ctx, ring::STATUS_WORDS * 8, false)?;

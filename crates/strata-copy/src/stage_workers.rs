@@ -146,7 +146,9 @@ impl Workers {
             st.job = Some(JobRef(erased));
             st.parts = helpers;
             st.running = helpers;
-            self.shared.generation.store(st.generation, Ordering::Release);
+            self.shared
+                .generation
+                .store(st.generation, Ordering::Release);
         }
         self.shared.wake.notify_all();
         struct WaitForWorkers<'a>(&'a Shared);

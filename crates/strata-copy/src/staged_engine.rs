@@ -79,7 +79,11 @@ impl SpinBarrier {
 /// Byte range of part `part` of `parts` of `len` bytes (cache-line aligned cuts).
 fn part_range(len: usize, part: usize, parts: usize) -> (usize, usize) {
     let cut = |k: usize| ((len / 64) * k / parts * 64).min(len);
-    let end = if part + 1 == parts { len } else { cut(part + 1) };
+    let end = if part + 1 == parts {
+        len
+    } else {
+        cut(part + 1)
+    };
     (cut(part), end)
 }
 
@@ -136,9 +140,16 @@ fn run_parallel(
 impl StagedEngine {
     /// Allocates the staging buffers (pinned, cached) of `chunk` bytes each and starts
     /// `threads - 1` helper threads.
-    pub(crate) fn new(ctx: &Context, chunk: usize, threads: usize) -> Result<StagedEngine, CopyError> {
+    pub(crate) fn new(
+        ctx: &Context,
+        chunk: usize,
+        threads: usize,
+    ) -> Result<StagedEngine, CopyError> {
         Ok(StagedEngine {
-            bufs: [HostMem::new(ctx, chunk, false)?, HostMem::new(ctx, chunk, false)?],
+            bufs: [
+                HostMem::new(ctx, chunk, false)?,
+                HostMem::new(ctx, chunk, false)?,
+            ],
             done: [Event::new(ctx)?, Event::new(ctx)?],
             chunk,
             workers: Workers::new(threads.saturating_sub(1)),
@@ -149,7 +160,9 @@ impl StagedEngine {
     /// chunks, which do not overlap with the copy engine, stay short), within 256 KiB and the
     /// staging buffers' size.
     fn chunk_for(&self, len: usize) -> usize {
-        (len / 8).next_multiple_of(64 << 10).clamp(256 << 10, self.chunk)
+        (len / 8)
+            .next_multiple_of(64 << 10)
+            .clamp(256 << 10, self.chunk)
     }
 
     /// Copies `data` to device address `dev` on `stream`; complete on return.
@@ -231,7 +244,13 @@ impl StagedEngine {
             // SAFETY: the buffer has self.chunk >= chunk >= e - s bytes, and nobody reads it until its
             // event fired (`before` of chunk c).
             unsafe {
-                sys::memcpy_dtoh_async(ctx, bufs[c % 2].get(), dev + s as u64, e - s, stream.raw())?;
+                sys::memcpy_dtoh_async(
+                    ctx,
+                    bufs[c % 2].get(),
+                    dev + s as u64,
+                    e - s,
+                    stream.raw(),
+                )?;
             }
             self.done[c % 2].record(stream)
         };
@@ -332,7 +351,11 @@ mod tests {
                 let (a, b) = part_range(e - s, part, parts);
                 // SAFETY: disjoint ranges of `dst`, which outlives the call.
                 unsafe {
-                    std::ptr::copy_nonoverlapping(src[s + a..].as_ptr(), out.get().add(s + a), b - a)
+                    std::ptr::copy_nonoverlapping(
+                        src[s + a..].as_ptr(),
+                        out.get().add(s + a),
+                        b - a,
+                    )
                 };
             },
             |c| {

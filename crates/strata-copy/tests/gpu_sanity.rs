@@ -34,8 +34,8 @@ fn rng() -> StdRng {
 }
 
 const SIZES: &[usize] = &[
-    1, 2, 3, 4, 5, 7, 8, 15, 16, 17, 31, 63, 64, 65, 127, 239, 240, 241, 255, 256, 1000, 1023,
-    1024, 1025, 4095, 4096, 4097, 16_387, 65535, 65536, 65537, 200_000,
+    1, 2, 3, 4, 5, 7, 8, 15, 16, 17, 31, 63, 64, 65, 127, 128, 239, 240, 241, 255, 256, 257, 1000,
+    1023, 1024, 1025, 4095, 4096, 4097, 16_387, 65535, 65536, 65537, 200_000,
 ];
 const OFFSETS: &[u64] = &[0, 1, 2, 3, 4, 5, 6, 7, 11, 129, 1023, 4 * 1023, 65536 + 3];
 
@@ -125,6 +125,8 @@ fn data_validation_service_variants() {
     narrow.service.warp_max = 256;
     narrow.service.d2h_tagged_max = 256;
     narrow.service.stage_slot = 4096;
+    narrow.service.ring_write_combined = false;
+    narrow.service.h2d_stage_write_combined = true;
     for (name, cfg) in [("wide", wide), ("narrow", narrow)] {
         eprintln!("config {name}: {:?}", cfg.service);
         let c = Copier::open_with(0, cfg).unwrap();
@@ -156,7 +158,15 @@ fn large_copies_through_the_pinned_pipeline() {
     let len = 4 << 20;
     let alloc = c.alloc(len).unwrap();
     let p = c.pin(alloc.ptr(), len as u64).unwrap();
-    for &n in &[4096usize, 65535, 65536, 65537, 131_072, 200_001, (1 << 20) + 3] {
+    for &n in &[
+        4096usize,
+        65535,
+        65536,
+        65537,
+        131_072,
+        200_001,
+        (1 << 20) + 3,
+    ] {
         for &off in &[0u64, 1, 4099] {
             let data: Vec<u8> = (0..n).map(|_| rng.random()).collect();
             p.copy_to(off, &data).unwrap();

@@ -718,7 +718,7 @@ pub fn bench(args: &CopyBenchArgs) -> anyhow::Result<()> {
         set(&mut c);
         c
     };
-    let variants: [(&str, CopyConfig); 14] = [
+    let variants: [(&str, CopyConfig); 15] = [
         ("default", CopyConfig::default()),
         ("1 poller", with(&|c| c.service.pollers = 1)),
         ("2 pollers, stagger 600 ns", {
@@ -727,7 +727,10 @@ pub fn bench(args: &CopyBenchArgs) -> anyhow::Result<()> {
                 c.service.poll_stagger_ns = 600;
             })
         }),
-        ("no rephase after serving", with(&|c| c.service.rephase_ns = 0)),
+        (
+            "no rephase after serving",
+            with(&|c| c.service.rephase_ns = 0),
+        ),
         ("no ring mirrors", with(&|c| c.service.mirror_ring = false)),
         ("hot poll 128 B", with(&|c| c.service.hot_poll_bytes = 128)),
         ("no hot window", with(&|c| c.service.hot_ns = 0)),
@@ -738,6 +741,9 @@ pub fn bench(args: &CopyBenchArgs) -> anyhow::Result<()> {
                 c.service.d2h_tagged_max = 4096;
             })
         }),
+        ("ring in cached memory", {
+            with(&|c| c.service.ring_write_combined = false)
+        }),
         ("WC H2D staging", {
             with(&|c| c.service.h2d_stage_write_combined = true)
         }),
@@ -745,7 +751,10 @@ pub fn bench(args: &CopyBenchArgs) -> anyhow::Result<()> {
             "no per-copy liveness check",
             with(&|c| c.check_liveness = false),
         ),
-        ("sys fence after H2D", with(&|c| c.service.sys_fence_h2d = true)),
+        (
+            "sys fence after H2D",
+            with(&|c| c.service.sys_fence_h2d = true),
+        ),
         ("polls with ld.cv", with(&|c| c.service.poll_cv = true)),
         ("acq_rel fences", with(&|c| c.service.acq_rel_fences = true)),
     ];
