@@ -258,10 +258,10 @@ __device__ void strata_helper(const StrataServiceParams& p, volatile StrataShare
         const bool from_host = sh->job_from_host != 0;
         strata_copy_part(const_cast<unsigned char*>(sh->job_dst), sh->job_src, sh->job_len,
                          from_host, part, parts, lane);
-        // Device memory (H2D) needs GPU scope before the server publishes; host memory (D2H)
-        // system scope.
-        if (from_host) __threadfence();
-        else __threadfence_system();
+        // Release to the serving warp (same block); its fence before `done` (GPU or system
+        // scope, sequentially consistent) then orders these writes too, as the block barrier
+        // did in the first version: one fence per request on the critical path, not two.
+        __threadfence_block();
         __syncwarp();
         if (lane == 0) atomicAdd(const_cast<unsigned*>(&sh->job_done), 1u);
     }
