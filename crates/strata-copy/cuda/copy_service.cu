@@ -133,37 +133,44 @@ __device__ __forceinline__ unsigned char strata_load1(const unsigned char* p, bo
 
 // Part `part` of `parts` of a copy between buffers that share their alignment modulo 16 (the
 // host places staged bytes at the device address's offset within 16). One warp per part.
-// Every load (head bytes, 16-byte body, tail bytes) is issued before the first store: a store
-// could alias a later load, so the compiler would otherwise wait a whole PCIe round trip for
-// the head before it reads the body, and again for the tail.
+// Copies through whole aligned 16-byte blocks: the block holding the first byte, the one
+// holding the last, and every one between, each read with one 16-byte load (an aligned block
+// never crosses a page, so reading its bytes outside the range is safe), then written whole
+// where it lies inside the range and byte by byte at the two ends. Separate byte loads for the
+// ends would share 32-byte sectors with the neighbouring block's load, and strong loads of one
+// sector wait for each other: a whole PCIe round trip more for any length off 16 bytes.
 __device__ void strata_copy_part(unsigned char* dst, const unsigned char* src, unsigned len,
                                  bool from_host, unsigned part, unsigned parts, unsigned lane) {
-    const unsigned head = min(len, (16u - ((unsigned)(unsigned long long)dst & 15u)) & 15u);
-    const unsigned body = (len - head) / 16;
-    const unsigned tail = head + body * 16;
-    const bool has_head = part == 0 && lane < head;
-    const bool has_tail = part == parts - 1 && lane < len - tail;
-    unsigned char head_byte = 0, tail_byte = 0;
-    if (has_head) head_byte = strata_load1(src + lane, from_host);
-    if (has_tail) tail_byte = strata_load1(src + tail + lane, from_host);
-    const uint4* s = reinterpret_cast<const uint4*>(src + head);
-    uint4* d = reinterpret_cast<uint4*>(dst + head);
+    if (len == 0) return;
+    const unsigned skew = (unsigned)((unsigned long long)dst & 15u);
+    const uint4* s = reinterpret_cast<const uint4*>((unsigned long long)src & ~15ull);
+    uint4* d = reinterpret_cast<uint4*>((unsigned long long)dst & ~15ull);
+    const unsigned end = skew + len;  // range end, in bytes from the first block
+    const unsigned blocks = (end + 15) / 16;
     const unsigned stride = parts * 32;
-    for (unsigned base = part * 32 + lane; base < body; base += stride * UNROLL) {
+    for (unsigned base = part * 32 + lane; base < blocks; base += stride * UNROLL) {
         uint4 v[UNROLL];
 #pragma unroll
         for (unsigned u = 0; u < UNROLL; ++u) {
             const unsigned i = base + u * stride;
-            if (i < body) v[u] = strata_load16(s + i, from_host);
+            if (i < blocks) v[u] = strata_load16(s + i, from_host);
         }
 #pragma unroll
         for (unsigned u = 0; u < UNROLL; ++u) {
             const unsigned i = base + u * stride;
-            if (i < body) d[i] = v[u];
+            if (i >= blocks) continue;
+            const unsigned lo = i * 16, hi = lo + 16;
+            if (lo >= skew && hi <= end) {
+                d[i] = v[u];
+            } else {
+                const unsigned char* bytes = reinterpret_cast<const unsigned char*>(&v[u]);
+                unsigned char* out = reinterpret_cast<unsigned char*>(d + i);
+                for (unsigned k = 0; k < 16; ++k) {
+                    if (lo + k >= skew && lo + k < end) out[k] = bytes[k];
+                }
+            }
         }
     }
-    if (has_head) dst[lane] = head_byte;
-    if (has_tail) dst[tail + lane] = tail_byte;
 }
 
 // Device to host as tagged words: word i = tag << 32 | bytes [4i, 4i + 4) of the source. Reads
