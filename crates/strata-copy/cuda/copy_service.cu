@@ -135,10 +135,17 @@ __device__ __forceinline__ unsigned char strata_load1(const unsigned char* p, bo
 // host places staged bytes at the device address's offset within 16). One warp per part.
 // Copies through whole aligned 16-byte blocks: the block holding the first byte, the one
 // holding the last, and every one between, each read with one 16-byte load (an aligned block
-// never crosses a page, so reading its bytes outside the range is safe), then written whole
-// where it lies inside the range and byte by byte at the two ends. Separate byte loads for the
-// ends would share 32-byte sectors with the neighbouring block's load, and strong loads of one
-// sector wait for each other: a whole PCIe round trip more for any length off 16 bytes.
+// never crosses a page, so reading its bytes outside the range is safe). Blocks inside the range
+// are written whole by the lane that read them; a block at either end is shuffled to the whole
+// warp and written one byte per lane, so its bytes leave as one coalesced write. (Separate byte
+// loads for the ends would share 32-byte sectors with the neighbouring block's load, and strong
+// loads of one sector wait for each other: a whole PCIe round trip more for any length off 16
+// bytes; byte stores from one lane would each be a transaction of their own.)
+__device__ __forceinline__ unsigned char strata_byte_of(uint4 v, unsigned k) {
+    const unsigned w = k < 8 ? (k < 4 ? v.x : v.y) : (k < 12 ? v.z : v.w);
+    return (unsigned char)(w >> (8 * (k & 3)));
+}
+
 __device__ void strata_copy_part(unsigned char* dst, const unsigned char* src, unsigned len,
                                  bool from_host, unsigned part, unsigned parts, unsigned lane) {
     if (len == 0) return;
@@ -147,26 +154,38 @@ __device__ void strata_copy_part(unsigned char* dst, const unsigned char* src, u
     uint4* d = reinterpret_cast<uint4*>((unsigned long long)dst & ~15ull);
     const unsigned end = skew + len;  // range end, in bytes from the first block
     const unsigned blocks = (end + 15) / 16;
+    const unsigned last = blocks - 1;
     const unsigned stride = parts * 32;
-    for (unsigned base = part * 32 + lane; base < blocks; base += stride * UNROLL) {
+    // g: the warp's first block of the round (the same in every lane, so shuffles are safe).
+    for (unsigned g = part * 32; g < blocks; g += stride * UNROLL) {
         uint4 v[UNROLL];
 #pragma unroll
         for (unsigned u = 0; u < UNROLL; ++u) {
-            const unsigned i = base + u * stride;
+            const unsigned i = g + u * stride + lane;
             if (i < blocks) v[u] = strata_load16(s + i, from_host);
+            else v[u] = make_uint4(0, 0, 0, 0);
         }
 #pragma unroll
         for (unsigned u = 0; u < UNROLL; ++u) {
-            const unsigned i = base + u * stride;
-            if (i >= blocks) continue;
-            const unsigned lo = i * 16, hi = lo + 16;
-            if (lo >= skew && hi <= end) {
-                d[i] = v[u];
-            } else {
-                const unsigned char* bytes = reinterpret_cast<const unsigned char*>(&v[u]);
-                unsigned char* out = reinterpret_cast<unsigned char*>(d + i);
-                for (unsigned k = 0; k < 16; ++k) {
-                    if (lo + k >= skew && lo + k < end) out[k] = bytes[k];
+            const unsigned first = g + u * stride;
+            if (first >= blocks) break;
+            const unsigned i = first + lane;
+            if (i < blocks && i * 16 >= skew && i * 16 + 16 <= end) d[i] = v[u];
+#pragma unroll
+            for (unsigned e = 0; e < 2; ++e) {
+                const unsigned edge = e == 0 ? 0u : last;
+                if (e == 1 && last == 0) break;
+                if (edge < first || edge >= first + 32) continue;
+                if (edge * 16 >= skew && edge * 16 + 16 <= end) continue;  // written whole
+                const unsigned owner = edge - first;
+                uint4 b;
+                b.x = __shfl_sync(FULL_MASK, v[u].x, owner);
+                b.y = __shfl_sync(FULL_MASK, v[u].y, owner);
+                b.z = __shfl_sync(FULL_MASK, v[u].z, owner);
+                b.w = __shfl_sync(FULL_MASK, v[u].w, owner);
+                const unsigned pos = edge * 16 + lane;
+                if (lane < 16 && pos >= skew && pos < end) {
+                    reinterpret_cast<unsigned char*>(d + edge)[lane] = strata_byte_of(b, lane);
                 }
             }
         }
