@@ -66,12 +66,12 @@ run() {
     step nvidia-smi 30 nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.current,pcie.link.width.current --format=csv
     step lscpu 10 sh -c 'lscpu | grep -E "Model name|^CPU\(s\)|NUMA node"'
     step info 60 "$here/strata" info
-    step test-ring-emulated 120 "$here/test_ring_emulated"
-    step test-nvrtc 120 "$here/test_nvrtc"
-    step test-gpu-sanity 240 "$here/test_gpu_sanity" --test-threads=1 --nocapture
-    step test-shadow-fault 60 "$here/test_c_api" --exact direct_access_to_a_shadow_faults_loudly
-    step gdr-program 120 "$here/gdr_program" "$RANDOM$RANDOM"
-    step bench-copy 300 "$here/strata" bench copy --json "$out/copy-bench.json"
+    step test-ring-emulated 30 "$here/test_ring_emulated"
+    step test-nvrtc 30 "$here/test_nvrtc"
+    step test-gpu-sanity 100 "$here/test_gpu_sanity" --test-threads=1 --nocapture
+    step test-shadow-fault 30 "$here/test_c_api" --exact direct_access_to_a_shadow_faults_loudly
+    step gdr-program 40 "$here/gdr_program" "$RANDOM$RANDOM"
+    step bench-copy 130 "$here/strata" bench copy --json "$out/copy-bench.json"
     {
         echo "=== summary"
         printf '%s\n' "${summary[@]}"

@@ -18,6 +18,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::error::CopyError;
 use crate::service::{Service, ServiceConfig};
+use crate::staged_engine::StagedEngine;
 use crate::sys::{self, Context};
 
 /// The mechanism that moves the bytes.
@@ -56,8 +57,22 @@ pub struct BackendReport {
 pub struct CopyConfig {
     /// Tuning of the copy service.
     pub service: ServiceConfig,
-    /// Copies of at least this many bytes use the copy engine (`cuMemcpy`) instead.
+    /// Host-to-device copies of at least this many bytes use the copy engine instead of the
+    /// service.
     pub large_threshold: usize,
+    /// Device-to-host copies of at least this many bytes use the copy engine instead of the
+    /// service.
+    pub large_threshold_d2h: usize,
+    /// Host-to-device copy-engine copies of at least this many bytes go through strata's
+    /// pinned staging, filled by `copy_threads` threads; smaller ones hand pageable memory to
+    /// the driver.
+    pub pipeline_min: usize,
+    /// The same for device-to-host copies.
+    pub pipeline_min_d2h: usize,
+    /// Host threads copying to and from pinned staging on that path (the caller counts).
+    pub copy_threads: usize,
+    /// Bytes per pinned staging buffer (two are allocated on first use).
+    pub pipeline_chunk: usize,
     /// Skip the dma-buf probe and use the service.
     pub force_service: bool,
     /// Check before every copy that the pinned allocation still exists (one driver query,
@@ -69,7 +84,13 @@ impl Default for CopyConfig {
     fn default() -> Self {
         CopyConfig {
             service: ServiceConfig::default(),
-            large_threshold: 64 << 10,
+            large_threshold: 128 << 10,
+            large_threshold_d2h: 256 << 10,
+            pipeline_min: 128 << 10,
+            pipeline_min_d2h: 256 << 10,
+            copy_threads: std::thread::available_parallelism()
+                .map_or(1, |n| (n.get() / 2).clamp(1, 4)),
+            pipeline_chunk: 4 << 20,
             force_service: false,
             check_liveness: true,
         }
@@ -80,12 +101,17 @@ impl Default for CopyConfig {
 struct Inner {
     ctx: Context,
     pid: u32,
+    /// [`sys::fork_generation`] at open: a different value means a forked child.
+    forks: Option<u64>,
     report: BackendReport,
     cfg: CopyConfig,
     service: OnceLock<Service>,
     service_init: Mutex<()>,
     /// Stream of the copy-engine path (large copies), created on first use.
     copy_stream: OnceLock<sys::Stream>,
+    /// Pinned staging of the pipelined copy-engine path, allocated on first use; one large
+    /// copy at a time goes through it.
+    staged: Mutex<Option<StagedEngine>>,
 }
 
 /// One GPU opened for small copies. Cheap to clone; shareable across threads.
@@ -151,11 +177,13 @@ impl Copier {
             inner: Arc::new(Inner {
                 ctx,
                 pid: std::process::id(),
+                forks: sys::fork_generation(),
                 report,
                 cfg,
                 service: OnceLock::new(),
                 service_init: Mutex::new(()),
                 copy_stream: OnceLock::new(),
+                staged: Mutex::new(None),
             }),
         })
     }
@@ -176,8 +204,11 @@ impl Copier {
     }
 
     fn check_pid(&self) -> Result<(), CopyError> {
+        if self.inner.forks.is_some() && sys::fork_generation() == self.inner.forks {
+            return Ok(());
+        }
         let current = std::process::id();
-        if current != self.inner.pid {
+        if current != self.inner.pid || sys::fork_generation() != self.inner.forks {
             return Err(CopyError::Forked {
                 owner: self.inner.pid,
                 current,
@@ -207,6 +238,9 @@ impl Copier {
     fn engine_htod(&self, dev: u64, data: &[u8]) -> Result<(), CopyError> {
         self.flush()?;
         let stream = self.copy_stream()?;
+        if data.len() >= self.inner.cfg.pipeline_min {
+            return self.with_staging(|st, ctx, threads| st.htod(ctx, stream, dev, data, threads));
+        }
         // SAFETY: `data` stays borrowed until the stream synchronisation below.
         unsafe {
             sys::memcpy_htod_async(
@@ -224,6 +258,9 @@ impl Copier {
     fn engine_dtoh(&self, out: &mut [u8], dev: u64) -> Result<(), CopyError> {
         self.flush()?;
         let stream = self.copy_stream()?;
+        if out.len() >= self.inner.cfg.pipeline_min_d2h {
+            return self.with_staging(|st, ctx, threads| st.dtoh(ctx, stream, out, dev, threads));
+        }
         // SAFETY: `out` stays borrowed until the stream synchronisation below.
         unsafe {
             sys::memcpy_dtoh_async(
@@ -235,6 +272,23 @@ impl Copier {
             )?
         };
         stream.synchronize()
+    }
+
+    /// Runs `f` on the pinned staging (allocated on first use), one large copy at a time.
+    fn with_staging(
+        &self,
+        f: impl FnOnce(&StagedEngine, &Context, usize) -> Result<(), CopyError>,
+    ) -> Result<(), CopyError> {
+        let mut guard = self.inner.staged.lock().unwrap_or_else(|e| e.into_inner());
+        if guard.is_none() {
+            let chunk = self.inner.cfg.pipeline_chunk.max(256 << 10);
+            let threads = self.inner.cfg.copy_threads.max(1);
+            *guard = Some(StagedEngine::new(&self.inner.ctx, chunk, threads)?);
+        }
+        match guard.as_ref() {
+            Some(st) => f(st, &self.inner.ctx, self.inner.cfg.copy_threads.max(1)),
+            None => Err(CopyError::Invalid("pinned staging missing".into())),
+        }
     }
 
     fn copy_stream(&self) -> Result<&sys::Stream, CopyError> {
@@ -494,7 +548,7 @@ impl Pinned {
             };
             return Ok(());
         }
-        if out.len() >= self.copier.inner.cfg.large_threshold {
+        if out.len() >= self.copier.inner.cfg.large_threshold_d2h {
             return self.copier.engine_dtoh(out, dev);
         }
         self.copier.service()?.d2h(dev, out)

@@ -8,7 +8,8 @@
 //! 2. **the copy service** (the kernel-free default): a one-block persistent GPU kernel on its
 //!    own stream polls a doorbell ring in write-combined pinned host memory ([`ring`]) and
 //!    moves payloads between pinned staging memory and device memory; payloads up to 240 bytes
-//!    travel inline in the doorbell slot. Copies of 64 KiB and more use the copy engine.
+//!    travel inline in the doorbell slot. Large copies use the copy engine, through pinned
+//!    staging filled by several host threads (`staged_engine`).
 //!
 //! `/dev/gdrdrv` is detected and reported, but this build does not drive it.
 //!
@@ -19,6 +20,8 @@ pub mod copier;
 pub mod error;
 pub mod ring;
 pub mod service;
+mod stage_workers;
+mod staged_engine;
 pub mod sys;
 
 pub use copier::{Backend, BackendReport, Copier, CopyConfig, Mapping, Pinned};

@@ -4,11 +4,12 @@
 //!
 //! # Layout
 //! The ring is `nslots` slots of [`SLOT_BYTES`] (512 B, eight 64 B cache lines), in
-//! write-combined pinned host memory. Slot `(seq - 1) % nslots` carries request `seq` (from 1).
-//! A slot is 64 little-endian 8-byte words; each word holds 4 bytes of data in its low half and
-//! the tag `seq as u32` in its high half. Words 0..4 are the header (op and length, device
-//! address low and high halves, reserved); words 4..64 carry up to [`INLINE_MAX`] bytes of
-//! payload inline.
+//! write-combined pinned host memory, written `mirrors` times over (mirror `m` starts at slot
+//! `m * nslots`), so that each polling warp of the device can read its own copy. Slot
+//! `(seq - 1) % nslots` carries request `seq` (from 1). A slot is 64 little-endian 8-byte words;
+//! each word holds 4 bytes of data in its low half and the tag [`tag_of`]`(seq)` (never 0) in
+//! its high half. Words 0..4 are the header (op and length, device address low and high halves,
+//! reserved); words 4..64 carry up to [`INLINE_MAX`] bytes of payload inline.
 //!
 //! # Why every word is tagged
 //! An aligned 8-byte store reaches memory whole, but write-combined stores of one slot may reach
@@ -17,10 +18,22 @@
 //! `sfence` at the end, and the device can read the whole slot (header and inline payload) in
 //! one parallel round trip over PCIe instead of polling a flag and then reading the payload.
 //!
-//! Payloads above [`INLINE_MAX`] go through a staging slot (`stage_slot` bytes per ring slot):
-//! the host writes the staging bytes, fences, then writes the ring slot and fences again (two
-//! fences, because staged bytes are not tagged). Device-to-host payloads always land in the
-//! cached staging area; the device fences (`__threadfence_system`) before it publishes `done`.
+//! # Staging
+//! Each slot owns `stage_stride` ([`stage_stride`]) bytes of host-to-device staging (cached or
+//! write-combined, as the service is configured) and as many of device-to-host staging
+//! (cached). Payloads above
+//! [`INLINE_MAX`] go through host-to-device staging at offset `dev % 16` of the slot's area (so
+//! source and destination share their alignment and the device copies 16 bytes at a time): the
+//! host writes the staging bytes, fences, then writes the ring slot and fences again.
+//! Device-to-host copies ([`Op::D2h`]) land at offset `dev % 16` of the slot's device-to-host
+//! area; the device fences (system scope) before it publishes `done`.
+//!
+//! # Tagged answers
+//! A small device-to-host copy ([`Op::D2hTagged`], up to half a staging area) answers with
+//! tagged words instead: word `i` of the slot's device-to-host area is `tag << 32` | bytes
+//! `4i..4i + 4`. The host takes the bytes as soon as every word carries the tag, without waiting
+//! for the device's system-scope fence, and zeroes the words it read (tags are never 0, so a
+//! stale word can never pass for a new one).
 //!
 //! # Status block
 //! Cached pinned memory of [`STATUS_WORDS`] words: word [`STATUS_DONE`] is the last completed
@@ -51,6 +64,19 @@ pub const STATUS_DONE: usize = 0;
 pub const STATUS_EXITED: usize = 8;
 /// Index of the `fault` word.
 pub const STATUS_FAULT: usize = 16;
+/// Room after each slot's staging bytes for the `dev % 16` offset (a cache line, so every
+/// slot's area stays 64-byte aligned).
+pub const STAGE_PAD: usize = 64;
+
+/// Bytes between two slots' staging areas for staging slots of `stage_slot` bytes.
+pub fn stage_stride(stage_slot: usize) -> usize {
+    stage_slot + STAGE_PAD
+}
+
+/// Where a staged copy of device address `dev` starts within its slot's staging area.
+pub fn stage_skew(dev: u64) -> usize {
+    usize::try_from(dev & 15).unwrap_or(0)
+}
 
 /// What a request asks the device to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,6 +90,8 @@ pub enum Op {
     D2h = 3,
     /// Stop the service; it writes its epoch into the `exited` word and returns.
     Stop = 4,
+    /// Device to host, answered with tagged words in the slot's device-to-host area.
+    D2hTagged = 5,
 }
 
 impl Op {
@@ -73,6 +101,7 @@ impl Op {
             2 => Op::H2dStaged,
             3 => Op::D2h,
             4 => Op::Stop,
+            5 => Op::D2hTagged,
             _ => return None,
         })
     }
@@ -97,9 +126,10 @@ pub fn slot_of(seq: u64, nslots: u32) -> usize {
     usize::try_from((seq - 1) % u64::from(nslots)).unwrap_or(0)
 }
 
-/// The 32-bit tag of request `seq` (its low half).
+/// The 32-bit tag of request `seq` (from 1): `(seq - 1) % (2^32 - 1) + 1`, never 0, so zeroed
+/// memory never carries a valid tag.
 pub fn tag_of(seq: u64) -> u32 {
-    u32::try_from(seq & 0xFFFF_FFFF).unwrap_or(0)
+    u32::try_from(seq.wrapping_sub(1) % 0xFFFF_FFFF + 1).unwrap_or(1)
 }
 
 fn word(tag: u32, data: u32) -> u64 {
@@ -177,21 +207,36 @@ pub fn decode(seq: u64, words: &[u64; SLOT_WORDS], inline: &mut [u8]) -> Option<
     Some(Request { seq, op, len, dev })
 }
 
+/// Words of a tagged device-to-host answer of `len` bytes.
+pub fn answer_words(len: usize) -> usize {
+    len.div_ceil(4)
+}
+
+/// The tagged answer word `i` of request `seq` carrying `data` (up to 4 bytes), as the device
+/// writes it.
+pub fn answer_word(seq: u64, data: &[u8]) -> u64 {
+    let mut b = [0u8; 4];
+    b[..data.len()].copy_from_slice(data);
+    word(tag_of(seq), u32::from_le_bytes(b))
+}
+
 /// Raw addresses of the shared memory: the ring (write-combined), the two staging areas and the
 /// status block (cached). Host virtual addresses; the device sees the same addresses (UVA).
 #[derive(Debug, Clone, Copy)]
 pub struct RingMemory {
-    /// `nslots * SLOT_BYTES` bytes, 512-byte aligned.
+    /// `nslots * mirrors * SLOT_BYTES` bytes, 512-byte aligned.
     pub ring: *mut u64,
-    /// `nslots * stage_slot` bytes, host to device.
+    /// `nslots * stage_stride(stage_slot)` bytes, host to device, 64-byte aligned.
     pub h2d_stage: *mut u8,
-    /// `nslots * stage_slot` bytes, device to host.
+    /// `nslots * stage_stride(stage_slot)` bytes, device to host, 64-byte aligned.
     pub d2h_stage: *mut u8,
     /// [`STATUS_WORDS`] words.
     pub status: *mut u64,
     /// Slots in the ring.
     pub nslots: u32,
-    /// Staging bytes per slot.
+    /// Copies of the ring (at least 1): one per polling warp of the device.
+    pub mirrors: u32,
+    /// Largest staged request in bytes (a multiple of 16).
     pub stage_slot: usize,
 }
 
@@ -201,6 +246,19 @@ pub trait Engine {
     fn launch(&self, start_seq: u64, epoch: u64) -> Result<(), CopyError>;
     /// Reports a device-side failure (the service died) so a waiter can give up with a reason.
     fn health(&self) -> Result<(), CopyError>;
+}
+
+/// A posted device-to-host copy: what [`Producer::finish_d2h`] needs to collect it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct D2hTicket {
+    /// Its request.
+    pub seq: u64,
+    /// Bytes asked for.
+    pub len: usize,
+    /// The device address (its `% 16` places fenced answers in staging).
+    pub dev: u64,
+    /// Answered with tagged words ([`Op::D2hTagged`]) rather than after a fence ([`Op::D2h`]).
+    pub tagged: bool,
 }
 
 /// The host side of the protocol. Not thread-safe by itself: callers hold it behind a mutex.
@@ -214,6 +272,11 @@ pub struct Producer {
     pub timeout: Duration,
     /// When the last request was posted (for the idle reaper).
     pub last_use: Instant,
+    /// Device-to-host copies of `d2h_tagged_min..=d2h_tagged_max` bytes are answered with
+    /// tagged words (the rest after a fence); the maximum is capped at half a staging area.
+    pub d2h_tagged_max: usize,
+    /// See `d2h_tagged_max`.
+    pub d2h_tagged_min: usize,
 }
 
 // SAFETY: the raw pointers are to pinned memory owned by whoever owns the Producer (the service
@@ -237,6 +300,14 @@ fn store_fence() {
     std::sync::atomic::fence(Ordering::SeqCst);
 }
 
+/// What a spinning wait looks for.
+enum Until<'a> {
+    /// `done >= seq`.
+    Done(u64),
+    /// Every word of a tagged answer carries the tag.
+    Answer(&'a [AtomicU64], u32),
+}
+
 impl Producer {
     /// A producer over zeroed shared memory. Nothing runs until the first request.
     ///
@@ -251,6 +322,8 @@ impl Producer {
             running: false,
             timeout: Duration::from_secs(10),
             last_use: Instant::now(),
+            d2h_tagged_max: 0,
+            d2h_tagged_min: 0,
         }
     }
 
@@ -274,6 +347,10 @@ impl Producer {
         self.next_seq
     }
 
+    fn stride(&self) -> usize {
+        stage_stride(self.mem.stage_slot)
+    }
+
     fn ensure_running(&mut self, engine: &dyn Engine) -> Result<(), CopyError> {
         if !self.running {
             self.epoch += 1;
@@ -293,11 +370,16 @@ impl Producer {
     }
 
     fn write_slot(&mut self, seq: u64, words: &[u64; SLOT_WORDS], used: usize) {
-        let base = slot_of(seq, self.mem.nslots) * SLOT_WORDS;
-        for (i, &w) in words[..used].iter().enumerate() {
-            // SAFETY: base + i < nslots * SLOT_WORDS; the slot is free (its previous request
-            // completed), so only we write it; volatile because the device reads it.
-            unsafe { self.mem.ring.add(base + i).write_volatile(w) };
+        let slot = slot_of(seq, self.mem.nslots);
+        let nslots = usize::try_from(self.mem.nslots).unwrap_or(0);
+        for m in 0..usize::try_from(self.mem.mirrors.max(1)).unwrap_or(1) {
+            let base = (m * nslots + slot) * SLOT_WORDS;
+            for (i, &w) in words[..used].iter().enumerate() {
+                // SAFETY: base + i < nslots * mirrors * SLOT_WORDS; the slot is free (its
+                // previous request completed), so only we write it; volatile because the
+                // device reads it.
+                unsafe { self.mem.ring.add(base + i).write_volatile(w) };
+            }
         }
         store_fence();
     }
@@ -318,9 +400,9 @@ impl Producer {
         let used = if data.len() <= INLINE_MAX {
             encode(seq, Op::H2dInline, data.len(), dev, data, &mut words)
         } else {
-            let off = slot_of(seq, self.mem.nslots) * self.mem.stage_slot;
-            // SAFETY: the staging slot of a free ring slot has stage_slot bytes that only we
-            // write now; data.len() <= stage_slot was checked.
+            let off = slot_of(seq, self.mem.nslots) * self.stride() + stage_skew(dev);
+            // SAFETY: the staging area of a free ring slot has stage_stride bytes that only we
+            // write now; skew + data.len() <= 15 + stage_slot < stage_stride was checked.
             unsafe {
                 std::ptr::copy_nonoverlapping(
                     data.as_ptr(),
@@ -338,24 +420,32 @@ impl Producer {
         Ok(seq)
     }
 
-    /// Posts a device-to-host copy of `len` bytes from `dev`; read it with [`Self::read_d2h`]
-    /// after [`Self::wait`] returns for the returned `seq`.
+    /// Posts a device-to-host copy of `len` bytes from `dev`; collect it with
+    /// [`Self::finish_d2h`].
     pub fn post_d2h(
         &mut self,
         engine: &dyn Engine,
         dev: u64,
         len: usize,
-    ) -> Result<u64, CopyError> {
+    ) -> Result<D2hTicket, CopyError> {
         self.check_len(len)?;
         self.ensure_running(engine)?;
         let seq = self.next_seq;
         self.wait_slot_free(engine, seq)?;
+        let tagged =
+            len >= self.d2h_tagged_min && len <= self.d2h_tagged_max.min(self.stride() / 8 * 4);
+        let op = if tagged { Op::D2hTagged } else { Op::D2h };
         let mut words = [0u64; SLOT_WORDS];
-        let used = encode(seq, Op::D2h, len, dev, &[], &mut words);
+        let used = encode(seq, op, len, dev, &[], &mut words);
         self.write_slot(seq, &words, used);
         self.next_seq += 1;
         self.last_use = Instant::now();
-        Ok(seq)
+        Ok(D2hTicket {
+            seq,
+            len,
+            dev,
+            tagged,
+        })
     }
 
     fn check_len(&self, len: usize) -> Result<(), CopyError> {
@@ -368,15 +458,64 @@ impl Producer {
         Ok(())
     }
 
-    /// Copies the result of completed device-to-host request `seq` into `out`.
-    pub fn read_d2h(&self, seq: u64, out: &mut [u8]) {
-        let off = slot_of(seq, self.mem.nslots) * self.mem.stage_slot;
-        let len = out.len().min(self.mem.stage_slot);
-        // SAFETY: the request completed (the device fenced before publishing `done`) and its
-        // slot is not reused until we post `nslots` more requests, which needs &mut self.
+    /// The tagged answer words of slot `slot`.
+    fn answer(&self, slot: usize, words: usize) -> &[AtomicU64] {
+        // SAFETY: the slot's device-to-host area has stage_stride bytes, 64-byte aligned, and
+        // a tagged answer is at most half of it (post_d2h checks); the device writes these
+        // words concurrently, hence atomics. The slice lives no longer than &self, and the
+        // slot is not reused before the request is collected (that needs &mut self).
         unsafe {
-            std::ptr::copy_nonoverlapping(self.mem.d2h_stage.add(off), out.as_mut_ptr(), len);
+            std::slice::from_raw_parts(
+                self.mem
+                    .d2h_stage
+                    .add(slot * self.stride())
+                    .cast::<AtomicU64>(),
+                words,
+            )
         }
+    }
+
+    /// Waits for the device-to-host copy `t` and fills `out` (`t.len` bytes) with its bytes.
+    pub fn finish_d2h(
+        &mut self,
+        engine: &dyn Engine,
+        t: &D2hTicket,
+        out: &mut [u8],
+    ) -> Result<(), CopyError> {
+        if out.len() != t.len || t.seq >= self.next_seq {
+            return Err(CopyError::Protocol(format!(
+                "collecting request {} of {} bytes into {} bytes",
+                t.seq,
+                t.len,
+                out.len()
+            )));
+        }
+        let slot = slot_of(t.seq, self.mem.nslots);
+        if !t.tagged {
+            self.wait(engine, t.seq)?;
+            let off = slot * self.stride() + stage_skew(t.dev);
+            // SAFETY: the request completed (the device fenced before publishing `done`) and
+            // its slot is not reused until we post `nslots` more requests, which needs &mut
+            // self; skew + len < stage_stride.
+            unsafe {
+                std::ptr::copy_nonoverlapping(self.mem.d2h_stage.add(off), out.as_mut_ptr(), t.len);
+            }
+            return Ok(());
+        }
+        let n = answer_words(t.len);
+        let tag = tag_of(t.seq);
+        // Reborrow the words through a raw pointer so `spin` can take &mut self.
+        let words: *const [AtomicU64] = self.answer(slot, n);
+        // SAFETY: see `answer`; the memory outlives this call.
+        let words = unsafe { &*words };
+        self.spin(engine, t.seq, &Until::Answer(words, tag))?;
+        for (chunk, w) in out.chunks_mut(4).zip(words) {
+            let v = low(w.load(Ordering::Relaxed)).to_le_bytes();
+            chunk.copy_from_slice(&v[..chunk.len()]);
+            // Read: zero it, so a later request of this slot never sees a valid stale word.
+            w.store(0, Ordering::Relaxed);
+        }
+        Ok(())
     }
 
     /// Waits until request `seq` (and so every earlier one) completed. Spins, then yields;
@@ -387,22 +526,40 @@ impl Producer {
                 "waiting for request {seq}, which was never posted"
             )));
         }
-        let done = status_word(&self.mem, STATUS_DONE);
-        if done.load(Ordering::Acquire) >= seq {
+        self.spin(engine, seq, &Until::Done(seq))
+    }
+
+    fn reached(&self, until: &Until<'_>) -> bool {
+        match *until {
+            Until::Done(seq) => status_word(&self.mem, STATUS_DONE).load(Ordering::Acquire) >= seq,
+            Until::Answer(words, tag) => {
+                // The last word first: it usually lands last.
+                let ok = words
+                    .iter()
+                    .rev()
+                    .all(|w| (w.load(Ordering::Relaxed) >> 32) as u32 == tag);
+                std::sync::atomic::fence(Ordering::Acquire);
+                ok
+            }
+        }
+    }
+
+    fn spin(&mut self, engine: &dyn Engine, seq: u64, until: &Until<'_>) -> Result<(), CopyError> {
+        if self.reached(until) {
             return Ok(());
         }
         let start = Instant::now();
         let mut last_check = start;
         let mut spins: u64 = 0;
         loop {
-            for _ in 0..256 {
-                if done.load(Ordering::Acquire) >= seq {
+            for _ in 0..64 {
+                if self.reached(until) {
                     return Ok(());
                 }
                 std::hint::spin_loop();
             }
-            spins += 256;
-            if spins.is_multiple_of(1 << 14) {
+            spins += 64;
+            if spins.is_multiple_of(1 << 12) {
                 let now = Instant::now();
                 let fault = status_word(&self.mem, STATUS_FAULT).load(Ordering::Acquire);
                 if fault != 0 {
@@ -421,7 +578,7 @@ impl Producer {
                 if now.duration_since(start) > self.timeout {
                     return Err(CopyError::ServiceTimeout {
                         seq,
-                        done: done.load(Ordering::Acquire),
+                        done: self.done(),
                         waited: now.duration_since(start),
                     });
                 }

@@ -24,20 +24,48 @@ pub const SERVICE_KERNEL: &str = "strata_copy_service";
 pub struct ServiceConfig {
     /// Ring slots (requests in flight at most).
     pub nslots: u32,
-    /// Staging bytes per slot (largest single request).
+    /// Staging bytes per slot (largest single request; a multiple of 16).
     pub stage_slot: usize,
-    /// Threads of the service block.
+    /// Threads of the service block (a multiple of 32, up to 1024): `pollers` polling warps,
+    /// the rest help with large requests.
     pub threads: u32,
-    /// After a request, poll whole slots with no sleep for this long (ns).
+    /// After a request, poll with no sleep for this long (ns).
     pub hot_ns: u64,
     /// Cap of the exponential polling back-off once cold (ns).
     pub max_backoff_ns: u32,
     /// Stop the kernel after this long without requests (`None`: keep it until drop).
     pub idle_stop: Option<Duration>,
-    /// Warps polling the ring while hot (1 to 8), their polls staggered by `poll_stagger_ns`.
+    /// Warps polling the ring while hot, each with its own read in flight (1 to 8).
     pub pollers: u32,
-    /// Delay between the polling warps' starts (ns).
+    /// Delay between the polling warps' starts (ns), so their reads interleave.
     pub poll_stagger_ns: u32,
+    /// Write one copy of the ring per polling warp, so each warp reads its own lines.
+    pub mirror_ring: bool,
+    /// Bytes of the slot read per hot poll (32 to 512): the header plus this much inline
+    /// payload arrive in one round trip; longer inline payloads need a second.
+    pub hot_poll_bytes: u32,
+    /// Requests up to this many bytes are served by the warp that found them alone; larger ones
+    /// are split over every warp of the block.
+    pub warp_max: u32,
+    /// Device-to-host copies of `d2h_tagged_min..=d2h_tagged_max` bytes come back as tagged
+    /// words, taken by the host before the device's system-scope fence (max 0: never; at most
+    /// `warp_max`). On our H100 they win from 128 to about 256 bytes and lose outside (see
+    /// results/README.md).
+    pub d2h_tagged_max: u32,
+    /// See `d2h_tagged_max`.
+    pub d2h_tagged_min: u32,
+    /// After serving a request, the serving warp pauses a random 0 to this many ns before it
+    /// polls again, so it does not stay in step with the host's loop (0: never).
+    pub rephase_ns: u32,
+    /// Poll with weak "fetch again" loads (`ld.global.cv`) instead of volatile ones.
+    pub poll_cv: bool,
+    /// Publish with release-acquire fences instead of sequentially consistent ones.
+    pub acq_rel_fences: bool,
+    /// The doorbell ring in write-combined memory (else cached).
+    pub ring_write_combined: bool,
+    /// Host-to-device staging in write-combined memory (fast for the CPU to write a few lines,
+    /// slow for bulk memcpy) rather than cached memory.
+    pub h2d_stage_write_combined: bool,
     /// Fence at system scope after host-to-device copies too (they need only GPU scope: what
     /// the host starts after seeing `done` reads device memory through the GPU's L2).
     pub sys_fence_h2d: bool,
@@ -48,16 +76,95 @@ impl Default for ServiceConfig {
         ServiceConfig {
             nslots: 64,
             stage_slot: 64 << 10,
-            threads: 256,
+            threads: 512,
             hot_ns: 2_000_000,
             max_backoff_ns: 2_000,
             idle_stop: Some(Duration::from_millis(100)),
-            pollers: 1,
-            poll_stagger_ns: 400,
+            pollers: 4,
+            poll_stagger_ns: 300,
+            mirror_ring: true,
+            hot_poll_bytes: 512,
+            warp_max: 4096,
+            d2h_tagged_max: 256,
+            d2h_tagged_min: 128,
+            rephase_ns: 1200,
+            poll_cv: false,
+            acq_rel_fences: false,
+            ring_write_combined: true,
+            h2d_stage_write_combined: false,
             sys_fence_h2d: false,
         }
     }
 }
+
+impl ServiceConfig {
+    fn check(&self) -> Result<(), CopyError> {
+        let bad = |why: &str| Err(CopyError::Invalid(format!("service config: {why}")));
+        if self.nslots == 0 {
+            return bad("need at least one slot");
+        }
+        if self.stage_slot < ring::INLINE_MAX
+            || !self.stage_slot.is_multiple_of(16)
+            || self.stage_slot > ring::MAX_REQUEST_LEN
+        {
+            return bad("the staging slot must be a multiple of 16 bytes from 240 bytes to 16 MiB");
+        }
+        if self.threads < 32 || self.threads > 1024 || !self.threads.is_multiple_of(32) {
+            return bad("threads must be a multiple of 32 from 32 to 1024");
+        }
+        if !(1..=8).contains(&self.pollers) || self.pollers * 32 > self.threads {
+            return bad("pollers must be 1 to 8 warps, within the block");
+        }
+        if !(32..=512).contains(&self.hot_poll_bytes) {
+            return bad("hot_poll_bytes must be 32 to 512");
+        }
+        if self.d2h_tagged_max > self.warp_max
+            || self.d2h_tagged_max as usize > ring::stage_stride(self.stage_slot) / 2
+        {
+            return bad("d2h_tagged_max must not exceed warp_max nor half a staging area");
+        }
+        Ok(())
+    }
+
+    fn mirrors(&self) -> u32 {
+        if self.mirror_ring { self.pollers } else { 1 }
+    }
+}
+
+/// The service kernel's one parameter (`StrataServiceParams` in `cuda/copy_service.cu`, which
+/// checks the same 112-byte size).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct ServiceParams {
+    ring: u64,
+    h2d: u64,
+    d2h: u64,
+    status: u64,
+    stage_stride: u64,
+    stage_max: u64,
+    start_seq: u64,
+    epoch: u64,
+    hot_ns: u64,
+    nslots: u32,
+    mirrors: u32,
+    pollers: u32,
+    poll_stagger_ns: u32,
+    max_backoff_ns: u32,
+    flags: u32,
+    warp_max: u32,
+    hot_poll_lanes: u32,
+    rephase_ns: u32,
+    reserved: u32,
+}
+
+const _: () = assert!(std::mem::size_of::<ServiceParams>() == 112);
+
+/// `flags` bit: system-scope fence after host-to-device copies.
+const FLAG_SYS_FENCE_H2D: u32 = 1;
+/// `flags` bit: poll with `ld.global.cv`.
+const FLAG_POLL_CV: u32 = 2;
+/// `flags` bit: release-acquire publishing fences.
+const FLAG_ACQ_REL: u32 = 4;
 
 /// Compiles (once per process and architecture) the service kernel.
 pub fn service_cubin(arch: &str) -> Result<Vec<u8>, CopyError> {
@@ -97,40 +204,42 @@ unsafe impl Sync for Device {}
 
 impl Engine for Device {
     fn launch(&self, start_seq: u64, epoch: u64) -> Result<(), CopyError> {
-        let mut ring_p = self.ring_dev;
-        let mut nslots = self.cfg.nslots;
-        let mut h2d = self.h2d_dev;
-        let mut d2h = self.d2h_dev;
-        let mut stage = self.cfg.stage_slot as u64;
-        let mut status = self.status_dev;
-        let mut start = start_seq;
-        let mut ep = epoch;
-        let mut hot = self.cfg.hot_ns;
-        let mut backoff = self.cfg.max_backoff_ns.max(64);
-        let mut pollers = self.cfg.pollers.clamp(1, 8);
-        let mut stagger = self.cfg.poll_stagger_ns;
-        let mut sys_fence = u32::from(self.cfg.sys_fence_h2d);
-        let mut params: [*mut c_void; 13] = [
-            (&raw mut ring_p).cast(),
-            (&raw mut nslots).cast(),
-            (&raw mut h2d).cast(),
-            (&raw mut d2h).cast(),
-            (&raw mut stage).cast(),
-            (&raw mut status).cast(),
-            (&raw mut start).cast(),
-            (&raw mut ep).cast(),
-            (&raw mut hot).cast(),
-            (&raw mut backoff).cast(),
-            (&raw mut pollers).cast(),
-            (&raw mut stagger).cast(),
-            (&raw mut sys_fence).cast(),
-        ];
-        // SAFETY: the parameters match strata_copy_service's signature in order and type
-        // (pointers as u64, unsigned as u32, unsigned long long as u64); the memory they name
-        // is owned by `self` and outlives the kernel, which is stopped before `self` drops.
+        let cfg = &self.cfg;
+        let mut p = ServiceParams {
+            ring: self.ring_dev,
+            h2d: self.h2d_dev,
+            d2h: self.d2h_dev,
+            status: self.status_dev,
+            stage_stride: ring::stage_stride(cfg.stage_slot) as u64,
+            stage_max: cfg.stage_slot as u64,
+            start_seq,
+            epoch,
+            hot_ns: cfg.hot_ns,
+            nslots: cfg.nslots,
+            mirrors: cfg.mirrors(),
+            pollers: cfg.pollers,
+            poll_stagger_ns: cfg.poll_stagger_ns,
+            max_backoff_ns: cfg.max_backoff_ns.max(64),
+            flags: [
+                (cfg.sys_fence_h2d, FLAG_SYS_FENCE_H2D),
+                (cfg.poll_cv, FLAG_POLL_CV),
+                (cfg.acq_rel_fences, FLAG_ACQ_REL),
+            ]
+            .iter()
+            .filter(|(on, _)| *on)
+            .fold(0, |f, (_, bit)| f | bit),
+            warp_max: cfg.warp_max,
+            hot_poll_lanes: cfg.hot_poll_bytes.div_ceil(16),
+            rephase_ns: cfg.rephase_ns,
+            reserved: 0,
+        };
+        let mut params: [*mut c_void; 1] = [(&raw mut p).cast()];
+        // SAFETY: the one parameter matches StrataServiceParams field by field (repr(C), size
+        // checked on both sides); the memory it names is owned by `self` and outlives the
+        // kernel, which is stopped (and has left host memory alone) before `self` drops.
         unsafe {
             self.kernel
-                .launch(self.stream.raw(), 1, self.cfg.threads, &mut params)
+                .launch(self.stream.raw(), 1, cfg.threads, &mut params)
         }
     }
 
@@ -153,14 +262,7 @@ impl Service {
     /// first request.
     pub fn new(ctx: &Context, cfg: ServiceConfig) -> Result<Service, CopyError> {
         use cudarc::driver::sys::CUdevice_attribute as A;
-        if cfg.nslots == 0
-            || cfg.stage_slot < ring::INLINE_MAX
-            || !cfg.stage_slot.is_multiple_of(16)
-        {
-            return Err(CopyError::Invalid(
-                "service config: need at least one slot and a 16-byte multiple staging slot of at least 240 bytes".into(),
-            ));
-        }
+        cfg.check()?;
         let arch = format!(
             "sm_{}{}",
             ctx.attribute(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
@@ -169,9 +271,11 @@ impl Service {
         let kernel = Kernel::load(ctx, &service_cubin(&arch)?, SERVICE_KERNEL)?;
         let stream = Stream::new(ctx)?;
         let n = usize::try_from(cfg.nslots).unwrap_or(usize::MAX);
-        let ring_mem = HostMem::new(ctx, n * ring::SLOT_BYTES, true)?;
-        let h2d = HostMem::new(ctx, n * cfg.stage_slot, true)?;
-        let d2h = HostMem::new(ctx, n * cfg.stage_slot, false)?;
+        let mirrors = usize::try_from(cfg.mirrors()).unwrap_or(1);
+        let stride = ring::stage_stride(cfg.stage_slot);
+        let ring_mem = HostMem::new(ctx, n * mirrors * ring::SLOT_BYTES, cfg.ring_write_combined)?;
+        let h2d = HostMem::new(ctx, n * stride, cfg.h2d_stage_write_combined)?;
+        let d2h = HostMem::new(ctx, n * stride, false)?;
         let status = HostMem::new(ctx, ring::STATUS_WORDS * 8, false)?;
         let mem = RingMemory {
             ring: ring_mem.ptr().cast(),
@@ -179,6 +283,7 @@ impl Service {
             d2h_stage: d2h.ptr(),
             status: status.ptr().cast(),
             nslots: cfg.nslots,
+            mirrors: cfg.mirrors(),
             stage_slot: cfg.stage_slot,
         };
         let dev = Arc::new(Device {
@@ -196,7 +301,10 @@ impl Service {
         });
         // SAFETY: the memory was just allocated zeroed with the sizes RingMemory documents and
         // lives in `dev`, which the producer's users keep alive alongside it.
-        let producer = Arc::new(Mutex::new(unsafe { Producer::new(mem) }));
+        let mut producer = unsafe { Producer::new(mem) };
+        producer.d2h_tagged_max = cfg.d2h_tagged_max as usize;
+        producer.d2h_tagged_min = cfg.d2h_tagged_min as usize;
+        let producer = Arc::new(Mutex::new(producer));
         let reaper_stop = Arc::new(AtomicBool::new(false));
         let reaper = cfg.idle_stop.map(|idle| {
             let (dev, producer, stop) = (dev.clone(), producer.clone(), reaper_stop.clone());
@@ -257,6 +365,10 @@ impl Service {
     pub fn d2h(&self, dev: u64, out: &mut [u8]) -> Result<(), CopyError> {
         let mut p = self.lock();
         let stage = self.stage_slot();
+        if out.len() <= stage {
+            let t = p.post_d2h(&*self.dev, dev, out.len())?;
+            return p.finish_d2h(&*self.dev, &t, out);
+        }
         let window = usize::try_from(self.dev.cfg.nslots).unwrap_or(1).max(1);
         let chunks: Vec<(usize, usize)> = (0..out.len())
             .step_by(stage)
@@ -264,13 +376,12 @@ impl Service {
             .collect();
         // Keep up to `nslots` reads in flight, collect them in order.
         for group in chunks.chunks(window) {
-            let mut seqs = Vec::with_capacity(group.len());
+            let mut tickets = Vec::with_capacity(group.len());
             for &(s, e) in group {
-                seqs.push(p.post_d2h(&*self.dev, dev + s as u64, e - s)?);
+                tickets.push(p.post_d2h(&*self.dev, dev + s as u64, e - s)?);
             }
-            for (&(s, e), &seq) in group.iter().zip(&seqs) {
-                p.wait(&*self.dev, seq)?;
-                p.read_d2h(seq, &mut out[s..e]);
+            for (&(s, e), t) in group.iter().zip(&tickets) {
+                p.finish_d2h(&*self.dev, t, &mut out[s..e])?;
             }
         }
         Ok(())
@@ -317,5 +428,26 @@ impl Drop for Service {
             // it under a live kernel, and rather than hang here waiting for it.
             std::mem::forget(self.dev.clone());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_and_params_agree_with_the_kernel_source() {
+        for (name, v) in [
+            ("FLAG_SYS_FENCE_H2D", FLAG_SYS_FENCE_H2D),
+            ("FLAG_POLL_CV", FLAG_POLL_CV),
+            ("FLAG_ACQ_REL", FLAG_ACQ_REL),
+        ] {
+            assert!(
+                SERVICE_CU.contains(&format!("#define {name} {v}\n")),
+                "{name} differs from the .cu"
+            );
+        }
+        assert!(SERVICE_CU.contains("sizeof(StrataServiceParams) == 112"));
+        ServiceConfig::default().check().unwrap();
     }
 }

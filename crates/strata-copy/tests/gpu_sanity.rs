@@ -34,8 +34,8 @@ fn rng() -> StdRng {
 }
 
 const SIZES: &[usize] = &[
-    1, 2, 3, 4, 5, 7, 8, 15, 16, 17, 31, 63, 64, 65, 127, 239, 240, 241, 255, 256, 1000, 1023,
-    4096, 4097, 65535, 65536, 65537, 200_000,
+    1, 2, 3, 4, 5, 7, 8, 15, 16, 17, 31, 63, 64, 65, 127, 128, 239, 240, 241, 255, 256, 257, 1000,
+    1023, 1024, 1025, 4095, 4096, 4097, 16_387, 65535, 65536, 65537, 200_000,
 ];
 const OFFSETS: &[u64] = &[0, 1, 2, 3, 4, 5, 6, 7, 11, 129, 1023, 4 * 1023, 65536 + 3];
 
@@ -96,6 +96,200 @@ fn validate_with(vmm: bool) {
     }
     .unwrap();
     validate(&c, &alloc, &mut rng);
+}
+
+/// The service's other paths: every size through the service (no copy engine), with many
+/// pollers and no ring mirrors; then one poller, hot polls of the header only (inline payloads
+/// need a second read), small requests already split over the helper warps, tagged answers up
+/// to 256 bytes only, a small block.
+#[test]
+fn data_validation_service_variants() {
+    let Some(_) = copier() else { return };
+    let mut rng = rng();
+    let mut wide = CopyConfig {
+        force_service: true,
+        large_threshold: usize::MAX,
+        ..CopyConfig::default()
+    };
+    wide.service.pollers = 4;
+    wide.service.mirror_ring = false;
+    wide.service.d2h_tagged_max = 4096;
+    wide.service.d2h_tagged_min = 0;
+    let mut narrow = CopyConfig {
+        force_service: true,
+        ..CopyConfig::default()
+    };
+    narrow.service.pollers = 1;
+    narrow.service.threads = 128;
+    narrow.service.hot_poll_bytes = 32;
+    narrow.service.warp_max = 256;
+    narrow.service.d2h_tagged_max = 256;
+    narrow.service.stage_slot = 4096;
+    narrow.service.ring_write_combined = false;
+    narrow.service.h2d_stage_write_combined = true;
+    for (name, cfg) in [("wide", wide), ("narrow", narrow)] {
+        eprintln!("config {name}: {:?}", cfg.service);
+        let c = Copier::open_with(0, cfg).unwrap();
+        let alloc = c.alloc(1 << 20).unwrap();
+        validate(&c, &alloc, &mut rng);
+    }
+}
+
+/// The pinned pipeline of large copies: chunk boundaries, unaligned offsets, several threads
+/// and callers at once, checked against the driver's own copies.
+#[test]
+fn large_copies_through_the_pinned_pipeline() {
+    let Some(_) = copier() else { return };
+    let mut rng = rng();
+    let c = Copier::open_with(
+        0,
+        CopyConfig {
+            force_service: true,
+            large_threshold: 4096,
+            large_threshold_d2h: 4096,
+            pipeline_min: 0,
+            pipeline_min_d2h: 0,
+            pipeline_chunk: 256 << 10,
+            copy_threads: 3,
+            ..CopyConfig::default()
+        },
+    )
+    .unwrap();
+    let len = 4 << 20;
+    let alloc = c.alloc(len).unwrap();
+    let p = c.pin(alloc.ptr(), len as u64).unwrap();
+    for &n in &[
+        4096usize,
+        65535,
+        65536,
+        65537,
+        131_072,
+        200_001,
+        (1 << 20) + 3,
+    ] {
+        for &off in &[0u64, 1, 4099] {
+            let data: Vec<u8> = (0..n).map(|_| rng.random()).collect();
+            p.copy_to(off, &data).unwrap();
+            let mut check = vec![0u8; n];
+            sys::memcpy_dtoh(c.context(), &mut check, alloc.ptr() + off).unwrap();
+            assert!(check == data, "copy_to: size {n} offset {off}");
+            let data: Vec<u8> = (0..n).map(|_| rng.random()).collect();
+            htod_complete(&c, alloc.ptr() + off, &data);
+            let mut back = vec![0u8; n];
+            p.copy_from(off, &mut back).unwrap();
+            assert!(back == data, "copy_from: size {n} offset {off}");
+        }
+    }
+    // Callers in several threads share the staging one copy at a time.
+    let seed: u64 = rng.random();
+    std::thread::scope(|s| {
+        for t in 0..3u64 {
+            let p = &p;
+            s.spawn(move || {
+                let mut rng = StdRng::seed_from_u64(seed + t);
+                let at = t * (1 << 20);
+                for _ in 0..5 {
+                    let n = rng.random_range(4096..=1 << 20);
+                    let data: Vec<u8> = (0..n).map(|_| rng.random()).collect();
+                    p.copy_to(at, &data).unwrap();
+                    let mut back = vec![0u8; n];
+                    p.copy_from(at, &mut back).unwrap();
+                    assert!(back == data, "thread {t}, {n} bytes");
+                }
+            });
+        }
+    });
+}
+
+/// Bad service settings are refused with a reason, never launched.
+#[test]
+fn bad_service_configs_are_refused() {
+    let Some(_) = copier() else { return };
+    let alloc_and_copy = |cfg: CopyConfig| {
+        let c = Copier::open_with(0, cfg)?;
+        let a = c.alloc(4096)?;
+        let p = c.pin(a.ptr(), 4096)?;
+        p.copy_to(0, &[1, 2, 3])
+    };
+    type Breaker = fn(&mut CopyConfig);
+    let bad: [(&str, Breaker); 5] = [
+        ("no slots", |c| c.service.nslots = 0),
+        ("odd staging", |c| c.service.stage_slot = 1000),
+        ("threads", |c| c.service.threads = 48),
+        ("pollers", |c| c.service.pollers = 9),
+        ("tagged above warp_max", |c| {
+            c.service.d2h_tagged_max = c.service.warp_max + 1;
+        }),
+    ];
+    for (name, set) in bad {
+        let mut cfg = CopyConfig {
+            force_service: true,
+            ..CopyConfig::default()
+        };
+        set(&mut cfg);
+        let e = alloc_and_copy(cfg).unwrap_err();
+        assert!(
+            matches!(e, CopyError::Invalid(ref m) if m.contains("service config")),
+            "{name}: {e}"
+        );
+    }
+}
+
+/// Threads posting and reading through one copier, across the inline, staged, helper and
+/// chunked paths: every read sees the thread's last write (ring order), nothing else changes.
+#[test]
+fn concurrent_posts_and_reads_keep_order() {
+    let Some(_) = copier() else { return };
+    let seed: u64 = rand::random();
+    eprintln!("seed {seed}");
+    let c = Copier::open_with(
+        0,
+        CopyConfig {
+            force_service: true,
+            large_threshold: usize::MAX,
+            ..CopyConfig::default()
+        },
+    )
+    .unwrap();
+    let region = 1usize << 20;
+    let alloc = c.alloc(6 * region).unwrap();
+    let base = alloc.ptr();
+    std::thread::scope(|s| {
+        for t in 0..6u64 {
+            let c = c.clone();
+            s.spawn(move || {
+                let mut rng = StdRng::seed_from_u64(seed + t);
+                let p = c.pin(base + t * region as u64, region as u64).unwrap();
+                let mut model = vec![0u8; region];
+                p.copy_to(0, &model).unwrap();
+                for round in 0..150 {
+                    let n = match rng.random_range(0..5) {
+                        0 => rng.random_range(1..=240),
+                        1 => rng.random_range(241..=4096),
+                        2 => rng.random_range(4097..=65536),
+                        3 => rng.random_range(65537..=300_000),
+                        _ => rng.random_range(1..=16),
+                    };
+                    let off = rng.random_range(0..region - n);
+                    let data: Vec<u8> = (0..n).map(|_| rng.random()).collect();
+                    if rng.random_bool(0.5) {
+                        p.post_to(off as u64, &data).unwrap();
+                    } else {
+                        p.copy_to(off as u64, &data).unwrap();
+                    }
+                    model[off..off + n].copy_from_slice(&data);
+                    let m = rng.random_range(1..=5000).min(region);
+                    let at = rng.random_range(0..=region - m);
+                    let mut back = vec![0u8; m];
+                    p.copy_from(at as u64, &mut back).unwrap();
+                    assert_eq!(back, model[at..at + m], "thread {t} round {round}");
+                }
+                let mut all = vec![0u8; region];
+                p.copy_from(0, &mut all).unwrap();
+                assert!(all == model, "thread {t}: final contents differ");
+            });
+        }
+    });
 }
 
 #[test]

@@ -1,7 +1,8 @@
 //! The doorbell ring's layout and protocol against an emulated device made of threads (no GPU):
-//! the emulator follows `cuda/copy_service.cu` (poll the slot, accept it only when every word
-//! it needs carries the request's tag, serve it, publish `done`), reading words in a random
-//! order while the producer writes, so torn slots are exercised.
+//! the emulator follows `cuda/copy_service.cu` (poll a mirror of the slot, accept it only when
+//! every word it needs carries the request's tag, serve it, answer small reads with tagged
+//! words, publish `done`), reading and writing words in a random order while the producer
+//! works, so torn slots and half-written answers are exercised.
 
 #![allow(clippy::cast_possible_truncation)] // Sizes and offsets here are small by construction.
 
@@ -40,6 +41,7 @@ struct Memory {
     status: Arc<Shared>,
     device: Arc<Mutex<Vec<u8>>>,
     nslots: u32,
+    mirrors: u32,
     stage: usize,
 }
 
@@ -64,21 +66,28 @@ fn set_byte(s: &Shared, i: usize, b: u8) {
     w.store(u64::from_le_bytes(bytes), Ordering::Relaxed);
 }
 
+fn shuffled(n: usize, rng: &mut StdRng) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..n).collect();
+    for i in (1..order.len()).rev() {
+        order.swap(i, rng.random_range(0..=i));
+    }
+    order
+}
+
 fn serve(mem: &Memory, start: u64, epoch: u64, seed: u64) {
     let mut rng = StdRng::seed_from_u64(seed ^ epoch);
     let mut seq = start;
     let mut inline = [0u8; ring::INLINE_MAX];
+    let stride = ring::stage_stride(mem.stage);
     loop {
         let slot = ring::slot_of(seq, mem.nslots);
         let mut words = [0u64; SLOT_WORDS];
-        // Read the slot word by word in a random order, as parallel lanes would.
+        // Read the slot of any mirror word by word in a random order, as parallel lanes would.
         let req = loop {
-            let mut order: Vec<usize> = (0..SLOT_WORDS).collect();
-            for i in (1..order.len()).rev() {
-                order.swap(i, rng.random_range(0..=i));
-            }
-            for i in order {
-                words[i] = mem.ring.words[slot * SLOT_WORDS + i].load(Ordering::Acquire);
+            let mirror = rng.random_range(0..mem.mirrors) as usize;
+            let base = (mirror * mem.nslots as usize + slot) * SLOT_WORDS;
+            for i in shuffled(SLOT_WORDS, &mut rng) {
+                words[i] = mem.ring.words[base + i].load(Ordering::Acquire);
                 if rng.random_ratio(1, 64) {
                     std::thread::yield_now();
                 }
@@ -91,6 +100,7 @@ fn serve(mem: &Memory, start: u64, epoch: u64, seed: u64) {
         let in_device =
             |len: usize| req.dev >= DEV_BASE && req.dev - DEV_BASE + len as u64 <= DEV_SIZE as u64;
         let off = usize::try_from(req.dev.wrapping_sub(DEV_BASE)).unwrap_or(usize::MAX);
+        let stage_at = slot * stride + ring::stage_skew(req.dev);
         let ok = match req.op {
             Op::H2dInline if in_device(req.len) => {
                 mem.device.lock().unwrap()[off..off + req.len].copy_from_slice(&inline[..req.len]);
@@ -99,14 +109,28 @@ fn serve(mem: &Memory, start: u64, epoch: u64, seed: u64) {
             Op::H2dStaged if in_device(req.len) && req.len <= mem.stage => {
                 let mut d = mem.device.lock().unwrap();
                 for i in 0..req.len {
-                    d[off + i] = byte_at(&mem.h2d, slot * mem.stage + i);
+                    d[off + i] = byte_at(&mem.h2d, stage_at + i);
                 }
                 true
             }
             Op::D2h if in_device(req.len) && req.len <= mem.stage => {
                 let d = mem.device.lock().unwrap();
                 for i in 0..req.len {
-                    set_byte(&mem.d2h, slot * mem.stage + i, d[off + i]);
+                    set_byte(&mem.d2h, stage_at + i, d[off + i]);
+                }
+                true
+            }
+            Op::D2hTagged if in_device(req.len) && 2 * req.len <= stride => {
+                // Answer words land in any order, some late: the host must wait for all.
+                let d = mem.device.lock().unwrap();
+                let n = ring::answer_words(req.len);
+                for i in shuffled(n, &mut rng) {
+                    let bytes = &d[off + 4 * i..off + (4 * i + 4).min(req.len)];
+                    mem.d2h.words[slot * stride / 8 + i]
+                        .store(ring::answer_word(req.seq, bytes), Ordering::Release);
+                    if rng.random_ratio(1, 16) {
+                        std::thread::yield_now();
+                    }
                 }
                 true
             }
@@ -145,13 +169,16 @@ impl Engine for Emulator {
 }
 
 fn setup(nslots: u32, stage: usize, seed: u64) -> (Emulator, Producer) {
+    let mirrors = 1 + (seed % 3) as u32;
+    let stride = ring::stage_stride(stage);
     let mem = Arc::new(Memory {
-        ring: Shared::new(nslots as usize * ring::SLOT_BYTES),
-        h2d: Shared::new(nslots as usize * stage),
-        d2h: Shared::new(nslots as usize * stage),
+        ring: Shared::new(nslots as usize * mirrors as usize * ring::SLOT_BYTES),
+        h2d: Shared::new(nslots as usize * stride),
+        d2h: Shared::new(nslots as usize * stride),
         status: Shared::new(ring::STATUS_WORDS * 8),
         device: Arc::new(Mutex::new(vec![0u8; DEV_SIZE])),
         nslots,
+        mirrors,
         stage,
     });
     let rm = RingMemory {
@@ -160,11 +187,13 @@ fn setup(nslots: u32, stage: usize, seed: u64) -> (Emulator, Producer) {
         d2h_stage: mem.d2h.ptr().cast(),
         status: mem.status.ptr(),
         nslots,
+        mirrors,
         stage_slot: stage,
     };
     // SAFETY: the memory is zeroed, sized as documented and kept alive by the emulator.
     let mut p = unsafe { Producer::new(rm) };
     p.timeout = Duration::from_secs(20);
+    p.d2h_tagged_max = stage / 4;
     let emu = Emulator {
         mem,
         threads: Arc::default(),
@@ -205,10 +234,10 @@ fn random_copies_match_a_model_across_slot_reuse_and_restarts() {
                 p.wait(&emu, seq).unwrap();
             }
         } else {
-            let seq = p.post_d2h(&emu, dev, len).unwrap();
-            p.wait(&emu, seq).unwrap();
+            let t = p.post_d2h(&emu, dev, len).unwrap();
+            assert_eq!(t.tagged, len <= stage / 4);
             let mut out = vec![0u8; len];
-            p.read_d2h(seq, &mut out);
+            p.finish_d2h(&emu, &t, &mut out).unwrap();
             assert_eq!(
                 out,
                 model[off..off + len],
@@ -302,12 +331,23 @@ fn header_layout_is_the_documented_one() {
         &mut w,
     );
     assert_eq!(used, ring::HEADER_WORDS + 2);
-    assert_eq!(w[0], (7u64 << 32) | (1 << 24) | 5);
-    assert_eq!(w[1], (7u64 << 32) | 0x5678_9abc);
-    assert_eq!(w[2], (7u64 << 32) | 0x1234);
-    assert_eq!(w[4], (7u64 << 32) | 0x0403_0201);
-    assert_eq!(w[5], (7u64 << 32) | 0x05);
+    assert_eq!(w[0], (8u64 << 32) | (1 << 24) | 5);
+    assert_eq!(w[1], (8u64 << 32) | 0x5678_9abc);
+    assert_eq!(w[2], (8u64 << 32) | 0x1234);
+    assert_eq!(w[4], (8u64 << 32) | 0x0403_0201);
+    assert_eq!(w[5], (8u64 << 32) | 0x05);
     assert_eq!(ring::INLINE_MAX, 240);
+    // Tags run 1..=2^32-1 and wrap past 0: zeroed memory never carries a valid tag.
+    assert_eq!(ring::tag_of(1), 1);
+    assert_eq!(ring::tag_of(0xFFFF_FFFF), 0xFFFF_FFFF);
+    assert_eq!(ring::tag_of(0x1_0000_0000), 1);
+    assert_eq!(ring::tag_of(0x1_0000_0007), 8);
+    assert!((1..5000u64).all(|k| ring::tag_of(k * 0xFFFF_FFFF + 1) == 1));
+    // Tagged answers: tag high, bytes low, short tails zero-padded.
+    assert_eq!(ring::answer_word(2, &[1, 2, 3]), (2u64 << 32) | 0x03_0201);
+    assert_eq!(ring::answer_words(5), 2);
+    assert_eq!(ring::stage_skew(0x1003), 3);
+    assert_eq!(ring::stage_stride(4096) % 64, 0);
     assert_eq!(ring::slot_of(1, 8), 0);
     assert_eq!(ring::slot_of(9, 8), 0);
     assert_eq!(ring::slot_of(8, 8), 7);
@@ -321,6 +361,7 @@ fn header_layout_is_the_documented_one() {
         ("OP_H2D_STAGED", Op::H2dStaged as usize),
         ("OP_D2H", Op::D2h as usize),
         ("OP_STOP", Op::Stop as usize),
+        ("OP_D2H_TAGGED", Op::D2hTagged as usize),
         ("STATUS_DONE", ring::STATUS_DONE),
         ("STATUS_EXITED", ring::STATUS_EXITED),
         ("STATUS_FAULT", ring::STATUS_FAULT),

@@ -168,6 +168,236 @@ extern "C" __global__ void strata_bench_echo(volatile unsigned* flag, volatile u
 }
 "#;
 
+/// What bounds the copy service, measured by one GPU thread with `%globaltimer`: dependent
+/// reads of pinned host memory (the PCIe round trip R every poll pays), a store to host memory
+/// followed by a system-scope fence, a store to device memory followed by a GPU-scope fence.
+/// Then a mailbox: `pollers` warps poll their own copy of a word in write-combined host memory
+/// and the first to see a new value writes it back into cached host memory (the floor of any
+/// doorbell protocol: one poll and one posted write, no copy).
+const PROBE_CU: &str = r#"
+__device__ __forceinline__ unsigned long long now_ns() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+extern "C" __global__ void strata_bench_costs(unsigned long long* host, unsigned long long* dev,
+                                              unsigned long long* out, unsigned iters) {
+    if (threadIdx.x != 0) return;
+    unsigned long long x = 0, t = now_ns();
+    for (unsigned i = 0; i < iters; ++i) {
+        unsigned long long v;
+        asm volatile("ld.volatile.global.u64 %0, [%1];" : "=l"(v) : "l"(host + (x & 1)) : "memory");
+        x += v + 2;
+    }
+    out[0] = (now_ns() - t) / iters;
+    t = now_ns();
+    for (unsigned i = 0; i < iters; ++i) {
+        asm volatile("st.volatile.global.u64 [%0], %1;" ::"l"(host + 8), "l"(x + i) : "memory");
+        __threadfence_system();
+    }
+    out[1] = (now_ns() - t) / iters;
+    t = now_ns();
+    for (unsigned i = 0; i < iters; ++i) {
+        asm volatile("st.volatile.global.u64 [%0], %1;" ::"l"(dev), "l"(x + i) : "memory");
+        __threadfence();
+    }
+    out[2] = (now_ns() - t) / iters;
+    t = now_ns();
+    for (unsigned i = 0; i < iters; ++i) {
+        asm volatile("st.volatile.global.u64 [%0], %1;" ::"l"(dev), "l"(x + i) : "memory");
+        __threadfence_system();
+    }
+    out[3] = (now_ns() - t) / iters;
+    t = now_ns();
+    for (unsigned i = 0; i < iters; ++i) {
+        asm volatile("st.volatile.global.u64 [%0], %1;" ::"l"(dev), "l"(x + i) : "memory");
+        asm volatile("fence.acq_rel.gpu;" ::: "memory");
+    }
+    out[4] = (now_ns() - t) / iters;
+    t = now_ns();
+    for (unsigned i = 0; i < iters; ++i) {
+        asm volatile("st.volatile.global.u64 [%0], %1;" ::"l"(host + 8), "l"(x + i) : "memory");
+        asm volatile("fence.acq_rel.sys;" ::: "memory");
+    }
+    out[5] = (now_ns() - t) / iters;
+    t = now_ns();
+    unsigned long long* word = dev + 64;
+    for (unsigned i = 0; i < iters; ++i) x += atomicCAS(word, x, x + 1) & 1;
+    out[6] = (now_ns() - t) / iters;
+    out[7] = x;
+}
+extern "C" __global__ void strata_bench_mailbox(const unsigned long long* flags,
+                                                unsigned long long* acks, unsigned load_kind,
+                                                unsigned stagger_ns, unsigned long long timeout_ns) {
+    // Poller i (one per warp, in any block) polls its own word, a page apart from the others,
+    // and acknowledges into its own word.
+    const unsigned lane = threadIdx.x & 31;
+    const unsigned i = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (lane != 0) return;
+    __nanosleep(i * stagger_ns);
+    const unsigned long long* flag = flags + 512 * i;
+    unsigned long long last = 0, seen = now_ns();
+    for (;;) {
+        unsigned long long v;
+        if (load_kind == 0) {
+            asm volatile("ld.volatile.global.u64 %0, [%1];" : "=l"(v) : "l"(flag) : "memory");
+        } else if (load_kind == 1) {
+            asm volatile("ld.global.cv.u64 %0, [%1];" : "=l"(v) : "l"(flag) : "memory");
+        } else {
+            asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(flag) : "memory");
+        }
+        const unsigned long long now = now_ns();
+        if (v == ~0ull) return;
+        if (v != last) {
+            last = v;
+            asm volatile("st.volatile.global.u64 [%0], %1;" ::"l"(acks + 8 * i), "l"(v) : "memory");
+            seen = now;
+        } else if (now - seen > timeout_ns) {
+            return;
+        }
+    }
+}
+"#;
+
+/// Runs the probes of [`PROBE_CU`]; rows in `rows`.
+fn probe_limits(
+    ctx: &strata_copy::sys::Context,
+    arch: &str,
+    args: &CopyBenchArgs,
+    rows: &mut Vec<Row>,
+) -> anyhow::Result<()> {
+    let cubin = sys::nvrtc_compile(PROBE_CU, "probe.cu", arch)?;
+    let costs = Kernel::load(ctx, &cubin, "strata_bench_costs")?;
+    let mailbox = Kernel::load(ctx, &cubin, "strata_bench_mailbox")?;
+    let stream = Stream::new(ctx)?;
+    let host = HostMem::new(ctx, 4096, false)?;
+    let out = HostMem::new(ctx, 4096, false)?;
+    let dev = sys::DeviceAlloc::new(ctx, 4096)?;
+    {
+        let mut h = host.device_ptr()?;
+        let mut d = dev.ptr();
+        let mut o = out.device_ptr()?;
+        let mut iters: u32 = 2000;
+        let mut params: [*mut c_void; 4] = [
+            (&raw mut h).cast(),
+            (&raw mut d).cast(),
+            (&raw mut o).cast(),
+            (&raw mut iters).cast(),
+        ];
+        // SAFETY: parameters match strata_bench_costs; the buffers outlive the synchronised
+        // launch.
+        unsafe { costs.launch(stream.raw(), 1, 32, &mut params)? };
+        stream.synchronize()?;
+    }
+    let o = out.ptr().cast::<u64>();
+    let names = [
+        "GPU read of pinned host memory (R)",
+        "GPU host store + sys fence",
+        "GPU device store + gpu fence",
+        "GPU device store + sys fence",
+        "GPU device store + acq_rel gpu fence",
+        "GPU host store + acq_rel sys fence",
+        "GPU atomicCAS on device memory",
+    ];
+    for (i, name) in names.iter().enumerate() {
+        // SAFETY: word i of our synchronised pinned buffer.
+        let ns = unsafe { o.add(i).read_volatile() };
+        #[allow(clippy::cast_precision_loss)]
+        let us = ns as f64 / 1000.0;
+        let r = row(
+            "limits",
+            *name,
+            8,
+            Stats {
+                iters: 2000,
+                min_us: us,
+                p50_us: us,
+                p90_us: us,
+                p99_us: us,
+                mean_us: us,
+            },
+        );
+        print_row(&r);
+        rows.push(r);
+    }
+    // Mailbox round trips: pollers in one block or one per block, three kinds of load.
+    let flags = HostMem::new(ctx, 4 << 12, true)?;
+    let acks = HostMem::new(ctx, 4096, false)?;
+    let ack_words = acks.ptr().cast::<u64>();
+    let cached_flags = HostMem::new(ctx, 4 << 12, false)?;
+    let layouts: [(u32, u32, u32, &str); 8] = [
+        (1, 1, 0, "1 poller, volatile loads"),
+        (1, 1, 3, "1 poller, flag in cached memory"),
+        (1, 2, 0, "2 pollers in one block, volatile"),
+        (1, 4, 0, "4 pollers in one block, volatile"),
+        (4, 1, 0, "4 pollers in 4 blocks, volatile"),
+        (1, 1, 1, "1 poller, ld.cv"),
+        (1, 4, 1, "4 pollers in one block, ld.cv"),
+        (1, 4, 2, "4 pollers in one block, relaxed.sys"),
+    ];
+    for (grid, per_block, layout_kind, name) in layouts {
+        let pollers = (grid * per_block) as usize;
+        // Kind 3: volatile loads of a flag in cached (not write-combined) host memory.
+        let (kind, flags) = if layout_kind == 3 {
+            (0, &cached_flags)
+        } else {
+            (layout_kind, &flags)
+        };
+        let flag_words = flags.ptr().cast::<u64>();
+        let write_all = |v: u64| {
+            for w in 0..pollers {
+                // SAFETY: word 512w of our 16 KiB pinned buffer (w < 4).
+                unsafe { flag_words.add(512 * w).write_volatile(v) };
+            }
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: sfence has no preconditions.
+            unsafe {
+                std::arch::x86_64::_mm_sfence();
+            }
+        };
+        write_all(0);
+        for w in 0..pollers {
+            // SAFETY: our pinned words.
+            unsafe { ack_words.add(8 * w).write_volatile(0) };
+        }
+        let mut f = flags.device_ptr()?;
+        let mut a = acks.device_ptr()?;
+        let mut k = kind;
+        let mut stagger: u32 = 1200 / u32::try_from(pollers).unwrap_or(1);
+        let mut timeout: u64 = 10_000_000_000;
+        let mut params: [*mut c_void; 5] = [
+            (&raw mut f).cast(),
+            (&raw mut a).cast(),
+            (&raw mut k).cast(),
+            (&raw mut stagger).cast(),
+            (&raw mut timeout).cast(),
+        ];
+        // SAFETY: parameters match strata_bench_mailbox; the buffers outlive the kernel, which
+        // is stopped (flags = all ones) and synchronised below.
+        unsafe { mailbox.launch(stream.raw(), grid, 32 * per_block, &mut params)? };
+        let mut v = 0u64;
+        let res = time_ops(args.warmup, args.iters, |_| {
+            v += 1;
+            write_all(v);
+            let t = Instant::now();
+            // SAFETY: our pinned words, written by the kernel.
+            while !(0..pollers).any(|w| unsafe { ack_words.add(8 * w).read_volatile() } == v) {
+                std::hint::spin_loop();
+                if t.elapsed() > Duration::from_secs(2) {
+                    anyhow::bail!("the mailbox kernel did not answer within 2 s");
+                }
+            }
+            Ok(())
+        });
+        write_all(u64::MAX);
+        stream.synchronize()?;
+        let r = row("limits", format!("mailbox round trip, {name}"), 8, res?);
+        print_row(&r);
+        rows.push(r);
+    }
+    Ok(())
+}
+
 /// Runs the benchmark.
 pub fn bench(args: &CopyBenchArgs) -> anyhow::Result<()> {
     if args.iters == 0 || args.max_size == 0 {
@@ -187,6 +417,29 @@ pub fn bench(args: &CopyBenchArgs) -> anyhow::Result<()> {
     let host_pinned = HostMem::new(&ctx, max.max(1 << 20), false)?;
     let mut pageable = vec![0x5Au8; max.max(1 << 20)];
     let mut rows = Vec::new();
+    // Every size through the copy service (no copy engine), to place the default's switch.
+    let mut service_cfg = CopyConfig {
+        force_service: true,
+        large_threshold: usize::MAX,
+        large_threshold_d2h: usize::MAX,
+        ..CopyConfig::default()
+    };
+    service_cfg.service.h2d_stage_write_combined = false;
+    let service_only = Copier::open_with(args.gpu, service_cfg)?;
+    let service_pin = service_only.pin(dev.ptr(), dev.len() as u64)?;
+    // Large copies through the pinned pipeline from 128 KiB.
+    let piped = Copier::open_with(
+        args.gpu,
+        CopyConfig {
+            force_service: true,
+            large_threshold: 128 << 10,
+            large_threshold_d2h: 128 << 10,
+            pipeline_min: 0,
+            pipeline_min_d2h: 0,
+            ..CopyConfig::default()
+        },
+    )?;
+    let piped_pin = piped.pin(dev.ptr(), dev.len() as u64)?;
     header();
 
     // copylat / copybw.
@@ -226,6 +479,22 @@ pub fn bench(args: &CopyBenchArgs) -> anyhow::Result<()> {
                 Ok(stream.synchronize()?)
             })?,
         ));
+        if n >= 128 << 10 {
+            push(row(
+                "copylat",
+                "strata copy_to, pinned pipeline (H2D)",
+                n,
+                time_ops(warm, iters, |_| Ok(piped_pin.copy_to(0, &data)?))?,
+            ));
+        }
+        if n >= 16 << 10 {
+            push(row(
+                "copylat",
+                "strata copy_to, service only (H2D)",
+                n,
+                time_ops(warm, iters, |_| Ok(service_pin.copy_to(0, &data)?))?,
+            ));
+        }
         let out = &mut pageable[..n];
         push(row(
             "copylat",
@@ -233,6 +502,23 @@ pub fn bench(args: &CopyBenchArgs) -> anyhow::Result<()> {
             n,
             time_ops(warm, iters, |_| Ok(map.copy_from(0, out)?))?,
         ));
+        if n >= 128 << 10 {
+            push(row(
+                "copylat",
+                "strata copy_from, pinned pipeline (D2H)",
+                n,
+                time_ops(warm, iters, |_| Ok(piped_pin.copy_from(0, out)?))?,
+            ));
+        }
+        if n >= 16 << 10 {
+            push(row(
+                "copylat",
+                "strata copy_from, service only (D2H)",
+                n,
+                time_ops(warm, iters, |_| Ok(service_pin.copy_from(0, out)?))?,
+            ));
+            service_only.stop_service()?;
+        }
         push(row(
             "copylat",
             "cudaMemcpy D2H (pageable)",
@@ -352,6 +638,10 @@ pub fn bench(args: &CopyBenchArgs) -> anyhow::Result<()> {
     );
     flag.copy_to(0, &u32::MAX.to_le_bytes())?;
     echo_stream.synchronize()?;
+    copier.stop_service()?;
+    if let Err(e) = probe_limits(&ctx, &arch, args, &mut rows) {
+        println!("limits   probes failed: {e:#}");
+    }
 
     // apiperf.
     let api_size = 64usize << 10;
@@ -395,6 +685,10 @@ pub fn bench(args: &CopyBenchArgs) -> anyhow::Result<()> {
         time_ops(10, 200, |_| Ok(p.copy_to(0, &[1u8; 8])?))?,
     );
     ap(
+        "post_to 8 B (host side only, no wait)",
+        time_split(200, || Ok(copier.flush()?), || Ok(p.post_to(0, &[1u8; 8])?))?,
+    );
+    ap(
         "stop_service (running, idle)",
         time_split(
             20,
@@ -419,36 +713,50 @@ pub fn bench(args: &CopyBenchArgs) -> anyhow::Result<()> {
 
     // Tuning: what each choice buys (same sizes, one knob changed per line).
     let tune_buf = copier.alloc(1 << 20)?;
-    let pollers = |n: u32, stagger: u32| {
+    let with = |set: &dyn Fn(&mut CopyConfig)| {
         let mut c = CopyConfig::default();
-        c.service.pollers = n;
-        c.service.poll_stagger_ns = stagger;
+        set(&mut c);
         c
     };
-    let variants: [(&str, CopyConfig); 6] = [
+    let variants: [(&str, CopyConfig); 15] = [
+        ("default", CopyConfig::default()),
+        ("1 poller", with(&|c| c.service.pollers = 1)),
+        ("2 pollers, stagger 600 ns", {
+            with(&|c| {
+                c.service.pollers = 2;
+                c.service.poll_stagger_ns = 600;
+            })
+        }),
         (
-            "default (hot full-slot polling, liveness check)",
-            CopyConfig::default(),
+            "no rephase after serving",
+            with(&|c| c.service.rephase_ns = 0),
         ),
-        ("no hot window (poll header, back-off)", {
-            let mut c = CopyConfig::default();
-            c.service.hot_ns = 0;
-            c
+        ("no ring mirrors", with(&|c| c.service.mirror_ring = false)),
+        ("hot poll 128 B", with(&|c| c.service.hot_poll_bytes = 128)),
+        ("no hot window", with(&|c| c.service.hot_ns = 0)),
+        ("no tagged D2H", with(&|c| c.service.d2h_tagged_max = 0)),
+        ("tagged D2H from 1 B to 4 KiB", {
+            with(&|c| {
+                c.service.d2h_tagged_min = 0;
+                c.service.d2h_tagged_max = 4096;
+            })
+        }),
+        ("ring in cached memory", {
+            with(&|c| c.service.ring_write_combined = false)
+        }),
+        ("WC H2D staging", {
+            with(&|c| c.service.h2d_stage_write_combined = true)
         }),
         (
             "no per-copy liveness check",
-            CopyConfig {
-                check_liveness: false,
-                ..CopyConfig::default()
-            },
+            with(&|c| c.check_liveness = false),
         ),
-        ("system-scope fence after H2D too", {
-            let mut c = CopyConfig::default();
-            c.service.sys_fence_h2d = true;
-            c
-        }),
-        ("2 polling warps, staggered 400 ns", pollers(2, 400)),
-        ("4 polling warps, staggered 200 ns", pollers(4, 200)),
+        (
+            "sys fence after H2D",
+            with(&|c| c.service.sys_fence_h2d = true),
+        ),
+        ("polls with ld.cv", with(&|c| c.service.poll_cv = true)),
+        ("acq_rel fences", with(&|c| c.service.acq_rel_fences = true)),
     ];
     for (name, mut cfg) in variants {
         cfg.force_service = true;
@@ -512,7 +820,7 @@ fn tune_variant(
 ) -> anyhow::Result<()> {
     let c = Copier::open_with(args.gpu, cfg)?;
     let p = c.pin(buf.ptr(), 1 << 20)?;
-    for &n in &[8usize, 240, 241, 4096] {
+    for &n in &[8usize, 240, 241, 512, 1024, 4096] {
         let data = vec![7u8; n];
         let mut out = vec![0u8; n];
         let r = row(
