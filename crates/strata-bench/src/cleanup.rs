@@ -70,7 +70,9 @@ fn remove_all_registered() {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner),
     );
-    for path in paths {
+    // Last registered first, as guards drop: a cgroup (and the program in it) goes before
+    // the swap it uses, so swapoff never waits on a program stuck at its limit.
+    for path in paths.into_iter().rev() {
         remove(&path);
     }
 }

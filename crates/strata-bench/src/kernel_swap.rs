@@ -15,9 +15,10 @@
 //! killing, is not available where the memory controller is bound to v1 (as on our
 //! machines). So the group runs with `memory.oom_control` = 1 (no OOM kill: the faulting
 //! task waits instead), and a watcher wakes a waiting group by raising its limit by one page
-//! and lowering it again at once (the kernel wakes OOM waiters when a limit grows), so the
-//! fault retries its reclaim. Every wake-up is counted in the results; the limit is exceeded
-//! by at most one page for the few microseconds of the two writes.
+//! and lowering it again (the kernel wakes OOM waiters when a limit grows), so the fault
+//! retries its reclaim. Lowering fails (EBUSY) while reclaim cannot get under the limit; it
+//! is retried every 2 ms. Every wake-up and the seconds the limit stood one page higher are
+//! counted in the results.
 //!
 //! Everything set up is registered with [`crate::cleanup`]: swap is switched off, zram reset
 //! and the swap file removed when the benchmark ends, also by a panic or Ctrl-C.

@@ -197,6 +197,8 @@ fn a_memory_node_on_loopback_serves_the_arena() {
         &[
             ("STRATA_REMOTE_TOKEN", &token),
             ("STRATA_REMOTE_TIMEOUT", "30"),
+            // Each process asks the node for its whole (virtual) arena.
+            ("STRATA_RUN_ARENA", "256MiB"),
         ],
     );
     let c = node.counters();
