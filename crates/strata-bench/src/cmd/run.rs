@@ -107,12 +107,16 @@ fn load_average() -> f64 {
         .unwrap_or(f64::NAN)
 }
 
-/// The programs, with data of `data` bytes. Sort's input file is written into `dir`.
+/// Programs by name with their command lines.
+type Programs = Vec<(String, Vec<String>)>;
+
+/// The programs, with data of `data` bytes. Sort's input file is written into `dir` (and
+/// removed when the returned guards drop).
 fn programs(
     names: &str,
     data: u64,
     dir: &Path,
-) -> anyhow::Result<(Vec<(String, Vec<String>)>, Vec<crate::cleanup::Temporary>)> {
+) -> anyhow::Result<(Programs, Vec<crate::cleanup::Temporary>)> {
     let mut out = Vec::new();
     let mut files = Vec::new();
     let mib = (data >> 20).max(1).to_string();
@@ -289,7 +293,7 @@ pub fn run(args: &RunBenchArgs) -> anyhow::Result<()> {
                 let load_before = load_average();
                 let row = if let Some(swap) = &swap {
                     let group = SwapCgroup::new(limit)?;
-                    swappiness.get_or_insert(group.swappiness());
+                    swappiness.get_or_insert_with(|| group.swappiness());
                     let r = group.run(program, time_limit)?;
                     let good = r.success && r.stdout == reference;
                     Row {
@@ -509,7 +513,8 @@ fn summary(rows: &[Row]) {
                 }
                 continue;
             };
-            let ratio = |b: Option<f64>| b.map_or("-".to_string(), |b| format!("{:.2}x", b / t));
+            let ratio =
+                |b: Option<f64>| b.map_or_else(|| "-".to_string(), |b| format!("{:.2}x", b / t));
             println!(
                 "{p:<10} {:<36} {t:>9.2} {:>9} {:>9}",
                 label(c),
