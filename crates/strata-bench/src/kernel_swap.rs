@@ -399,3 +399,41 @@ fn watch(dir: &Path, limit: u64, done: &AtomicBool) -> Watched {
     }
     w
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cgroup_values_are_read_by_whole_key() {
+        let dir =
+            std::env::temp_dir().join(format!("strata-kernel-swap-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("memory.oom_control"),
+            "oom_kill_disable 1\nunder_oom 0\noom_kill 7\n",
+        )
+        .unwrap();
+        // "oom_kill" must not match "oom_kill_disable".
+        assert_eq!(cgroup_value(&dir, "memory.oom_control", "oom_kill"), 7);
+        assert_eq!(
+            cgroup_value(&dir, "memory.oom_control", "oom_kill_disable"),
+            1
+        );
+        assert_eq!(cgroup_value(&dir, "memory.oom_control", "under_oom"), 0);
+        assert_eq!(cgroup_value(&dir, "memory.oom_control", "missing"), 0);
+        assert_eq!(cgroup_value(&dir, "no-such-file", "oom_kill"), 0);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_file_that_is_not_swap_is_not_active_swap() {
+        assert!(!is_active_swap(Path::new("/nonexistent/strata-swap")));
+        assert!(vmstat("pgfault") > 0, "/proc/vmstat is readable");
+    }
+
+    #[test]
+    fn the_own_memory_cgroup_is_under_the_v1_mount() {
+        assert!(own_memory_cgroup().starts_with("/sys/fs/cgroup/memory"));
+    }
+}
