@@ -1,4 +1,4 @@
-//! Nothing left behind: the temporary files and memory cgroups a benchmark makes are
+//! Nothing left behind: the temporary files, memory cgroups and swap a benchmark makes are
 //! registered here and removed when the benchmark ends, however it ends: normally (the
 //! guards' `Drop`), by a panic (a panic hook, since a panic in another thread does not unwind
 //! the owner), or by SIGINT/SIGTERM/SIGHUP (a thread waits for them, cleans up and exits with
@@ -19,8 +19,31 @@ static INSTALL: Once = Once::new();
 /// The prefix of every temporary name a benchmark makes; the process id follows it.
 pub const PREFIX: &str = "strata-bench-";
 
-/// Removes `path` (a file, or an empty cgroup directory after killing its processes).
+/// Whether `path` is in use as swap (listed in `/proc/swaps`).
+pub fn is_active_swap(path: &Path) -> bool {
+    std::fs::read_to_string("/proc/swaps")
+        .unwrap_or_default()
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_whitespace().next())
+        .any(|name| Path::new(name) == path)
+}
+
+/// Removes `path` (a file, or an empty cgroup directory after killing its processes). A
+/// swap file or device is switched off first; a zram device is reset (its memory freed)
+/// instead of removed.
 fn remove(path: &Path) {
+    if is_active_swap(path) {
+        let _ = std::process::Command::new("swapoff").arg(path).status();
+    }
+    if let Some(zram) = path
+        .to_str()
+        .and_then(|p| p.strip_prefix("/dev/"))
+        .filter(|name| name.starts_with("zram"))
+    {
+        let _ = std::fs::write(format!("/sys/block/{zram}/reset"), "1");
+        return;
+    }
     if path.is_dir() {
         if let Ok(procs) = std::fs::read_to_string(path.join("cgroup.procs")) {
             for pid in procs.lines().filter_map(|l| l.trim().parse::<u32>().ok()) {
@@ -47,7 +70,9 @@ fn remove_all_registered() {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner),
     );
-    for path in paths {
+    // Last registered first, as guards drop: a cgroup (and the program in it) goes before
+    // the swap it uses, so swapoff never waits on a program stuck at its limit.
+    for path in paths.into_iter().rev() {
         remove(&path);
     }
 }

@@ -4,7 +4,8 @@
 //! - Measuring: [`pager`] (fault rate and bandwidth against the kernel's `mmap` paging),
 //!   [`net`] (raw store throughput, the loopback TCP ceiling), [`gpu_micro`] (GPU paging
 //!   against zero-copy, chunked copies and UVM), [`gpu_store`] (GPU spaces over stores against
-//!   each target's baseline), [`workloads`] (graph and embedding workloads).
+//!   each target's baseline), [`workloads`] (graph and embedding workloads), [`kernel_swap`]
+//!   (the kernel's zram and swap-file swap as the baseline of `strata bench run`).
 //! - Reporting: [`ceilings`] (the machine's own limits, probed and cached per device and
 //!   driver), [`record`] (the JSON every benchmark writes: machine, device, driver, commit,
 //!   arguments, ceilings, figures), [`plot`] (one plotting module, PNG and SVG), [`compare`]
@@ -22,6 +23,7 @@ pub mod compare;
 pub mod gpu_ceilings;
 pub mod gpu_micro;
 pub mod gpu_store;
+pub mod kernel_swap;
 pub mod net;
 pub mod pager;
 pub mod plot;

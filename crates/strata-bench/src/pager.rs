@@ -545,15 +545,7 @@ impl Cgroup {
             }
         }
         if try_v1 {
-            let rel = own
-                .lines()
-                .find_map(|l| {
-                    let mut parts = l.splitn(3, ':');
-                    let (_, ctl, path) = (parts.next()?, parts.next()?, parts.next()?);
-                    ctl.split(',').any(|c| c == "memory").then_some(path)
-                })
-                .unwrap_or("/");
-            let parent = PathBuf::from("/sys/fs/cgroup/memory").join(rel.trim_start_matches('/'));
+            let parent = crate::kernel_swap::own_memory_cgroup();
             crate::cleanup::remove_stale(&parent);
             let dir = parent.join(&name);
             let made = std::fs::create_dir(&dir).and_then(|()| {

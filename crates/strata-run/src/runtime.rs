@@ -205,7 +205,16 @@ impl Runtime {
         }
         let described = describe(&options.store);
         let store = strata_net::open_store_with_page(&store_config, arena_bytes, page)
-            .map_err(|e| format!("cannot open the store {described}: {e}"));
+            .map_err(|e| {
+                let hint = if matches!(options.store.kind, StoreKind::Remote { .. }) {
+                    format!(
+                        " (each process asks the memory nodes for its whole arena, STRATA_RUN_ARENA = {arena_bytes} bytes: set STRATA_RUN_ARENA lower, or start the nodes with a larger --capacity or --overcommit)"
+                    )
+                } else {
+                    String::new()
+                };
+                format!("cannot open the store {described}: {e}{hint}")
+            });
         // The store file is only a name until now: remove it at once, so that it goes away
         // with the process however the process ends.
         if let Some(file) = &created {

@@ -100,6 +100,17 @@ fn native(program: &[&str]) -> Command {
 
 /// Output of the program alone and under `strata run` (each store and codec) must match.
 fn same_output(strata: &Path, program: &[&str], configs: &[&[&str]], limit: Duration) {
+    same_output_with(strata, program, configs, limit, &[]);
+}
+
+/// [`same_output`] with extra environment for `strata run` (a memory node's token).
+fn same_output_with(
+    strata: &Path,
+    program: &[&str],
+    configs: &[&[&str]],
+    limit: Duration,
+    env: &[(&str, &str)],
+) {
     let want = run(native(program), limit);
     assert!(
         want.status.success(),
@@ -111,7 +122,9 @@ fn same_output(strata: &Path, program: &[&str], configs: &[&[&str]], limit: Dura
         let stats_s = stats.to_string_lossy().into_owned();
         all.extend(["--stats", &stats_s]);
         let t = Instant::now();
-        let got = run(under(strata, &all, program), limit);
+        let mut cmd = under(strata, &all, program);
+        cmd.envs(env.iter().copied());
+        let got = run(cmd, limit);
         println!("{program:?} {opts:?}: {:?}", t.elapsed());
         assert!(
             got.status.success(),
@@ -154,6 +167,51 @@ fn threads_check_every_byte_over_each_store() {
         CONFIGS,
         Duration::from_secs(60),
     );
+}
+
+#[test]
+fn a_memory_node_on_loopback_serves_the_arena() {
+    let Some(strata) = strata() else { return };
+    let dir = scratch("node");
+    let prog = compile("check_bytes", &dir);
+    let s = seed();
+    let token = format!("strata-run-test-token-{s:x}");
+    let node = strata_net::MemoryNode::start(strata_net::ServeOptions::new(
+        "127.0.0.1:0".parse().expect("address"),
+        1 << 30,
+        token.clone(),
+    ))
+    .expect("a memory node on loopback");
+    let store = format!("remote:{}", node.address());
+    let p = prog.to_string_lossy();
+    let seed_s = s.to_string();
+    // 2 threads x 24 MiB plus a 16 MiB mapping, with a 16 MiB budget, every byte checked.
+    same_output_with(
+        &strata,
+        &[&p, &seed_s, "2", "24"],
+        &[
+            &["--memory", "16MiB", "--store", &store],
+            &["--memory", "16MiB", "--store", &store, "--codec", "lz4"],
+        ],
+        Duration::from_secs(90),
+        &[
+            ("STRATA_REMOTE_TOKEN", &token),
+            ("STRATA_REMOTE_TIMEOUT", "30"),
+            // Each process asks the node for its whole (virtual) arena.
+            ("STRATA_RUN_ARENA", "256MiB"),
+        ],
+    );
+    let c = node.counters();
+    let (written, read) = (
+        c.bytes_written.load(std::sync::atomic::Ordering::Relaxed),
+        c.bytes_read.load(std::sync::atomic::Ordering::Relaxed),
+    );
+    println!("memory node: {written} bytes written, {read} bytes read");
+    assert!(
+        written > 16 << 20 && read > 0,
+        "the pages did not go through the memory node ({written} written, {read} read)"
+    );
+    node.shutdown();
 }
 
 #[test]
@@ -279,6 +337,10 @@ fn fork_exec_works_and_a_forked_child_is_refused_clearly() {
     assert!(
         stdout.contains("child signal 11"),
         "the child must be refused, not read zeros: {stdout}"
+    );
+    assert!(
+        stdout.contains("parent data ok"),
+        "the parent's paged memory must be intact after its child was refused: {stdout}"
     );
     assert!(
         stderr.contains("forked child touched memory that Strata pages"),

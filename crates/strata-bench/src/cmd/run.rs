@@ -1,128 +1,185 @@
-//! `strata bench run`: the same unmodified programs at the same memory limit three ways:
-//! the kernel swapping to zram (LZ4), the kernel swapping to a swap file, and `strata run`
-//! over an LZ4 memory store and a file store. Kernel runs sit in a memory cgroup of the
-//! limit; `strata run` gets the limit as `--memory` (its in-process memory store is, like
-//! zram's pool, outside that budget). Reports wall time, faults and bytes moved, as JSON and
-//! an SVG of times relative to zram. Needs root (swapon, cgroups); every setup step that
-//! fails is reported by name and its contestant is left out.
-//!
-//! Self-contained on purpose (the benchmark crate will take it over).
+//! `strata bench run`: unmodified programs at the same memory limit, each way: the kernel
+//! swapping to zram (LZ4) and to a swap file, both in a cgroup v1 memory group of the limit
+//! ([`crate::kernel_swap`] says why its OOM kill is replaced by retries), and `strata run
+//! --memory LIMIT` over an LZ4 memory store, a file store and a memory node on loopback
+//! (started in this process). Each program first runs without a limit: its output is the
+//! reference every other run must print, and its time the "no limit" row. Reports wall time,
+//! faults, bytes moved and the machine's load, as a JSON record and a chart of Strata's
+//! speed-up over each kernel baseline. The kernel baselines need root; they are set up and
+//! torn down here (swap off, zram reset, swap file removed, also on Ctrl-C or a panic).
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::time::Instant;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use strata_core::{format_size, parse_size};
 
+use crate::kernel_swap::{SwapCgroup, SwapOn};
+use crate::plot::{Chart, Group};
+use crate::record::{CeilingsUsed, Record};
+
 /// `strata bench run`.
 #[derive(Debug, clap::Args)]
 pub struct RunBenchArgs {
-    /// The memory limit every contestant gets.
+    /// The memory limit every contestant gets (cgroup limit, or `strata run --memory`).
     #[arg(long, default_value = "64MiB")]
     memory: String,
     /// Each program's data, as a multiple of the limit.
     #[arg(long, default_value_t = 4)]
     oversubscription: u64,
-    /// Where scratch files and the swap file go.
+    /// Programs, comma-separated: sort (`sort -S` of a generated file), numpy (NumPy sorts
+    /// and checks an array), stress-ng (`--vm-method incdec --verify`, sequential sweeps).
+    #[arg(long, default_value = "sort,numpy,stress-ng")]
+    programs: String,
+    /// Contestants, comma-separated: zram, swapfile, strata-lz4, strata-file, strata-remote.
+    #[arg(
+        long,
+        default_value = "zram,swapfile,strata-lz4,strata-file,strata-remote"
+    )]
+    contestants: String,
+    /// Runs of each program by each contestant (the median is charted).
+    #[arg(long, default_value_t = 1)]
+    repeats: usize,
+    /// Extra `strata run` options for the Strata contestants (e.g. "--page-size 16KiB").
+    #[arg(long, default_value = "", allow_hyphen_values = true)]
+    strata_options: String,
+    /// Seconds one run may take before it is killed (the row then says so).
+    #[arg(long, default_value_t = 300)]
+    time_limit: u64,
+    /// Where the input file, the file store and the swap file go (a disk, not tmpfs).
     #[arg(long)]
     dir: Option<PathBuf>,
-    /// Results (JSON); the SVG is written next to it.
+    /// Results (JSON record); the chart is written next to it (.svg and .png).
     #[arg(long, default_value = "strata-bench-run.json")]
     out: PathBuf,
 }
 
+/// One run of one program by one contestant.
 #[derive(Debug, Clone, serde::Serialize)]
 struct Row {
     program: String,
     contestant: String,
+    repeat: usize,
     wall_s: f64,
-    /// Major faults (kernel: the program's, from getrusage; Strata: pager faults).
+    /// Kernel: major faults in the memory group. Strata: pager faults.
     faults: u64,
     /// Bytes read from the swap device or store.
     bytes_in: u64,
     /// Bytes written to the swap device or store.
     bytes_out: u64,
+    /// Kernel: times the group waited in OOM and was woken to retry reclaim.
+    oom_retries: u64,
+    /// Kernel: seconds its limit stood one page higher after a wake-up.
+    over_limit_s: f64,
+    /// Strata: seconds the program's threads waited on faults (summed over threads).
+    fault_wait_s: f64,
+    /// 1-minute load average when the run started (2 cores shared with others).
+    load_before: f64,
+    /// Exited 0 and printed the reference output.
     ok: bool,
     note: String,
 }
 
-fn vmstat(key: &str) -> u64 {
-    std::fs::read_to_string("/proc/vmstat")
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix(key)?.trim().parse().ok())
-        .unwrap_or(0)
-}
+const CONTESTANTS: [&str; 5] = [
+    "zram",
+    "swapfile",
+    "strata-lz4",
+    "strata-file",
+    "strata-remote",
+];
 
-fn sh(cmd: &str) -> anyhow::Result<()> {
-    let out = Command::new("sh").args(["-c", cmd]).output()?;
-    if !out.status.success() {
-        bail!(
-            "`{cmd}` failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(())
-}
-
-/// One swap backend enabled at a time (all others off), so the kernel has one place to go.
-fn swap_only(dev: &str, setup: &str) -> anyhow::Result<()> {
-    let _ = sh("swapoff -a");
-    sh(setup)?;
-    sh(&format!("swapon {dev}"))
-}
-
-struct Cgroup(PathBuf);
-
-impl Cgroup {
-    fn new(limit: u64) -> anyhow::Result<Self> {
-        let v1 = PathBuf::from(format!(
-            "/sys/fs/cgroup/memory/strata-bench-run-{}",
-            std::process::id()
-        ));
-        std::fs::create_dir_all(&v1).with_context(|| format!("creating {}", v1.display()))?;
-        std::fs::write(v1.join("memory.limit_in_bytes"), limit.to_string())
-            .context("setting memory.limit_in_bytes")?;
-        let _ = std::fs::write(v1.join("memory.swappiness"), "100");
-        Ok(Self(v1))
-    }
-    /// `sh -c` that joins the cgroup, then execs the program.
-    fn wrap(&self, program: &[String]) -> Vec<String> {
-        let mut v = vec![
-            "sh".into(),
-            "-c".into(),
-            format!("echo $$ > {}/cgroup.procs && exec \"$@\"", self.0.display()),
-            "sh".into(),
-        ];
-        v.extend(program.iter().cloned());
-        v
+fn label(contestant: &str) -> &'static str {
+    match contestant {
+        "zram" => "kernel, zram lz4 swap",
+        "swapfile" => "kernel, swap file",
+        "strata-lz4" => "strata run, lz4 memory store",
+        "strata-file" => "strata run, file store (O_DIRECT)",
+        "strata-remote" => "strata run, memory node (loopback)",
+        _ => "no limit",
     }
 }
 
-impl Drop for Cgroup {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir(&self.0);
+fn load_average() -> f64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(f64::NAN)
+}
+
+/// Programs by name with their command lines.
+type Programs = Vec<(String, Vec<String>)>;
+
+/// The programs, with data of `data` bytes. Sort's input file is written into `dir` (and
+/// removed when the returned guards drop).
+fn programs(
+    names: &str,
+    data: u64,
+    dir: &Path,
+) -> anyhow::Result<(Programs, Vec<crate::cleanup::Temporary>)> {
+    let mut out = Vec::new();
+    let mut files = Vec::new();
+    let mib = (data >> 20).max(1).to_string();
+    for name in names.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let argv: Vec<String> = match name {
+            "sort" => {
+                let input = crate::cleanup::temporary_name(dir, "run-sort-input", "txt");
+                let guard = crate::cleanup::Temporary::register(input.clone());
+                write_lines(&input, data)?;
+                files.push(guard);
+                // -S of three times the input: sort keeps lines and their index in memory.
+                // (A bare number would mean KiB to sort: say bytes.)
+                vec![
+                    "sort".into(),
+                    "-S".into(),
+                    format!("{}b", data * 3),
+                    "--parallel=1".into(),
+                    input.to_string_lossy().into_owned(),
+                ]
+            }
+            "numpy" => {
+                let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+                    .join("../strata-run/tests/programs/numpy_sort.py");
+                vec![
+                    "python3".into(),
+                    script.to_string_lossy().into_owned(),
+                    "1".into(),
+                    mib.clone(),
+                ]
+            }
+            "stress-ng" => vec![
+                "stress-ng".into(),
+                "--vm".into(),
+                "1".into(),
+                "--vm-bytes".into(),
+                data.to_string(),
+                "--vm-method".into(),
+                "incdec".into(),
+                "--verify".into(),
+                "--vm-ops".into(),
+                "4".into(),
+                "--vm-keep".into(),
+            ],
+            other => bail!("unknown program {other:?}; choose from sort, numpy, stress-ng"),
+        };
+        out.push((name.to_string(), argv));
     }
+    Ok((out, files))
 }
 
-fn child_major_faults() -> u64 {
-    // SAFETY: getrusage with a valid out-pointer.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &raw mut ru) };
-    u64::try_from(ru.ru_majflt).unwrap_or(0)
-}
-
-/// Seconds a single run may take (`timeout` kills it; the row then says it failed).
-const RUN_LIMIT_S: &str = "180";
-
-/// Runs `argv` under `timeout`, returning (wall seconds, success, stdout).
-fn timed(argv: &[String]) -> anyhow::Result<(f64, bool, String)> {
+/// Runs `argv` under `timeout -s KILL`; returns (seconds, exited 0, stdout).
+fn timed(
+    argv: &[String],
+    limit: Duration,
+    env: &[(&str, &str)],
+) -> anyhow::Result<(f64, bool, String)> {
     let t = Instant::now();
     let out = Command::new("timeout")
-        .arg(RUN_LIMIT_S)
+        .args(["-s", "KILL", &limit.as_secs().to_string()])
         .args(argv)
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
         .output()
         .with_context(|| format!("running {argv:?}"))?;
     Ok((
@@ -132,165 +189,368 @@ fn timed(argv: &[String]) -> anyhow::Result<(f64, bool, String)> {
     ))
 }
 
+/// The memory node on loopback the remote contestant uses (started on first need).
+struct Node {
+    node: strata_net::MemoryNode,
+    token: String,
+}
+
+fn start_node(capacity: u64) -> anyhow::Result<Node> {
+    let token = format!(
+        "strata-bench-run-{}-{:x}",
+        std::process::id(),
+        Instant::now().elapsed().as_nanos() ^ 0x5eed_5eed
+    );
+    let mut opts = strata_net::ServeOptions::new("127.0.0.1:0".parse()?, capacity, token.clone());
+    // Each process's arena is a large virtual region (STRATA_RUN_ARENA); the node commits
+    // memory only as pages are written.
+    opts.overcommit = true;
+    let node = strata_net::MemoryNode::start(opts).context("starting a memory node on loopback")?;
+    Ok(Node { node, token })
+}
+
+/// The virtual size of one `strata run` arena (what a process asks a memory node for).
+fn strata_run_arena_bytes() -> u64 {
+    std::env::var("STRATA_RUN_ARENA")
+        .ok()
+        .and_then(|v| parse_size(&v).ok())
+        .unwrap_or(64 << 30)
+}
+
 /// Runs the benchmark.
 pub fn run(args: &RunBenchArgs) -> anyhow::Result<()> {
+    crate::cleanup::install();
     let limit = parse_size(&args.memory)?;
     let data = limit * args.oversubscription;
+    let time_limit = Duration::from_secs(args.time_limit);
+    let contestants: Vec<&str> = args
+        .contestants
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .collect();
+    if let Some(bad) = contestants.iter().find(|c| !CONTESTANTS.contains(c)) {
+        bail!(
+            "unknown contestant {bad:?}; choose from {}",
+            CONTESTANTS.join(", ")
+        );
+    }
+    let kernel = contestants
+        .iter()
+        .any(|c| matches!(*c, "zram" | "swapfile"));
+    if kernel {
+        crate::kernel_swap::check()?;
+    }
     let dir = args
         .dir
         .clone()
         .unwrap_or_else(|| std::env::temp_dir().join("strata-bench-run"));
     std::fs::create_dir_all(&dir)?;
+    crate::cleanup::remove_stale(&dir);
     let strata = std::env::current_exe()?;
-    // Programs: sort of a file `data` bytes long with an in-memory buffer, and a NumPy sort.
-    let input = dir.join("sort-input.txt");
-    write_lines(&input, data)?;
-    let mib = (data >> 20).to_string();
-    let programs: Vec<(&str, Vec<String>)> = vec![
-        (
-            "sort -S",
-            vec![
-                "sort".into(),
-                "-S".into(),
-                format!("{}", data * 3),
-                "--parallel=2".into(),
-                input.to_string_lossy().into_owned(),
-            ],
-        ),
-        (
-            "numpy sort",
-            vec![
-                "python3".into(),
-                "-c".into(),
-                "import sys,numpy as np,hashlib;a=np.random.default_rng(1).random(int(sys.argv[1])*131072);a.sort();print(hashlib.sha256(a.tobytes()).hexdigest())".into(),
-                mib.clone(),
-            ],
-        ),
-    ];
-    let mut rows = Vec::new();
-    let mut setup_notes = Vec::new();
-    let swapfile = dir.join("swapfile");
-    let zram = "echo 1 > /sys/block/zram0/reset; echo lz4 > /sys/block/zram0/comp_algorithm && echo 4G > /sys/block/zram0/disksize && mkswap /dev/zram0 >/dev/null".to_string();
-    let file = format!(
-        "rm -f {f}; dd if=/dev/zero of={f} bs=1M count=4096 status=none && chmod 600 {f} && mkswap {f} >/dev/null",
-        f = swapfile.display()
-    );
+    let (programs, _inputs) = programs(&args.programs, data, &dir)?;
+    let node = if contestants.contains(&"strata-remote") {
+        Some(start_node(strata_run_arena_bytes() * 4)?)
+    } else {
+        None
+    };
+    // Swap capacity: room for every program's data several times over.
+    let swap_bytes = (data * 6).max(1 << 30);
+    let mut rows: Vec<Row> = Vec::new();
+    let mut swappiness = None;
     for (name, program) in &programs {
-        let (_, ok, reference) = timed(program)?;
+        let load = load_average();
+        let (wall, ok, reference) = timed(program, time_limit, &[])?;
         if !ok {
             bail!(
-                "{name} fails on its own; install it (sort: coreutils, numpy: pip install numpy)"
+                "{name} fails on its own ({program:?}); install it (sort: coreutils, numpy: pip install numpy, stress-ng: apt-get install stress-ng)"
             );
         }
-        for (contestant, dev, setup) in [
-            ("kernel swap to zram (lz4)", "/dev/zram0", &zram),
-            (
-                "kernel swap to a swap file",
-                swapfile.to_str().unwrap_or(""),
-                &file,
-            ),
-        ] {
-            if let Err(e) = swap_only(dev, setup) {
-                let note = format!("{contestant}: {e}");
-                eprintln!("left out: {note}");
-                setup_notes.push(note);
-                continue;
+        rows.push(Row {
+            program: name.clone(),
+            contestant: "no limit".into(),
+            repeat: 0,
+            wall_s: wall,
+            faults: 0,
+            bytes_in: 0,
+            bytes_out: 0,
+            oom_retries: 0,
+            over_limit_s: 0.0,
+            fault_wait_s: 0.0,
+            load_before: load,
+            ok: true,
+            note: String::new(),
+        });
+        print_row(rows.last());
+        for &contestant in &contestants {
+            // One swap device at a time, on only while its contestant runs.
+            let swap = match contestant {
+                "zram" => Some(SwapOn::zram(swap_bytes)?),
+                "swapfile" => Some(SwapOn::file(&dir, swap_bytes)?),
+                _ => None,
+            };
+            for repeat in 0..args.repeats {
+                let load_before = load_average();
+                let row = if let Some(swap) = &swap {
+                    let group = SwapCgroup::new(limit)?;
+                    swappiness.get_or_insert_with(|| group.swappiness());
+                    let r = group.run(program, time_limit)?;
+                    let good = r.success && r.stdout == reference;
+                    Row {
+                        program: name.clone(),
+                        contestant: contestant.into(),
+                        repeat,
+                        wall_s: r.seconds,
+                        faults: r.major_faults,
+                        bytes_in: r.swap_in_bytes,
+                        bytes_out: r.swap_out_bytes,
+                        oom_retries: r.oom_retries,
+                        over_limit_s: r.over_limit_seconds,
+                        fault_wait_s: 0.0,
+                        load_before,
+                        ok: good && swap.is_on(),
+                        note: if r.oom_kills > 0 {
+                            format!("{} OOM kills in the group", r.oom_kills)
+                        } else if !good {
+                            "failed: the time limit or wrong output".into()
+                        } else {
+                            String::new()
+                        },
+                    }
+                } else {
+                    strata_row(
+                        &strata,
+                        args,
+                        contestant,
+                        node.as_ref(),
+                        program,
+                        &reference,
+                        &dir,
+                        time_limit,
+                    )
+                    .map(|mut r| {
+                        r.name_run(name, repeat, load_before);
+                        r
+                    })?
+                };
+                rows.push(row);
+                print_row(rows.last());
             }
-            let cg = Cgroup::new(limit)?;
-            let (fi, fo, mf) = (vmstat("pswpin"), vmstat("pswpout"), child_major_faults());
-            let (wall, ok, out) = timed(&cg.wrap(program))?;
-            rows.push(Row {
-                program: (*name).into(),
-                contestant: contestant.into(),
-                wall_s: wall,
-                faults: child_major_faults() - mf,
-                bytes_in: (vmstat("pswpin") - fi) * 4096,
-                bytes_out: (vmstat("pswpout") - fo) * 4096,
-                ok: ok && out == reference,
-                note: if ok && out == reference {
-                    String::new()
-                } else {
-                    "failed: killed by the memory cgroup's OOM killer (see dmesg), the time limit, or wrong output".into()
-                },
-            });
-            eprintln!("{:?}", rows.last());
-        }
-        let _ = sh("swapoff -a");
-        for (contestant, store) in [
-            ("strata run, lz4 memory store", vec!["--codec", "lz4"]),
-            ("strata run, file store", vec!["--store", "file"]),
-        ] {
-            let stats = dir.join("stats.json");
-            let mut argv: Vec<String> = vec![
-                strata.to_string_lossy().into_owned(),
-                "run".into(),
-                "--memory".into(),
-                args.memory.clone(),
-                "--stats".into(),
-                stats.to_string_lossy().into_owned(),
-            ];
-            argv.extend(store.iter().map(|s| (*s).to_string()));
-            argv.push("--".into());
-            argv.extend(program.iter().cloned());
-            let (wall, ok, out) = timed(&argv)?;
-            let v: serde_json::Value =
-                serde_json::from_slice(&std::fs::read(&stats).unwrap_or_default())
-                    .unwrap_or_default();
-            let t = &v["totals"];
-            rows.push(Row {
-                program: (*name).into(),
-                contestant: contestant.into(),
-                wall_s: wall,
-                faults: t["faults"].as_u64().unwrap_or(0),
-                bytes_in: t["bytes_read"].as_u64().unwrap_or(0),
-                bytes_out: t["bytes_written"].as_u64().unwrap_or(0),
-                ok: ok && out == reference,
-                note: if ok && out == reference {
-                    String::new()
-                } else {
-                    "failed: time limit or wrong output (see stderr)".into()
-                },
-            });
-            eprintln!("{:?}", rows.last());
+            drop(swap);
         }
     }
-    let _ = sh("swapoff -a");
-    let _ = std::fs::remove_file(&swapfile);
-    let _ = std::fs::remove_file(&input);
-    let doc = serde_json::json!({
+    if let Some(n) = node {
+        n.node.shutdown();
+    }
+    let results = serde_json::json!({
         "limit_bytes": limit,
         "data_bytes": data,
-        "cpus": strata_core::config::available_cpus(),
-        "left_out": setup_notes,
+        "oversubscription": args.oversubscription,
+        "strata_options": args.strata_options,
+        "kernel_memcg": "cgroup v1, OOM kill disabled, woken to retry (see oom_retries)",
+        "kernel_swappiness": swappiness,
+        "page_cluster": std::fs::read_to_string("/proc/sys/vm/page-cluster").unwrap_or_default().trim(),
+        "programs": programs.iter().map(|(n, a)| serde_json::json!({"name": n, "argv": a})).collect::<Vec<_>>(),
         "rows": rows,
     });
-    std::fs::write(&args.out, serde_json::to_string_pretty(&doc)?)?;
-    let svg_path = args.out.with_extension("svg");
-    std::fs::write(&svg_path, svg(&rows))?;
-    println!(
-        "limit {}, data {} per program",
-        format_size(limit),
-        format_size(data)
+    let record = Record::new(
+        "run",
+        None,
+        CeilingsUsed {
+            source: "none: whole-program times against the kernel's swap in the same run".into(),
+            values: None,
+        },
+        results,
     );
-    for r in &rows {
-        let base = rows
-            .iter()
-            .find(|b| b.program == r.program && b.contestant.contains("zram"))
-            .map_or(f64::NAN, |b| b.wall_s);
-        println!(
-            "{:<12} {:<30} {:>8.2} s  {:>5.2}x vs zram  faults {:>8}  in {:>10}  out {:>10}  {}",
+    record.write(&args.out)?;
+    let (svg, png) = crate::plot::write(&chart(&rows, &record), &args.out.with_extension(""))?;
+    println!();
+    summary(&rows);
+    println!(
+        "limit {}, data {} per program; wrote {}, {} and {}",
+        format_size(limit),
+        format_size(data),
+        args.out.display(),
+        svg.display(),
+        png.display()
+    );
+    Ok(())
+}
+
+impl Row {
+    fn name_run(&mut self, program: &str, repeat: usize, load_before: f64) {
+        program.clone_into(&mut self.program);
+        self.repeat = repeat;
+        self.load_before = load_before;
+    }
+}
+
+#[allow(clippy::too_many_arguments)] // one call site; the arguments are the run's parts
+fn strata_row(
+    strata: &Path,
+    args: &RunBenchArgs,
+    contestant: &str,
+    node: Option<&Node>,
+    program: &[String],
+    reference: &str,
+    dir: &Path,
+    time_limit: Duration,
+) -> anyhow::Result<Row> {
+    let stats = crate::cleanup::temporary_name(dir, "run-stats", "json");
+    let stats_guard = crate::cleanup::Temporary::register(stats.clone());
+    let _ = std::fs::remove_file(&stats);
+    let mut argv: Vec<String> = vec![
+        strata.to_string_lossy().into_owned(),
+        "run".into(),
+        "--memory".into(),
+        args.memory.clone(),
+        "--stats".into(),
+        stats.to_string_lossy().into_owned(),
+    ];
+    let mut env: Vec<(&str, &str)> = Vec::new();
+    match contestant {
+        "strata-lz4" => argv.extend([
+            "--store".into(),
+            "memory".into(),
+            "--codec".into(),
+            "lz4".into(),
+        ]),
+        "strata-file" => {
+            // O_DIRECT, like the kernel's swap file I/O: no page cache outside the budget.
+            argv.extend(["--store".into(), format!("file:{}", dir.display())]);
+            env.push(("STRATA_FILE_DIRECT", "true"));
+        }
+        "strata-remote" => {
+            let node = node.context("no memory node")?;
+            argv.extend(["--store".into(), format!("remote:{}", node.node.address())]);
+            env.push(("STRATA_REMOTE_TOKEN", &node.token));
+        }
+        other => bail!("not a strata contestant: {other}"),
+    }
+    argv.extend(args.strata_options.split_whitespace().map(String::from));
+    argv.push("--".into());
+    argv.extend(program.iter().cloned());
+    let (wall, ok, out) = timed(&argv, time_limit, &env)?;
+    let v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&stats).unwrap_or_default()).unwrap_or_default();
+    drop(stats_guard);
+    let t = &v["totals"];
+    let good = ok && out == reference;
+    Ok(Row {
+        program: String::new(),
+        contestant: contestant.into(),
+        repeat: 0,
+        wall_s: wall,
+        faults: t["faults"].as_u64().unwrap_or(0),
+        bytes_in: t["bytes_read"].as_u64().unwrap_or(0),
+        bytes_out: t["bytes_written"].as_u64().unwrap_or(0),
+        oom_retries: 0,
+        over_limit_s: 0.0,
+        fault_wait_s: t["fault_wait_ns"].as_u64().unwrap_or(0) as f64 / 1e9,
+        load_before: 0.0,
+        ok: good,
+        note: if good {
+            String::new()
+        } else {
+            "failed: the time limit or wrong output (see stderr)".into()
+        },
+    })
+}
+
+fn print_row(r: Option<&Row>) {
+    if let Some(r) = r {
+        eprintln!(
+            "{:<10} {:<36} {:>8.2} s  faults {:>9}  in {:>10}  out {:>10}  oom retries {:>4} ({:.2} s over)  load {:.1}  {}",
             r.program,
-            r.contestant,
+            label(&r.contestant),
             r.wall_s,
-            base / r.wall_s,
             r.faults,
             format_size(r.bytes_in),
             format_size(r.bytes_out),
-            if r.ok { "ok" } else { "WRONG OUTPUT OR FAILED" }
+            r.oom_retries,
+            r.over_limit_s,
+            r.load_before,
+            if r.ok { "ok" } else { &r.note }
         );
     }
-    println!("wrote {} and {}", args.out.display(), svg_path.display());
-    Ok(())
+}
+
+/// Median wall time of a program's successful runs by a contestant.
+fn median_time(rows: &[Row], program: &str, contestant: &str) -> Option<f64> {
+    let mut t: Vec<f64> = rows
+        .iter()
+        .filter(|r| r.program == program && r.contestant == contestant && r.ok)
+        .map(|r| r.wall_s)
+        .collect();
+    if t.is_empty() {
+        return None;
+    }
+    Some(crate::net::median(&mut t))
+}
+
+fn program_names(rows: &[Row]) -> Vec<String> {
+    let mut names: Vec<String> = Vec::new();
+    for r in rows {
+        if !names.contains(&r.program) {
+            names.push(r.program.clone());
+        }
+    }
+    names
+}
+
+fn summary(rows: &[Row]) {
+    println!(
+        "{:<10} {:<36} {:>9} {:>9} {:>9}",
+        "program", "contestant", "median s", "vs zram", "vs file"
+    );
+    for p in program_names(rows) {
+        let zram = median_time(rows, &p, "zram");
+        let file = median_time(rows, &p, "swapfile");
+        for c in std::iter::once("no limit").chain(CONTESTANTS) {
+            let Some(t) = median_time(rows, &p, c) else {
+                if rows.iter().any(|r| r.program == p && r.contestant == c) {
+                    println!("{p:<10} {:<36} {:>9}", label(c), "FAILED");
+                }
+                continue;
+            };
+            let ratio =
+                |b: Option<f64>| b.map_or_else(|| "-".to_string(), |b| format!("{:.2}x", b / t));
+            println!(
+                "{p:<10} {:<36} {t:>9.2} {:>9} {:>9}",
+                label(c),
+                ratio(zram),
+                ratio(file)
+            );
+        }
+    }
+}
+
+/// Strata's speed-up (kernel seconds / Strata seconds) over zram and the swap file, one group
+/// per program and Strata store.
+fn chart(rows: &[Row], record: &Record) -> Chart {
+    let mut groups = Vec::new();
+    for p in program_names(rows) {
+        for c in ["strata-lz4", "strata-file", "strata-remote"] {
+            if !rows.iter().any(|r| r.program == p && r.contestant == c) {
+                continue;
+            }
+            let mine = median_time(rows, &p, c);
+            let over = |base: &str| Some(median_time(rows, &p, base)? / mine?);
+            groups.push(Group {
+                label: format!("{p}\n{}", c.trim_start_matches("strata-")),
+                speedups: vec![over("zram"), over("swapfile")],
+                ceiling: None,
+            });
+        }
+    }
+    Chart {
+        title: "strata run vs the kernel's swap: speed-up at the same memory limit".into(),
+        subtitle: record.subtitle(),
+        baselines: vec!["kernel, zram lz4 swap".into(), "kernel, swap file".into()],
+        groups,
+        no_ceilings: Some("whole-program times; no machine ceiling applies".into()),
+        mark_missing: true,
+    }
 }
 
 fn write_lines(path: &Path, bytes: u64) -> anyhow::Result<()> {
@@ -306,40 +566,4 @@ fn write_lines(path: &Path, bytes: u64) -> anyhow::Result<()> {
         n += 17;
     }
     Ok(())
-}
-
-/// Bars of speed relative to zram swap (higher is better), one group per program.
-fn svg(rows: &[Row]) -> String {
-    let mut s = String::from(
-        "<svg xmlns='http://www.w3.org/2000/svg' width='760' height='60' font-family='sans-serif' font-size='12'>\n",
-    );
-    let mut y = 20.0;
-    let mut body = String::new();
-    for r in rows {
-        let base = rows
-            .iter()
-            .find(|b| b.program == r.program && b.contestant.contains("zram"))
-            .map_or(r.wall_s, |b| b.wall_s);
-        let ratio = base / r.wall_s;
-        let w = (ratio * 150.0).min(400.0);
-        body.push_str(&format!(
-            "<text x='5' y='{:.0}'>{} / {}</text><rect x='330' y='{:.0}' width='{w:.0}' height='14' fill='{}'/><text x='{:.0}' y='{:.0}'>{ratio:.2}x</text>\n",
-            y + 11.0,
-            r.program,
-            r.contestant,
-            y,
-            if r.contestant.starts_with("strata") { "#2a7" } else { "#888" },
-            335.0 + w,
-            y + 11.0
-        ));
-        y += 20.0;
-    }
-    s = s.replace("height='60'", &format!("height='{:.0}'", y + 30.0));
-    s.push_str(&body);
-    s.push_str(&format!(
-        "<line x1='480' y1='10' x2='480' y2='{:.0}' stroke='black' stroke-dasharray='3'/><text x='440' y='{:.0}'>1x = zram swap speed</text>\n</svg>\n",
-        y,
-        y + 20.0
-    ));
-    s
 }

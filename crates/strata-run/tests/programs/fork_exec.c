@@ -1,6 +1,7 @@
 /* fork + exec (system()), and a forked child that touches its parent's paged memory.
  * Usage: fork_exec MODE where MODE is "exec" (prints the child's output, then "ok") or
- * "touch" (a child reads a large parent block; exits with the child's status). */
+ * "touch" (a child reads a large parent block; prints the child's status, then checks the
+ * parent's block). */
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,6 +29,10 @@ int main(int argc, char **argv) {
     waitpid(pid, &st, 0);
     if (WIFSIGNALED(st)) printf("child signal %d\n", WTERMSIG(st));
     else printf("child exit %d\n", WEXITSTATUS(st));
+    /* the parent's paged memory is untouched by the refused child */
+    for (size_t i = 0; i < n; i++)
+      if (big[i] != 7) { printf("parent data corrupt at %zu\n", i); return 1; }
+    printf("parent data ok\n");
     return 0;
   }
   int rc = system("echo from-child; exit 4");
