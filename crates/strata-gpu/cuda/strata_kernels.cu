@@ -5,20 +5,6 @@
 // concurrency.
 #include "strata.cuh"
 
-// Writes frame `f` (holding `page`) down the space's tier chain; the whole warp calls it.
-// False: the tier below failed (STRATA_ERR_STORE recorded): the page stays dirty where it is.
-__device__ bool write_back_frame(const StrataSpace& s, strata_u32 page, strata_u64 f, unsigned lane) {
-    const strata_u64 ps = 1ull << s.page_shift;
-    const bool ok = strata::detail::tier_write_back(s, page, s.frame_data + f * ps, lane, 0xFFFFFFFFu, 0);
-    __syncwarp();
-    if (lane == 0 && ok) {
-        __threadfence_system();  // the CPU reads the host copy next
-        atomicAdd(&s.counters->writebacks, 1ull);
-        atomicAdd(&s.counters->bytes_out, ps);
-    }
-    return ok;
-}
-
 // Frames handled by this warp: a warp per frame, grid-strided.
 #define STRATA_FOR_EACH_FRAME(f)                                                                    \
     for (strata_u64 f = (blockIdx.x * (strata_u64)blockDim.x + threadIdx.x) / 32; f < s.frame_count; \
@@ -34,7 +20,7 @@ extern "C" __global__ void strata_flush(StrataSpace s) {
         if (strata::detail::state_of(w) != STRATA_RESIDENT || (w & STRATA_FRAME_MASK) != f ||
             !(w & STRATA_DIRTY))
             continue;
-        if (write_back_frame(s, page, f, lane) && lane == 0) atomicAnd(&s.page_table[page], ~STRATA_DIRTY);
+        if (strata::detail::write_frame_down(s, page, f, lane) && lane == 0) atomicAnd(&s.page_table[page], ~STRATA_DIRTY);
     }
 }
 
@@ -60,7 +46,7 @@ extern "C" __global__ void strata_evict(StrataSpace s, strata_u64 first, strata_
         const strata_u64 w = s.page_table[page];
         const bool owns = strata::detail::state_of(w) == STRATA_RESIDENT && (w & STRATA_FRAME_MASK) == f;
         // A dirty page the tier below refused stays resident and dirty (nothing is dropped).
-        if (owns && (w & STRATA_DIRTY) && !write_back_frame(s, page, f, lane)) continue;
+        if (owns && (w & STRATA_DIRTY) && !strata::detail::write_frame_down(s, page, f, lane)) continue;
         if (lane == 0) {
             if (owns) {
                 strata::detail::retire_page_word(&s.page_table[page]);

@@ -56,6 +56,12 @@ pub(crate) fn check(code: sys::CUresult, call: &'static str) -> Result<(), Drive
         sys::CUresult::CUDA_ERROR_ILLEGAL_ADDRESS | sys::CUresult::CUDA_ERROR_LAUNCH_FAILED => {
             ": a kernel accessed memory outside its buffers; the context is unusable, restart the process"
         }
+        sys::CUresult::CUDA_ERROR_INVALID_HANDLE => {
+            ": a stream or module handle is not live in this GPU's context (a foreign stream must belong to its primary context)"
+        }
+        sys::CUresult::CUDA_ERROR_INVALID_VALUE if call == "cuLaunchKernel" => {
+            ": check the launch geometry (1 to 1024 threads per block)"
+        }
         _ => "",
     };
     Err(DriverError::Call {
@@ -465,6 +471,41 @@ impl Drop for BorrowedMemory {
             }
             sys::cuMemAddressFree(self.base, self.bytes);
         }
+    }
+}
+
+/// A stream another library created in a GPU's primary context (PyTorch's or CuPy's), by its
+/// raw handle; 0 is the legacy default stream. Strata never destroys it.
+#[derive(Debug, Clone, Copy)]
+pub struct ForeignStream(sys::CUstream);
+
+// SAFETY: a stream handle may be used from any thread once its context is current there;
+// every use binds the GPU's context first.
+unsafe impl Send for ForeignStream {}
+// SAFETY: as above.
+unsafe impl Sync for ForeignStream {}
+
+impl ForeignStream {
+    /// The stream whose handle is `handle` (as `torch.cuda.current_stream().cuda_stream`
+    /// gives it).
+    ///
+    /// # Safety
+    /// `handle` is 0 or a live stream of the primary context of the GPU it is used with, and
+    /// stays alive while work queued on it through this value runs.
+    pub unsafe fn from_raw(handle: u64) -> Self {
+        ForeignStream(std::ptr::with_exposed_provenance_mut(
+            usize::try_from(handle).unwrap_or(usize::MAX),
+        ))
+    }
+
+    /// Waits for everything queued on the stream.
+    pub fn synchronize(&self, gpu: &Gpu) -> Result<(), DriverError> {
+        gpu.bind()?;
+        check(
+            // SAFETY: a live stream of this context (from_raw's contract), or 0.
+            unsafe { sys::cuStreamSynchronize(self.0) },
+            "cuStreamSynchronize",
+        )
     }
 }
 
@@ -888,7 +929,7 @@ unsafe impl KernelParam for f32 {}
 unsafe impl KernelParam for f64 {}
 
 /// Kernel arguments, in order.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct Args {
     storage: Vec<Box<[u64]>>,
     /// Keys of the spaces whose handles are among the arguments.
@@ -973,7 +1014,26 @@ impl Function {
         args: &Args,
         stream: Option<&Stream>,
     ) -> Result<(), DriverError> {
-        let raw = stream.map_or(self.gpu.stream, Stream::raw);
+        self.launch_with_companions(grid, args, stream.map_or(self.gpu.stream, Stream::raw))
+    }
+
+    /// Queues the kernel on a stream another library made in this GPU's context (PyTorch's
+    /// current stream, CuPy's), with the same companions as [`Function::launch_on`].
+    pub fn launch_on_foreign(
+        &self,
+        grid: Grid,
+        args: &Args,
+        stream: ForeignStream,
+    ) -> Result<(), DriverError> {
+        self.launch_with_companions(grid, args, stream.0)
+    }
+
+    fn launch_with_companions(
+        &self,
+        grid: Grid,
+        args: &Args,
+        raw: sys::CUstream,
+    ) -> Result<(), DriverError> {
         self.launch_raw(grid, args, raw)?;
         if !args.companions.is_empty() {
             for companion in self.gpu.companions_of(&args.companions) {

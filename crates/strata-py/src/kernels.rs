@@ -1,44 +1,44 @@
 //! `strata._strata.KernelModule`: user kernels that include `strata.cuh`, compiled with NVRTC
 //! (through Strata's disk cache) and launched with arguments from Python on any stream of the
 //! GPU's primary context: Strata's own by default, or the caller's (PyTorch's current stream),
-//! so a kernel is ordered with the caller's work without a synchronisation.
+//! so a kernel is ordered with the caller's work without a synchronisation. Launches go through
+//! `strata_gpu`'s launcher, so spaces among the arguments get their background write-back.
 
 use std::collections::HashMap;
-use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
-use strata_gpu::driver::KernelParam;
-use strata_gpu::{SpaceError, Strata};
+use strata_gpu::driver::{Args, ForeignStream, Function, Grid, KernelParam};
+use strata_gpu::{KernelModule, SpaceError, Strata};
 
 use crate::errors::{InvalidArgumentError, py_err};
 use crate::space::PySpace;
-use crate::sys::{RawFunction, RawModule, synchronize_stream};
 
 /// Compiled user kernels.
 #[derive(Debug)]
 #[pyclass(module = "strata._strata", name = "KernelModule", frozen)]
 pub struct PyKernelModule {
-    module: Mutex<RawModule>,
-    /// Kernels looked up so far.
+    module: KernelModule,
+    /// Kernels looked up so far, with the block count that fills the GPU by block size.
     functions: Mutex<HashMap<String, Kernel>>,
     runtime: Arc<Strata>,
 }
 
-impl Drop for PyKernelModule {
-    fn drop(&mut self) {
-        // Kernels already queued from it (on any stream) must finish before it is unloaded.
-        let gpu = self.runtime.gpu();
-        if gpu.synchronize_context().is_ok() {
-            self.module
-                .get_mut()
-                .unwrap_or_else(|e| e.into_inner())
-                .unload();
-        }
-    }
+/// A kernel looked up in the module, with the grid that fills the GPU by block size.
+#[derive(Debug)]
+struct Kernel {
+    f: Function,
+    full_blocks: HashMap<u32, u32>,
+}
+
+/// Where a launch goes: Strata's own stream, or the caller's.
+#[derive(Debug, Clone, Copy)]
+enum LaunchStream {
+    Strata,
+    Foreign(ForeignStream),
 }
 
 impl PyKernelModule {
@@ -50,29 +50,20 @@ impl PyKernelModule {
         options: &[String],
     ) -> PyResult<Self> {
         let module = py
-            .detach(|| -> Result<RawModule, SpaceError> {
-                let gpu = runtime.gpu();
-                let (cubin, _) =
-                    strata_gpu::nvrtc::compile_cached(source, name, &gpu.arch(), options)?;
-                gpu.bind()?;
-                Ok(RawModule::load(&cubin)?)
-            })
+            .detach(|| runtime.compile_with(source, name, options))
             .map_err(py_err)?;
         Ok(PyKernelModule {
-            module: Mutex::new(module),
+            module,
             functions: Mutex::new(HashMap::new()),
             runtime: Arc::clone(runtime),
         })
     }
 
     /// The kernel `name` and the block count that fills the GPU with blocks of `threads`.
-    fn function(&self, name: &str, threads: u32) -> PyResult<(RawFunction, u32)> {
+    fn function(&self, name: &str, threads: u32) -> PyResult<(Function, u32)> {
         let mut map = self.functions.lock().unwrap_or_else(|e| e.into_inner());
         if !map.contains_key(name) {
-            let module = self.module.lock().unwrap_or_else(|e| e.into_inner());
-            let f = module
-                .function(name)
-                .map_err(|e| py_err(SpaceError::from(e)))?;
+            let f = self.module.function(name).map_err(py_err)?;
             map.insert(
                 name.to_owned(),
                 Kernel {
@@ -84,37 +75,19 @@ impl PyKernelModule {
         let Some(kernel) = map.get_mut(name) else {
             unreachable!("inserted above");
         };
-        let f = kernel.f;
         let blocks = match kernel.full_blocks.get(&threads) {
             Some(&b) => b,
             None => {
-                let per_sm = f
-                    .blocks_per_sm(threads)
-                    .map_err(|e| py_err(SpaceError::from(e)))?;
-                let b = per_sm * self.runtime.gpu().multiprocessors;
+                let b = kernel
+                    .f
+                    .full_grid(threads)
+                    .map_err(|e| py_err(SpaceError::from(e)))?
+                    .blocks;
                 kernel.full_blocks.insert(threads, b);
                 b
             }
         };
-        Ok((f, blocks))
-    }
-
-    /// Launches with the parameters already laid out (the context made current by `prepare`
-    /// on this thread).
-    fn launch_params(
-        &self,
-        f: RawFunction,
-        blocks: u32,
-        threads: u32,
-        params: &Params,
-        stream: u64,
-    ) -> Result<(), SpaceError> {
-        let mut ptrs = params.pointers();
-        // SAFETY: `ptrs` points at the live slots of `params` (one per argument, each laid out
-        // as its KernelParam type, which the caller matched to the kernel's signature as the
-        // Python API documents); `stream` is the caller's stream of this context, or Strata's.
-        unsafe { f.launch(blocks, threads, &mut ptrs, stream) }?;
-        Ok(())
+        Ok((kernel.f.clone(), blocks))
     }
 
     /// What a launch of `name` needs: the kernel, the block count that fills the GPU, the
@@ -125,53 +98,45 @@ impl PyKernelModule {
         args: &[Bound<'_, PyAny>],
         threads: u32,
         stream: Option<u64>,
-    ) -> PyResult<(RawFunction, u32, Params, u64)> {
+    ) -> PyResult<(Function, u32, Args, LaunchStream)> {
         check_threads(threads)?;
-        // The calling thread may have no context current (autograd runs backward on its own
-        // threads): make the GPU's primary context current before any driver call.
-        self.runtime
-            .gpu()
-            .bind()
-            .map_err(|e| py_err(SpaceError::from(e)))?;
         let (f, full) = self.function(name, threads)?;
-        let mut params = Params::default();
+        let mut params = Args::new();
         for arg in args {
             push_arg(&mut params, arg)?;
         }
-        let stream =
-            stream.unwrap_or_else(|| self.runtime.gpu().stream().expose_provenance() as u64);
+        let stream = match stream {
+            None => LaunchStream::Strata,
+            // SAFETY: the Python API documents that `stream` is a live stream handle of this
+            // GPU's primary context (PyTorch's and CuPy's are), or 0 for the legacy default
+            // stream, kept alive by the caller while the kernel runs.
+            Some(h) => LaunchStream::Foreign(unsafe { ForeignStream::from_raw(h) }),
+        };
         Ok((f, full, params, stream))
     }
-}
 
-/// A kernel looked up in the module, with the grid that fills the GPU by block size.
-#[derive(Debug)]
-struct Kernel {
-    f: RawFunction,
-    full_blocks: HashMap<u32, u32>,
-}
-
-/// Kernel arguments laid out for `cuLaunchKernel`: one 8-byte-aligned slot per argument.
-#[derive(Debug, Default)]
-struct Params {
-    slots: Vec<Box<[u64]>>,
-}
-
-impl Params {
-    fn push<T: KernelParam>(&mut self, value: T) {
-        let words = std::mem::size_of::<T>().div_ceil(8).max(1);
-        let mut slot = vec![0u64; words].into_boxed_slice();
-        // SAFETY: `slot` has at least size_of::<T>() bytes and u64 alignment (>= T's for all
-        // KernelParam types, which are at most 8-aligned).
-        unsafe { std::ptr::write_unaligned(slot.as_mut_ptr().cast::<T>(), value) };
-        self.slots.push(slot);
+    fn launch_args(
+        f: &Function,
+        blocks: u32,
+        threads: u32,
+        args: &Args,
+        stream: LaunchStream,
+    ) -> Result<(), SpaceError> {
+        let grid = Grid { blocks, threads };
+        match stream {
+            LaunchStream::Strata => f.launch(grid, args)?,
+            LaunchStream::Foreign(s) => f.launch_on_foreign(grid, args, s)?,
+        }
+        Ok(())
     }
 
-    fn pointers(&self) -> Vec<*mut c_void> {
-        self.slots
-            .iter()
-            .map(|s| s.as_ptr().cast_mut().cast::<c_void>())
-            .collect()
+    fn synchronize(&self, stream: LaunchStream) -> Result<(), SpaceError> {
+        let gpu = self.runtime.gpu();
+        match stream {
+            LaunchStream::Strata => gpu.synchronize()?,
+            LaunchStream::Foreign(s) => s.synchronize(gpu)?,
+        }
+        Ok(())
     }
 }
 
@@ -179,20 +144,20 @@ impl Params {
 /// type `i32`/`u32`/`i64`/`u64`/`ptr`/`f32`/`f64`, an `int` (as `u64`, or `i64` when
 /// negative), a `float` (as `f64`), or a device array with `__cuda_array_interface__` (its
 /// device pointer).
-fn push_arg(params: &mut Params, arg: &Bound<'_, PyAny>) -> PyResult<()> {
+fn push_arg(params: &mut Args, arg: &Bound<'_, PyAny>) -> PyResult<()> {
     if let Ok(space) = arg.cast::<PySpace>() {
-        params.push(space.get().lock().handle());
+        push(params, space.get().lock().handle());
         return Ok(());
     }
     if let Ok(t) = arg.cast::<PyTuple>() {
         let (ty, v): (String, Bound<'_, PyAny>) = t.extract()?;
         match ty.as_str() {
-            "i32" => params.push(v.extract::<i32>()?),
-            "u32" => params.push(v.extract::<u32>()?),
-            "i64" => params.push(v.extract::<i64>()?),
-            "u64" | "ptr" => params.push(v.extract::<u64>()?),
-            "f32" => params.push(v.extract::<f32>()?),
-            "f64" => params.push(v.extract::<f64>()?),
+            "i32" => push(params, v.extract::<i32>()?),
+            "u32" => push(params, v.extract::<u32>()?),
+            "i64" => push(params, v.extract::<i64>()?),
+            "u64" | "ptr" => push(params, v.extract::<u64>()?),
+            "f32" => push(params, v.extract::<f32>()?),
+            "f64" => push(params, v.extract::<f64>()?),
             other => {
                 return Err(InvalidArgumentError::new_err(format!(
                     "argument type {other:?} is unknown: use i32, u32, i64, u64, ptr, f32 or f64"
@@ -207,15 +172,15 @@ fn push_arg(params: &mut Params, arg: &Bound<'_, PyAny>) -> PyResult<()> {
         ));
     }
     if let Ok(v) = arg.extract::<u64>() {
-        params.push(v);
+        push(params, v);
     } else if let Ok(v) = arg.extract::<i64>() {
-        params.push(v);
+        push(params, v);
     } else if let Ok(v) = arg.extract::<f64>() {
-        params.push(v);
+        push(params, v);
     } else if let Ok(cai) = arg.getattr("__cuda_array_interface__") {
         // A device array (PyTorch CUDA tensor, CuPy array, Numba array): its device pointer.
         let (address, _read_only): (u64, bool) = cai.get_item("data")?.extract()?;
-        params.push(address);
+        push(params, address);
     } else {
         return Err(PyTypeError::new_err(format!(
             "cannot pass {} to a kernel: use a Space, an int, a float, a (type, value) tuple or a \
@@ -224,6 +189,11 @@ fn push_arg(params: &mut Params, arg: &Bound<'_, PyAny>) -> PyResult<()> {
         )));
     }
     Ok(())
+}
+
+/// Appends one argument to `params` (Args is a by-value builder).
+fn push<T: KernelParam>(params: &mut Args, value: T) {
+    *params = std::mem::take(params).arg(value);
 }
 
 fn check_threads(threads: u32) -> PyResult<()> {
@@ -257,14 +227,11 @@ impl PyKernelModule {
         let blocks = if blocks == 0 { full } else { blocks };
         if !synchronize {
             // An enqueue is a few microseconds: releasing the GIL would cost more than it saves.
-            return self
-                .launch_params(f, blocks, threads, &params, stream)
-                .map_err(py_err);
+            return Self::launch_args(&f, blocks, threads, &params, stream).map_err(py_err);
         }
         py.detach(|| -> Result<(), SpaceError> {
-            self.launch_params(f, blocks, threads, &params, stream)?;
-            synchronize_stream(stream)?;
-            Ok(())
+            Self::launch_args(&f, blocks, threads, &params, stream)?;
+            self.synchronize(stream)
         })
         .map_err(py_err)
     }
@@ -289,13 +256,11 @@ impl PyKernelModule {
         py.detach(|| -> Result<f64, SpaceError> {
             let start = Instant::now();
             for _ in 0..count {
-                let params = Params {
-                    slots: template.slots.clone(),
-                };
-                self.launch_params(f, blocks, threads, &params, stream)?;
+                let params = template.clone();
+                Self::launch_args(&f, blocks, threads, &params, stream)?;
             }
             let ns = start.elapsed().as_secs_f64() * 1e9 / f64::from(count.max(1));
-            synchronize_stream(stream)?;
+            self.synchronize(stream)?;
             Ok(ns)
         })
         .map_err(py_err)

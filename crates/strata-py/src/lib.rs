@@ -7,7 +7,6 @@ mod errors;
 mod kernels;
 mod region;
 mod space;
-mod sys;
 
 use pyo3::prelude::*;
 use pyo3::types::PyDict;

@@ -39,27 +39,33 @@ __device__ __forceinline__ strata_u32 claim_for_cleaning(const StrataSpace& s, s
     return owner;
 }
 
-// Warp-collective: writes page `page` (claimed, pinned) from frame `f` down and unpins it. A
-// failed write (recorded as STRATA_ERR_STORE by the tier) puts the dirty bit back.
-__device__ __forceinline__ void clean_claimed(const StrataSpace& s, strata_u32 page, strata_u32 f, unsigned lane) {
-    const unsigned mask = 0xFFFFFFFFu;
+// Warp-collective (all 32 lanes, lane 0 leads): writes frame `f` (holding `page`) down the
+// space's tier chain and counts it, with a system fence after the copy (the CPU may read the
+// host copy next). False: the tier below failed (STRATA_ERR_STORE recorded); the caller keeps
+// the page dirty. Host maintenance (strata_flush, strata_evict) and the cleaners share it.
+__device__ __forceinline__ bool write_frame_down(const StrataSpace& s, strata_u32 page, strata_u64 f, unsigned lane) {
     const strata_u64 ps = 1ull << s.page_shift;
-    const bool ok = tier_write_back(s, page, s.frame_data + (strata_u64)f * ps, lane, mask, 0);
-    __syncwarp(mask);
+    const bool ok = tier_write_back(s, page, s.frame_data + f * ps, lane, 0xFFFFFFFFu, 0);
+    __syncwarp();
+    if (lane == 0 && ok) {
+        __threadfence_system();
+        atomicAdd(&s.counters->writebacks, 1ull);
+        atomicAdd(&s.counters->bytes_out, ps);
+    }
+    return ok;
+}
+
+// Warp-collective: writes page `page` (claimed, pinned) from frame `f` down and unpins it. A
+// failed write puts the dirty bit back.
+__device__ __forceinline__ void clean_claimed(const StrataSpace& s, strata_u32 page, strata_u32 f, unsigned lane) {
+    const bool ok = write_frame_down(s, page, f, lane);
     if (lane == 0) {
         strata_u64* const word = &s.page_table[page];
-        if (ok) {
-            atomicAdd(&s.counters->writebacks, 1ull);
-            atomicAdd(&s.counters->background_writebacks, 1ull);
-            atomicAdd(&s.counters->bytes_out, ps);
-        } else {
-            atomicOr(word, STRATA_DIRTY);
-        }
-        // Ordering point (release): the copy down (ordered to the leader by the __syncwarp)
-        // before the pin drops; an evictor that then takes the frame without writing finds the
-        // page's bytes in the tier below (GPU scope: the tiers' own loads are this GPU's, and
-        // the ring tier waited for the host's acknowledgement already).
-        __threadfence();
+        if (ok) atomicAdd(&s.counters->background_writebacks, 1ull);
+        else atomicOr(word, STRATA_DIRTY);
+        // Ordering point (release): the copy down (fenced in write_frame_down) before the pin
+        // drops; an evictor that then takes the frame without writing finds the page's bytes
+        // in the tier below.
         unpin_release(word);
     }
 }
