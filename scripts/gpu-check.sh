@@ -191,6 +191,23 @@ step_write_back() {
     return $rc
 }
 
+# Remote access (issue 12): gpu-micro's element patterns with remote access off and at several
+# thresholds (how the default was chosen), side by side in one run. Not in the default STEPS;
+# name it: `run remote`. REMOTE_SWEEP overrides the thresholds, REMOTE_ARGS the gpu-micro args.
+step_remote() {
+    local rc=0 t
+    # shellcheck disable=SC2206
+    local micro=(${REMOTE_ARGS:---cache 256MiB --ratios 2,8 --reps 3 --skip-uvm --no-ceilings --patterns gather-uniform,gather-zipf,rmw-random})
+    : >"$OUT/remote.log"
+    for t in ${REMOTE_SWEEP:-off auto 4 8 16 32 64 128 256}; do
+        echo "=== gpu-micro --remote-access $t" >>"$OUT/remote.log"
+        timeout 240 "$CARRY/strata" bench gpu-micro "${micro[@]}" --remote-access "$t" \
+            --out "$OUT/remote-$t" >>"$OUT/remote.log" 2>&1 || rc=1
+    done
+    SUMMARY+=("$(printf '%-28s %-6s %s' remote "$([ $rc -eq 0 ] && echo ok || echo FAIL)" "see remote.log")")
+    return $rc
+}
+
 run() {
     mkdir -p "$OUT"
     export STRATA_KERNEL_CACHE="${STRATA_KERNEL_CACHE:-/tmp/strata-kernel-cache}"

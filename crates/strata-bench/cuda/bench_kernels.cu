@@ -94,6 +94,16 @@ extern "C" __global__ void strata_gather(StrataSpace s, const strata_u64* idx, s
         acc += a.read(gather_index(idx, i, n, seed));
     sink_add(sink, acc);
 }
+// Random in-place updates of 4-byte elements: x += 1 at uniformly random indices.
+extern "C" __global__ void strata_random_rmw(StrataSpace s, strata_u64 count, strata_u64 seed) {
+    strata::Array<unsigned> a(s);
+    const strata_u64 n = a.size();
+    const strata_u64 threads = (strata_u64)gridDim.x * blockDim.x;
+    for (strata_u64 i = blockIdx.x * (strata_u64)blockDim.x + threadIdx.x; i < count; i += threads) {
+        const strata_u64 j = mix64(i ^ seed) % n;
+        a.write(j, a.read(j) + 1u);
+    }
+}
 
 // The pattern `strata bench gpu-store` writes into its stores (`crate::gpu_store::pattern_word`
 // on the host computes the same): word `w` (bytes 8w..8w+8 of the space). Random words, or with
@@ -141,6 +151,13 @@ extern "C" __global__ void raw_page_touch(const unsigned char* p, strata_u64 pag
     for (strata_u64 t = warp_global(); t < touches; t += warp_count())
         acc += sum_page(p + (touch_page(t, pages, seed, cold) << page_shift), 1ull << page_shift);
     sink_add(sink, acc);
+}
+extern "C" __global__ void raw_random_rmw(unsigned* p, strata_u64 n, strata_u64 count, strata_u64 seed) {
+    const strata_u64 threads = (strata_u64)gridDim.x * blockDim.x;
+    for (strata_u64 i = blockIdx.x * (strata_u64)blockDim.x + threadIdx.x; i < count; i += threads) {
+        const strata_u64 j = mix64(i ^ seed) % n;
+        __stcg(p + j, __ldcg(p + j) + 1u);
+    }
 }
 extern "C" __global__ void raw_gather(const strata_u64* p, strata_u64 n, const strata_u64* idx,
                                       strata_u64 count, strata_u64 seed, strata_u64* sink) {

@@ -39,6 +39,9 @@ pub struct MicroOptions {
     pub backing: Option<crate::store_spec::SpaceBacking>,
     /// Neighbour GPUs' memory every space borrows for its peer tier (`--peer`).
     pub peers: Vec<strata_gpu::space::PeerBorrow>,
+    /// What element accesses do on pages not resident (`--remote-access`; `None`: the
+    /// default, or `STRATA_GPU_REMOTE_ACCESS`).
+    pub remote_access: Option<strata_gpu::space::RemoteAccess>,
 }
 
 impl Default for MicroOptions {
@@ -54,6 +57,7 @@ impl Default for MicroOptions {
             ceilings: None,
             backing: None,
             peers: Vec::new(),
+            remote_access: None,
         }
     }
 }
@@ -107,6 +111,8 @@ pub(crate) struct Kernels {
     pub(crate) s_touch: Function,
     pub(crate) s_gather: Function,
     pub(crate) s_validate: Function,
+    pub(crate) s_random_rmw: Function,
+    pub(crate) r_random_rmw: Function,
     pub(crate) r_stream: Function,
     pub(crate) r_rmw: Function,
     pub(crate) r_touch: Function,
@@ -124,6 +130,8 @@ impl Kernels {
             s_touch: f("strata_page_touch")?,
             s_gather: f("strata_gather")?,
             s_validate: f("strata_validate")?,
+            s_random_rmw: f("strata_random_rmw")?,
+            r_random_rmw: f("raw_random_rmw")?,
             r_stream: f("raw_stream_read")?,
             r_rmw: f("raw_stream_rmw")?,
             r_touch: f("raw_page_touch")?,
@@ -353,6 +361,10 @@ impl Ctx<'_> {
             // STRATA_GPU_WRITE_BACK=off|on|N compares runs without and with it.
             background_write_back: strata_gpu::space::default_write_back(),
             peers: self.opts.peers.clone(),
+            remote_access: self
+                .opts
+                .remote_access
+                .unwrap_or_else(|| SpaceOptions::default().remote_access),
         };
         let size = self.opts.cache_bytes * ratio;
         let seed = self.seed ^ ratio ^ page;
@@ -758,21 +770,11 @@ impl Ctx<'_> {
                         .arg(uc)
                         .arg(self.seed)
                         .arg(self.sink_args());
-                    let ums = time_ms(
-                        &gpu,
-                        reps.min(2),
-                        || Ok(m.prefetch_to_host()?),
-                        || Ok(self.k.r_gather.launch(self.grid, &uargs)?),
-                    )?;
-                    Some(measure(ums, uc, "Mgathers/s"))
+                    Some(self.uvm_run(m, &self.k.r_gather, &uargs, uc, "Mgathers/s")?)
                 }
                 None => None,
             };
-            let ceiling = if ratio <= 1 {
-                self.ceiling("hbm-random-gather", 1.0, "HBM gather")
-            } else {
-                self.ceiling("zero-copy-random-gather", 1.0, "zero-copy gather")
-            };
+            let ceiling = self.random_access_ceiling(ratio);
             self.push(
                 name,
                 space,
@@ -786,6 +788,98 @@ impl Ctx<'_> {
             )?;
         }
         Ok(())
+    }
+}
+
+impl Ctx<'_> {
+    /// A baseline kernel over managed memory `m` that fits: prefetched to the host before
+    /// each run (so each run pays its first-touch faults), at most two timed runs.
+    fn uvm_run(
+        &self,
+        m: &ManagedBuffer,
+        kernel: &Function,
+        args: &Args,
+        units: u64,
+        unit: &str,
+    ) -> Result<Measure, SpaceError> {
+        let ms = time_ms(
+            self.gpu(),
+            self.opts.reps.min(2),
+            || Ok(m.prefetch_to_host()?),
+            || Ok(kernel.launch(self.grid, args)?),
+        )?;
+        Ok(measure(ms, units, unit))
+    }
+
+    /// The ceiling of random element access: HBM when the space fits the cache, else
+    /// zero-copy gathers.
+    fn random_access_ceiling(&self, ratio: u64) -> (f64, String) {
+        if ratio <= 1 {
+            self.ceiling("hbm-random-gather", 1.0, "HBM gather")
+        } else {
+            self.ceiling("zero-copy-random-gather", 1.0, "zero-copy gather")
+        }
+    }
+
+    /// Random read-modify-write of 4-byte elements in place (`x += 1` at uniformly random
+    /// indices), against the same kernel over zero-copy memory and over managed memory that
+    /// fits.
+    fn random_updates(&mut self, ratio: u64, page: u64) -> Result<(), SpaceError> {
+        let name = if page > 4096 {
+            "rmw-random-64k"
+        } else {
+            "rmw-random-4k"
+        };
+        if !self.wants(name) {
+            return Ok(());
+        }
+        let subject = self.new_space(ratio, page, EvictionPolicy::Clock)?;
+        let space = &subject.space;
+        let gpu = self.gpu().clone();
+        let reps = self.opts.reps;
+        let n = space.size() / 4;
+        let count = self.opts.gathers;
+        let h = space.handle();
+        space.reset_stats()?;
+        let args = Args::new().arg(h).arg(count).arg(self.seed);
+        let ms = time_ms(
+            &gpu,
+            reps,
+            || Ok(()),
+            || Ok(self.k.s_random_rmw.launch(self.grid, &args)?),
+        )?;
+        space.check_errors()?;
+        let zargs = Args::new()
+            .arg(subject.host_device_ptr())
+            .arg(n)
+            .arg(count)
+            .arg(self.seed);
+        let zc = time_ms(
+            &gpu,
+            reps,
+            || Ok(()),
+            || Ok(self.k.r_random_rmw.launch(self.grid, &zargs)?),
+        )?;
+        let uvm = match self.managed_copy(&subject)? {
+            Some(m) => {
+                let uc = count.min(1 << 18);
+                let uargs = Args::new().arg(m.ptr()).arg(n).arg(uc).arg(self.seed);
+                Some(self.uvm_run(&m, &self.k.r_random_rmw, &uargs, uc, "Mupdates/s")?)
+            }
+            None => None,
+        };
+        let ceiling = self.random_access_ceiling(ratio);
+        self.push(
+            name,
+            space,
+            ratio,
+            "Mupdates/s",
+            measure(ms, count, "Mupdates/s"),
+            Some(measure(zc, count, "Mupdates/s")),
+            None,
+            uvm,
+            ceiling,
+        )
     }
 }
 
@@ -896,7 +990,7 @@ pub fn format_row(r: &Row) -> String {
         }
     };
     format!(
-        "{:<18} {:>5} {:>2}x {:<10} {:>9.2} | zc {} | copy {} | uvm {} | {} | hit {:>5.1}% faults {}",
+        "{:<18} {:>5} {:>2}x {:<10} {:>9.2} | zc {} | copy {} | uvm {} | {} | hit {:>5.1}% faults {} remote {}/{} p50/p99 {}/{} us",
         r.pattern,
         strata_core::units::format_size(r.page_size),
         r.ratio,
@@ -917,6 +1011,10 @@ pub fn format_row(r: &Row) -> String {
         },
         hit,
         r.stats.faults,
+        r.stats.remote_reads,
+        r.stats.remote_writes,
+        r.stats.fault_hist.p50_ns() / 1000,
+        r.stats.fault_hist.p99_ns() / 1000,
     )
 }
 
@@ -960,6 +1058,9 @@ pub fn run_micro(opts: &MicroOptions) -> Result<Vec<Row>, SpaceError> {
             )?;
         }
         ctx.small_pages(ratio)?;
+        for page in [4 << 10, 64 << 10] {
+            ctx.random_updates(ratio, page)?;
+        }
     }
     let rows = ctx.rows;
     Ok(rows)
@@ -1085,6 +1186,9 @@ mod tests {
             ceiling: 50.0,
             ceiling_name: "x".into(),
             stats: GpuStats {
+                remote_reads: 0,
+                remote_writes: 0,
+                fault_hist: strata_gpu::space::FaultHistogram::default(),
                 hits: 0,
                 faults: 0,
                 evictions: 0,

@@ -795,6 +795,7 @@ impl Run<'_> {
             // STRATA_GPU_WRITE_BACK=off|on|N compares runs without and with it.
             background_write_back: strata_gpu::space::default_write_back(),
             peers: Vec::new(),
+            remote_access: SpaceOptions::default().remote_access,
         }
     }
 

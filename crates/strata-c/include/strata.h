@@ -68,7 +68,7 @@ typedef struct strata_space_handle_t {
     uint32_t protected_quota;
     uint64_t ring;
     uint32_t tier;
-    uint32_t reserved;
+    uint32_t migrate_after; /* element accesses before a page not resident migrates (0: always) */
     uint64_t peer;
 } strata_space_handle_t;
 

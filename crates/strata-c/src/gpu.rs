@@ -116,6 +116,8 @@ pub fn space_options(o: &CSpaceOptions) -> Result<SpaceOptions, Error> {
         // Not in the C options (yet): on by default, STRATA_GPU_WRITE_BACK=off turns it off.
         background_write_back: strata_gpu::space::default_write_back(),
         peers: Vec::new(),
+        // Not in the C options (yet): auto by default, STRATA_GPU_REMOTE_ACCESS=off|auto|N.
+        remote_access: SpaceOptions::default().remote_access,
     })
 }
 

@@ -79,6 +79,10 @@ pub const KNOWN_VARIABLES: &[(&str, &str)] = &[
         "GPU spaces: background write-back warps beside kernels (off, on, or a number of warps)",
     ),
     (
+        "STRATA_GPU_REMOTE_ACCESS",
+        "GPU spaces: element accesses to pages not resident go over the bus in place until a page has this many (off, auto, or a number)",
+    ),
+    (
         "STRATA_RUN_MEMORY",
         "strata run: resident budget of the whole program",
     ),

@@ -14,7 +14,10 @@
 //           atomicAdd(out, a.read(i));
 //   }
 //
-// Element access: `read(i)`, `write(i, v)`, `atomic_add(i, v)`. Bulk loops over whole pages:
+// Element access: `read(i)`, `write(i, v)`, `atomic_add(i, v)`. A read or write of a page that
+// is not resident goes over the bus in place (no frame taken) until the page has been accessed
+// often enough to earn a frame (remote.cuh; SpaceOptions::remote_access); atomics and page
+// access always migrate. Bulk loops over whole pages:
 // `strata::acquire(space, page, write)` returns a pointer to the page's frame, valid until
 // `strata::release(space, ref)`; both are warp-collective over the calling lanes (lanes that pass
 // the same space and page share one pin). A warp's lanes may differ in everything: space, page,
@@ -37,6 +40,7 @@
 //   tier_peer.cuh          tier: a victim cache in neighbour GPUs' memory, above the host copy
 //   tiers.cuh              the tier chain the fault path asks
 //   fault.cuh              pin or claim, serve a fault
+//   remote.cuh             per-page access mode: in place over the bus, or migrate
 //   write_back.cuh         background write-back: dirty pages down before the hand needs them
 //   access.cuh             acquire/release, Array, view_page/view_valid
 #pragma once
@@ -52,5 +56,6 @@
 #include "strata/tier_peer.cuh"
 #include "strata/tiers.cuh"
 #include "strata/fault.cuh"
+#include "strata/remote.cuh"
 #include "strata/write_back.cuh"
 #include "strata/access.cuh"

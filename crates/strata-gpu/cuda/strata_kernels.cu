@@ -34,6 +34,16 @@ extern "C" __global__ void strata_evict(StrataSpace s, strata_u64 first, strata_
              p += (strata_u64)gridDim.x * blockDim.x)
             atomicAnd(&s.page_table[p], ~STRATA_HISTORY);
     }
+    // Remote-access counts of the range are forgotten as well (host maintenance runs alone, so
+    // a page not resident now stays so during this kernel and its low bits are only the record).
+    if (s.migrate_after) {
+        for (strata_u64 p = first + blockIdx.x * (strata_u64)blockDim.x + threadIdx.x; p < last;
+             p += (strata_u64)gridDim.x * blockDim.x) {
+            const strata_u64 w = s.page_table[p];
+            if (strata::detail::state_of(w) == STRATA_NOT_RESIDENT && (w & STRATA_FRAME_MASK))
+                atomicAnd(&s.page_table[p], ~STRATA_FRAME_MASK);
+        }
+    }
     // Peer copies of the range are dropped too: the host copy is about to be written (fills).
     if (s.peer) {
         for (strata_u64 p = first + blockIdx.x * (strata_u64)blockDim.x + threadIdx.x; p < last;
@@ -55,6 +65,7 @@ extern "C" __global__ void strata_evict(StrataSpace s, strata_u64 first, strata_
             const strata_u32 before = atomicExch(&s.frames[f].flags, 0u);
             if (before & STRATA_FRAME_PROTECTED) atomicSub(&s.counters->protected_now, 1u);
             s.frames[f].page = STRATA_NO_PAGE;
+            atomicAdd(&s.counters->free_frames, 1ull);
         }
     }
 }
@@ -118,6 +129,9 @@ extern "C" __global__ void strata_layout_probe(strata_u64* out) {
     out[i++] = (const char*)&c.store_error_page - cb;
     out[i++] = (const char*)&c.host_cache_loads - cb;
     out[i++] = (const char*)&c.background_writebacks - cb;
+    out[i++] = (const char*)&c.remote_reads - cb;
+    out[i++] = (const char*)&c.fault_hist - cb;
+    out[i++] = (const char*)&s.migrate_after - sb;
     StrataWriteBack wb;
     out[i++] = sizeof(StrataWriteBack);
     out[i++] = (const char*)&wb.cursor - (const char*)&wb;

@@ -28,6 +28,14 @@ pub const VERSION_MASK: u64 = 0xFF << VERSION_SHIFT;
 pub const PIN_SHIFT: u32 = 44;
 /// Page-table word: one pin.
 pub const PIN_ONE: u64 = 1 << PIN_SHIFT;
+/// Page-table word of a page not resident: its remote-access count (low 16 bits).
+pub const REMOTE_COUNT_MASK: u64 = 0xFFFF;
+/// Page-table word of a page not resident: remote writers in flight (bits 24..31).
+pub const REMOTE_WRITERS_MASK: u64 = 0xFF << 24;
+/// Fault service time histogram: buckets (4 per power of two).
+pub const FAULT_HIST_BUCKETS: usize = 64;
+/// Fault service time histogram: log2 of the first bucket's upper edge in ns.
+pub const FAULT_HIST_MIN_LOG2: u32 = 8;
 /// Space handle `policy` flag: read first touches through from the host copy.
 pub const POLICY_READ_THROUGH: u32 = 0x100;
 /// Frame table: no page.
@@ -145,6 +153,36 @@ pub struct DeviceCounters {
     pub host_cache_loads: u64,
     /// Dirty pages written down by the background write-back warps.
     pub background_writebacks: u64,
+    /// Element reads served in place from the host copy (remote access).
+    pub remote_reads: u64,
+    /// Element writes made in place in the host copy (remote access).
+    pub remote_writes: u64,
+    /// Frames holding no page (kept across `reset_stats`).
+    pub free_frames: u64,
+    /// Fault service times: see [`fault_hist_bucket_range`].
+    pub fault_hist: [u64; FAULT_HIST_BUCKETS],
+}
+
+/// The histogram bucket the device counts a fault of `ns` in (`fault_hist_bucket` in
+/// `primitives.cuh`, written again here for the host's tests and tools).
+pub fn fault_hist_bucket(ns: u64) -> usize {
+    if ns < 1 << FAULT_HIST_MIN_LOG2 {
+        return 0;
+    }
+    let lg = 63 - ns.leading_zeros();
+    let b = (lg - FAULT_HIST_MIN_LOG2) as usize * 4 + ((ns >> (lg - 2)) & 3) as usize;
+    b.min(FAULT_HIST_BUCKETS - 1)
+}
+
+/// The range of fault service times, in ns, that histogram bucket `b` counts (`[lo, hi)`; the
+/// first bucket also counts faster faults and the last slower ones). Four buckets per power of
+/// two from 256 ns.
+pub fn fault_hist_bucket_range(b: usize) -> (u64, u64) {
+    let b = u32::try_from(b.min(FAULT_HIST_BUCKETS - 1)).unwrap_or(0);
+    let octave = 1u64 << (FAULT_HIST_MIN_LOG2 + b / 4);
+    let quarter = octave / 4;
+    let lo = octave + u64::from(b % 4) * quarter;
+    (lo, lo + quarter)
 }
 
 /// The wait limit new spaces start with (see `Space::set_wait_limit`).
@@ -177,6 +215,10 @@ impl DeviceCounters {
             store_error_page: u64::MAX,
             host_cache_loads: 0,
             background_writebacks: 0,
+            remote_reads: 0,
+            remote_writes: 0,
+            free_frames: 0,
+            fault_hist: [0; FAULT_HIST_BUCKETS],
         }
     }
 }
@@ -215,8 +257,9 @@ pub struct SpaceHandle<'space> {
     pub ring: u64,
     /// `TIER_*`.
     pub tier: u32,
-    /// Unused (zero).
-    pub reserved: u32,
+    /// The access count (decaying) at which a page not resident migrates into a frame (element
+    /// accesses go over the bus in place until then); 0: every miss migrates.
+    pub migrate_after: u32,
     /// The peer tier's descriptor (device address; 0 without one).
     pub peer: u64,
     /// The borrow of the space (zero-sized; also keeps handles from being made outside).
@@ -278,7 +321,10 @@ const _: () = assert!(offset_of!(SpaceHandle<'static>, ring) == 72);
 const _: () = assert!(offset_of!(SpaceHandle<'static>, size_bytes) == 40);
 const _: () = assert!(offset_of!(SpaceHandle<'static>, frame_count) == 56);
 const _: () = assert!(offset_of!(SpaceHandle<'static>, protected_quota) == 68);
-const _: () = assert!(size_of::<DeviceCounters>() == 8 * (HIT_SHARDS * SHARD_STRIDE + 11) + 8 + 72);
+const _: () = assert!(
+    size_of::<DeviceCounters>()
+        == 8 * (HIT_SHARDS * SHARD_STRIDE + 11) + 8 + 96 + 8 * FAULT_HIST_BUCKETS
+);
 const _: () = assert!(size_of::<WriteBackControl>() == 32);
 
 /// The layout as Rust sees it, in the order `strata_layout_probe` writes it.
@@ -312,6 +358,9 @@ pub fn host_layout() -> Vec<u64> {
         offset_of!(DeviceCounters, store_error_page),
         offset_of!(DeviceCounters, host_cache_loads),
         offset_of!(DeviceCounters, background_writebacks),
+        offset_of!(DeviceCounters, remote_reads),
+        offset_of!(DeviceCounters, fault_hist),
+        offset_of!(SpaceHandle<'static>, migrate_after),
         size_of::<WriteBackControl>(),
         offset_of!(WriteBackControl, cursor),
         size_of::<FrameEntry>(),
@@ -347,6 +396,8 @@ pub fn static_check_source() -> String {
          static_assert(STRATA_REQ_READ == {}u && STRATA_REQ_WRITE == {}u && STRATA_REQ_READ_AHEAD == {}u, \"request kinds\");\n\
          static_assert(STRATA_SLOT_PRESENT == {}ull && STRATA_SLOT_ERROR == {}ull && STRATA_SLOT_GEN_SHIFT == {}, \"slot words\");\n\
          static_assert(sizeof(StrataWriteBack) == {}, \"write-back control\");\n\
+         static_assert(STRATA_REMOTE_COUNT_MASK == {}ull && STRATA_REMOTE_WRITERS_MASK == {}ull, \"remote record\");\n\
+         static_assert(STRATA_FAULT_HIST_BUCKETS == {} && STRATA_FAULT_HIST_MIN_LOG2 == {}, \"fault histogram\");\n\
          extern \"C\" __global__ void strata_static_layout_check() {{}}\n",
         size_of::<SpaceHandle<'static>>(),
         size_of::<DeviceCounters>(),
@@ -377,12 +428,35 @@ pub fn static_check_source() -> String {
         crate::ring::layout::SLOT_ERROR,
         crate::ring::layout::SLOT_GEN_SHIFT,
         size_of::<WriteBackControl>(),
+        REMOTE_COUNT_MASK,
+        REMOTE_WRITERS_MASK,
+        FAULT_HIST_BUCKETS,
+        FAULT_HIST_MIN_LOG2,
     )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fault_histogram_buckets_tile_the_time_axis() {
+        // Each bucket's range holds exactly the times counted in it, and the ranges follow on.
+        for b in 0..FAULT_HIST_BUCKETS {
+            let (lo, hi) = fault_hist_bucket_range(b);
+            assert!(lo < hi);
+            assert_eq!(fault_hist_bucket(lo), b, "bucket {b} lower edge {lo}");
+            assert_eq!(fault_hist_bucket(hi - 1), b, "bucket {b} upper edge {hi}");
+            if b + 1 < FAULT_HIST_BUCKETS {
+                assert_eq!(fault_hist_bucket_range(b + 1).0, hi);
+            }
+        }
+        assert_eq!(fault_hist_bucket(0), 0);
+        assert_eq!(fault_hist_bucket(255), 0);
+        assert_eq!(fault_hist_bucket(u64::MAX), FAULT_HIST_BUCKETS - 1);
+        // 16.8 ms is past the last edge.
+        assert_eq!(fault_hist_bucket_range(FAULT_HIST_BUCKETS - 1).1, 1 << 24);
+    }
 
     #[test]
     fn page_word_round_trips() {
@@ -431,7 +505,7 @@ mod tests {
 
     #[test]
     fn host_layout_lists_every_probe_field() {
-        assert_eq!(host_layout().len(), 36);
+        assert_eq!(host_layout().len(), 39);
         assert_eq!(host_layout()[0], 96);
     }
 }

@@ -49,6 +49,10 @@ pub const HEADERS: &[(&str, &str)] = &[
     ("strata/tiers.cuh", include_str!("../cuda/strata/tiers.cuh")),
     ("strata/fault.cuh", include_str!("../cuda/strata/fault.cuh")),
     (
+        "strata/remote.cuh",
+        include_str!("../cuda/strata/remote.cuh"),
+    ),
+    (
         "strata/write_back.cuh",
         include_str!("../cuda/strata/write_back.cuh"),
     ),

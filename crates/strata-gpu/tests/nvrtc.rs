@@ -29,6 +29,7 @@ fn every_device_source_compiles_for_sm90() {
         ("strata_kernels.cu", nvrtc::STRATA_KERNELS_CU),
         ("gpu_kernels.cu", include_str!("gpu_kernels.cu")),
         ("trust_kernels.cu", include_str!("trust_kernels.cu")),
+        ("remote_kernels.cu", include_str!("remote_kernels.cu")),
         ("header_only.cu", "#include \"strata.cuh\"\n"),
     ] {
         let cubin = nvrtc::compile(src, name, "sm_90", &[])

@@ -178,7 +178,7 @@ impl PySpace {
             b.extend_from_slice(&w.to_ne_bytes());
         }
         b.extend_from_slice(&h.ring.to_ne_bytes());
-        for w in [h.tier, h.reserved] {
+        for w in [h.tier, h.migrate_after] {
             b.extend_from_slice(&w.to_ne_bytes());
         }
         b.extend_from_slice(&h.peer.to_ne_bytes());

@@ -27,7 +27,8 @@ pub struct GpuMicroArgs {
     #[arg(long)]
     pub skip_uvm: bool,
     /// Only patterns starting with these names (stream-read, stream-rmw, touch-4k, touch-64k,
-    /// cold-4k, gather-uniform, gather-zipf, stream-read/loop), comma-separated.
+    /// cold-4k, gather-uniform, gather-zipf, rmw-random-4k, rmw-random-64k, stream-read/loop),
+    /// comma-separated.
     #[arg(long, value_delimiter = ',')]
     pub patterns: Vec<String>,
     /// Skip the ceilings (otherwise read from the cache, or probed first when there is none).
@@ -43,6 +44,14 @@ pub struct GpuMicroArgs {
     /// as N:SIZE, e.g. 1:8GiB; repeat for several lenders. Compare with a run without it.
     #[arg(long, value_parser = parse_peer)]
     pub peer: Vec<strata_gpu::space::PeerBorrow>,
+    /// What element accesses do on pages not resident: off (always migrate), auto (the
+    /// default), or the accesses after which a page migrates (2-65535). Compare runs.
+    #[arg(long, value_parser = parse_remote)]
+    pub remote_access: Option<strata_gpu::space::RemoteAccess>,
+}
+
+fn parse_remote(s: &str) -> Result<strata_gpu::space::RemoteAccess, String> {
+    strata_gpu::space::parse_remote_access(s).map_err(|e| e.to_string())
 }
 
 fn parse_peer(s: &str) -> Result<strata_gpu::space::PeerBorrow, String> {
@@ -87,13 +96,14 @@ pub fn micro(args: &GpuMicroArgs) -> anyhow::Result<()> {
         ceilings: ceilings.values.clone(),
         backing: backing.clone(),
         peers: args.peer.clone(),
+        remote_access: args.remote_access,
     };
     if !opts.peers.is_empty() && backing.is_some() {
         anyhow::bail!("--peer works over the pinned host copy only: leave out --store");
     }
     let rows = run_micro(&opts)?;
     println!(
-        "pattern            page  ratio unit          Strata | zero-copy (Strata/x) | chunked copy | UVM (fits, first touch) | of ceiling | hit rate, faults"
+        "pattern            page  ratio unit          Strata | zero-copy (Strata/x) | chunked copy | UVM (fits, first touch) | of ceiling | hit rate, faults, remote reads/writes, fault p50/p99"
     );
     for r in &rows {
         println!("{}", format_row(r));
@@ -104,6 +114,7 @@ pub fn micro(args: &GpuMicroArgs) -> anyhow::Result<()> {
         "store": backing.as_ref().map(|b| b.spec.label()),
         "host_cache_bytes": backing.as_ref().and_then(|b| b.host_cache),
         "peers": args.peer,
+        "remote_access": args.remote_access,
         "rows": rows,
     });
     let record = Record::new("gpu-micro", Device::of(0), ceilings, body);

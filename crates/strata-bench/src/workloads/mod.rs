@@ -178,6 +178,8 @@ fn space_over_store<T: Element>(
         // STRATA_GPU_WRITE_BACK=off|on|N compares runs without and with it.
         background_write_back: strata_gpu::space::default_write_back(),
         peers: Vec::new(),
+        // Over a store, remote access is off (auto); STRATA_GPU_REMOTE_ACCESS=N is refused.
+        remote_access: strata_gpu::space::remote_access_from_env()?.unwrap_or_default(),
     };
     // Whole pages: the store and the space cover the last partial page too.
     let bytes = (data.len() as u64 * 4)

@@ -340,6 +340,7 @@ template <typename T> struct Array {
         // resident or moved while we read.
         T v = T(0);
         bool done = false;
+        bool remote = false;
         const strata_u64 w = detail::load_acquire(&s.page_table[page]);
         if (detail::state_of(w) == STRATA_RESIDENT) {
             const strata_u32 frame = (strata_u32)(w & STRATA_FRAME_MASK);
@@ -347,6 +348,11 @@ template <typename T> struct Array {
             done = detail::same_residency(w, detail::load_relaxed(&s.page_table[page]));
             if (done) detail::touch_frame(s, frame);
             else atomicAdd(&s.counters->optimistic_retries, 1ull);
+        } else if (detail::remote_reads_on(s) &&
+                   detail::try_remote(s, page, w, false) == detail::REMOTE_SERVED) {
+            // Not resident and not yet worth a frame: read in place over the bus (remote.cuh).
+            v = detail::load_cg((const T*)(s.host + (page << s.page_shift) + off));
+            done = remote = true;
         }
         // Statistics as the pinned path counts them: one hit per group of lanes on one page.
         const unsigned mask = __activemask();
@@ -354,8 +360,12 @@ template <typename T> struct Array {
         const unsigned ok = __ballot_sync(mask, done);
         const unsigned same_space = detail::space_peers(mask, s);
         const unsigned group = __match_any_sync(mask, page) & same_space & ok;
-        const unsigned leaders = __ballot_sync(mask, done && lane == __ffs(group) - 1) & same_space;
-        if (leaders && lane == __ffs(same_space) - 1) detail::add_hits(s, __popc(leaders));
+        const unsigned leaders = __ballot_sync(mask, done && !remote && lane == __ffs(group) - 1) & same_space;
+        const unsigned remotes = __ballot_sync(mask, remote) & same_space;
+        if (lane == __ffs(same_space) - 1) {
+            if (leaders) detail::add_hits(s, __popc(leaders));
+            if (remotes) atomicAdd(&s.counters->remote_reads, (strata_u64)__popc(remotes));
+        }
         // The whole warp enters the pinned path if any lane needs it, so faults are copied by
         // every lane rather than by the few that missed.
         if (ok != mask)
@@ -371,9 +381,27 @@ template <typename T> struct Array {
         }
         const strata_u64 byte = i * sizeof(T);
         const strata_u64 off = byte & ((1ull << s.page_shift) - 1);
+        const strata_u64 page = byte >> s.page_shift;
         typedef typename detail::Bits<T>::type B;
-        detail::with_page(s, byte >> s.page_shift, true,
-                          [&](unsigned char* f) { __stcg((B*)(f + off), *(const B*)&v); });
+        bool remote = false;
+        if (detail::remote_writes_on(s)) {
+            // Not resident and not yet worth a frame: write in place over the bus (remote.cuh).
+            const strata_u64 w = detail::load_relaxed(&s.page_table[page]);
+            if (detail::state_of(w) == STRATA_NOT_RESIDENT &&
+                detail::try_remote(s, page, w, true) == detail::REMOTE_SERVED) {
+                __stcg((B*)(s.host + (page << s.page_shift) + off), *(const B*)&v);
+                detail::remote_write_done(s, page);
+                remote = true;
+            }
+        }
+        const unsigned mask = __activemask();
+        const unsigned same_space = detail::space_peers(mask, s);
+        const unsigned remotes = __ballot_sync(mask, remote);
+        if ((remotes & same_space) && detail::lane_id() == __ffs(same_space) - 1)
+            atomicAdd(&s.counters->remote_writes, (strata_u64)__popc(remotes & same_space));
+        if (remotes != mask)
+            detail::with_page(
+                s, page, true, [&](unsigned char* f) { __stcg((B*)(f + off), *(const B*)&v); }, !remote);
     }
 
     // Atomic add (int, unsigned, long long, unsigned long long, float, double); returns the old

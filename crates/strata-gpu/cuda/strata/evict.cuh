@@ -29,6 +29,7 @@ __device__ strata_u32 take_frame(const StrataSpace& s, strata_u32 page, strata_u
         strata_u32 owner = load_volatile(&fr->page);
         if (owner == STRATA_NO_PAGE) {
             if (atomicCAS(&fr->page, STRATA_NO_PAGE, page) == STRATA_NO_PAGE) {
+                atomicAdd(&s.counters->free_frames, ~0ull);  // minus one
                 *victim = STRATA_NO_PAGE;
                 *victim_dirty = false;
                 return f;

@@ -37,7 +37,10 @@ __device__ __forceinline__ int try_pin(const StrataSpace& s, strata_u64 page, bo
                 cur = prev;
                 continue;
             }
-            strata_u64 claimed = (cur & ~STRATA_STATE_MASK) | (STRATA_LOADING << STRATA_STATE_SHIFT);
+            // Remote writers still writing the host copy in place (remote.cuh) finish first,
+            // or the copy-in could miss their bytes. The claim clears the remote record.
+            if (cur & STRATA_REMOTE_WRITERS_MASK) break;
+            strata_u64 claimed = (cur & ~(STRATA_STATE_MASK | STRATA_FRAME_MASK)) | (STRATA_LOADING << STRATA_STATE_SHIFT);
             strata_u64 prev = atomicCAS(word, cur, claimed);
             if (prev == cur) return PIN_CLAIMED;
             cur = prev;
@@ -127,6 +130,7 @@ __device__ strata_u32 serve_fault(const StrataSpace& s, strata_u64 page, unsigne
             atomicExch(&s.frames[frame].flags, 0u);
             __threadfence();
             atomicExch(&s.frames[frame].page, STRATA_NO_PAGE);
+            atomicAdd(&s.counters->free_frames, 1ull);
             atomicAdd(&s.page_table[page], 0ull - (STRATA_LOADING << STRATA_STATE_SHIFT) - STRATA_PIN_ONE);
         }
     }
@@ -148,6 +152,7 @@ __device__ strata_u32 serve_fault(const StrataSpace& s, strata_u64 page, unsigne
         strata_u64 dt = now_ns() - t0;
         atomicAdd(&s.counters->fault_ns_total, dt);
         atomicMax(&s.counters->fault_ns_max, dt);
+        atomicAdd(&s.counters->fault_hist[fault_hist_bucket(dt)], 1ull);
     }
     return frame;
 }

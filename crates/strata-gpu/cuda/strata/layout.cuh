@@ -9,7 +9,10 @@ typedef unsigned long long strata_u64;
 typedef unsigned int strata_u32;
 
 // ---- page-table word (one per page, 64 bits) ---------------------------------------------------
-// bits  0..31  frame number (valid while RESIDENT, LOADING keeps 0 until publish)
+// bits  0..31  frame number (valid while RESIDENT, LOADING keeps 0 until publish); while the
+//              page is NOT_RESIDENT, its remote-access record instead (remote.cuh): an access
+//              count (bits 0..15), the epoch it was last counted in (16..23) and the remote
+//              writers now writing the host copy in place (24..31). A claim clears them.
 // bits 32..33  state
 // bit  34      dirty
 // bit  35      history: the page was resident before (kept across eviction); the scan-resistant
@@ -36,6 +39,12 @@ typedef unsigned int strata_u32;
 #define STRATA_PIN_SHIFT 44
 #define STRATA_PIN_ONE (1ull << STRATA_PIN_SHIFT)
 #define STRATA_PIN_MASK (0xFFFFFull << STRATA_PIN_SHIFT)
+#define STRATA_REMOTE_COUNT_MASK 0xFFFFull
+#define STRATA_REMOTE_EPOCH_SHIFT 16
+#define STRATA_REMOTE_EPOCH_MASK (0xFFull << STRATA_REMOTE_EPOCH_SHIFT)
+#define STRATA_REMOTE_WRITER_SHIFT 24
+#define STRATA_REMOTE_WRITER_ONE (1ull << STRATA_REMOTE_WRITER_SHIFT)
+#define STRATA_REMOTE_WRITERS_MASK (0xFFull << STRATA_REMOTE_WRITER_SHIFT)
 
 // ---- frame table (one entry per frame of the page cache) --------------------------------------
 #define STRATA_NO_PAGE 0xFFFFFFFFu
@@ -79,6 +88,11 @@ typedef unsigned int strata_u32;
 #define STRATA_TIER_HOST_COPY 0u
 #define STRATA_TIER_RING 1u
 
+// Fault service times are kept as a histogram: 4 buckets per power of two from 256 ns (bucket 0
+// also takes anything faster) to 16.8 ms (the last bucket also takes anything slower).
+#define STRATA_FAULT_HIST_BUCKETS 64
+#define STRATA_FAULT_HIST_MIN_LOG2 8
+
 #define STRATA_HIT_SHARDS 32
 #define STRATA_SHARD_STRIDE 16  // u64s between shards: one 128-byte line each
 
@@ -111,6 +125,10 @@ struct StrataCounters {
     strata_u64 store_error_page; // first page a lower tier failed (~0 if none)
     strata_u64 host_cache_loads; // faults served from the host cache without a request
     strata_u64 background_writebacks; // dirty pages written down by the write-back warps
+    strata_u64 remote_reads;   // element reads served in place from the host copy (remote.cuh)
+    strata_u64 remote_writes;  // element writes made in place in the host copy
+    strata_u64 free_frames;    // frames holding no page (never reset by reset_stats)
+    strata_u64 fault_hist[STRATA_FAULT_HIST_BUCKETS]; // fault service times (see above)
 };
 
 // The space handle a kernel receives (by value). Pointers are device addresses.
@@ -129,7 +147,9 @@ struct StrataSpace {
     strata_u32 protected_quota;  // most frames the protected segment may hold
     struct StrataRing* ring;     // RING tier: the request ring's descriptor (GPU memory)
     strata_u32 tier;             // STRATA_TIER_*
-    strata_u32 reserved;
+    strata_u32 migrate_after;    // access count (decaying) at which a page not resident
+                                 // migrates into a frame; until then element accesses go
+                                 // over the bus in place (remote.cuh). 0: every miss migrates
     struct StrataPeer* peer;     // the peer tier above the host copy (GPU memory), or null
 };
 
@@ -201,6 +221,7 @@ static_assert(sizeof(StrataRequest) == 32, "StrataRequest layout changed: update
 static_assert(sizeof(StrataRing) == 80, "StrataRing layout changed: update strata_gpu::ring::layout");
 
 static_assert(sizeof(StrataFrame) == 8, "StrataFrame layout changed: update strata_gpu::layout");
-static_assert(sizeof(StrataCounters) == 8 * (STRATA_HIT_SHARDS * STRATA_SHARD_STRIDE + 11) + 8 + 72,
+static_assert(sizeof(StrataCounters) == 8 * (STRATA_HIT_SHARDS * STRATA_SHARD_STRIDE + 11) + 8 + 96 +
+                                            8 * STRATA_FAULT_HIST_BUCKETS,
               "StrataCounters layout changed: update strata_gpu::layout");
 static_assert(sizeof(StrataSpace) == 96, "StrataSpace layout changed: update strata_gpu::layout");

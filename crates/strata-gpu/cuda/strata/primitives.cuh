@@ -151,5 +151,13 @@ __device__ __forceinline__ void touch_frame(const StrataSpace& s, strata_u32 fra
     if (!(load_volatile(flags) & STRATA_FRAME_REF)) atomicOr(flags, STRATA_FRAME_REF);
 }
 
+// Bucket of a fault service time in StrataCounters::fault_hist.
+__device__ __forceinline__ unsigned fault_hist_bucket(strata_u64 ns) {
+    if (ns < (1ull << STRATA_FAULT_HIST_MIN_LOG2)) return 0;
+    const unsigned lg = 63u - __clzll(ns);
+    const unsigned b = (lg - STRATA_FAULT_HIST_MIN_LOG2) * 4u + (unsigned)((ns >> (lg - 2)) & 3ull);
+    return b < STRATA_FAULT_HIST_BUCKETS ? b : STRATA_FAULT_HIST_BUCKETS - 1;
+}
+
 }  // namespace detail
 }  // namespace strata

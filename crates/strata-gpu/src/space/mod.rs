@@ -21,10 +21,11 @@ mod write_back;
 
 pub use error::SpaceError;
 pub use options::{
-    BackgroundWriteBack, ElementType, EvictionPolicy, PEER_CHUNK_BYTES, PeerBorrow, SpaceOptions,
-    SpacePlan, default_write_back, read_through_from_env, write_back_from_env,
+    AUTO_MIGRATE_AFTER_PER_4K, BackgroundWriteBack, ElementType, EvictionPolicy, PEER_CHUNK_BYTES,
+    PeerBorrow, RemoteAccess, SpaceOptions, SpacePlan, default_write_back, parse_remote_access,
+    read_through_from_env, remote_access_from_env, write_back_from_env,
 };
-pub use stats::{GpuStats, PeerStats};
+pub use stats::{FaultHistogram, GpuStats, PeerStats};
 
 /// A space: see the crate docs.
 ///
@@ -142,7 +143,9 @@ impl Space {
         // One page more than the frames: the scratch page failed device accesses point at.
         let frame_data = DeviceBuffer::zeroed(&gpu, to_usize(frame_bytes + ps)?)?;
         let counters = DeviceBuffer::zeroed(&gpu, std::mem::size_of::<DeviceCounters>())?;
-        counters.upload(0, std::slice::from_ref(&DeviceCounters::initial()))?;
+        let mut initial = DeviceCounters::initial();
+        initial.free_frames = frames;
+        counters.upload(0, std::slice::from_ref(&initial))?;
         let frame_count = u32::try_from(frames)
             .map_err(|_| SpaceError::Invalid("more than 2^32 frames: use larger pages".into()))?;
         // Every frame starts free (NO_PAGE) with zero flags.
@@ -184,7 +187,9 @@ impl Space {
             protected_quota,
             ring,
             tier,
-            reserved: 0,
+            migrate_after: options
+                .remote_access
+                .resolve(ps, matches!(backing, Backing::HostCopy(_)))?,
             peer: peer.as_ref().map_or(0, |p| p.descriptor.ptr()),
             space: std::marker::PhantomData,
         };
@@ -566,6 +571,9 @@ impl Space {
             read_through: c.read_through,
             host_cache_loads: c.host_cache_loads,
             background_writebacks: c.background_writebacks,
+            remote_reads: c.remote_reads,
+            remote_writes: c.remote_writes,
+            fault_hist: FaultHistogram(c.fault_hist),
             peer: match &self.peer {
                 Some(p) => {
                     let d = p.state()?;
@@ -595,6 +603,7 @@ impl Space {
         fresh.clock_hand = c.clock_hand;
         fresh.protected_now = c.protected_now;
         fresh.lifetime_faults = c.lifetime_faults;
+        fresh.free_frames = c.free_frames;
         self.counters.upload(0, std::slice::from_ref(&fresh))?;
         if let Some(p) = &self.peer {
             p.reset_counters()?;

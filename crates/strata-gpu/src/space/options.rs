@@ -145,6 +145,112 @@ pub fn write_back_from_env() -> Result<Option<Option<BackgroundWriteBack>>, Spac
     }
 }
 
+/// What element accesses (`strata::Array` reads and writes) do on a page that is not in a GPU
+/// frame. A fault moves a whole page in (and a dirty one out) for one element; over a space
+/// many times its cache, where a page is touched a few times before it is evicted, that costs
+/// far more than reading or writing the element in place over the bus as zero-copy does. With
+/// remote access on, the element is read or written in place in the host copy until the page
+/// has earned a frame: while the cache has free frames, on its second access (filling a frame
+/// evicts nothing); then once its access count reaches the threshold, where counts halve as
+/// the accesses served in place pile up (once per `pages * threshold / 4` of them), so only a
+/// page at least about twice as hot as the average page not resident migrates, and uniform
+/// random access leaves the resident set alone instead of churning it. Counts live in the
+/// page's word while it is not resident and cost nothing on hits; reads count one access in
+/// four. Page-granular access (`acquire`, `acquire_page`, `view_page`) and atomics always
+/// migrate. A space over a store, whose host cache holds only some pages, always migrates; a
+/// space with a peer tier reads in place but migrates on writes (a write in place would leave
+/// a stale copy in a peer slot).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+pub enum RemoteAccess {
+    /// Every miss migrates its page into a frame (the behaviour before remote access).
+    Off,
+    /// The default: [`RemoteAccess::default_migrate_after`] for the space's page size, on
+    /// spaces backed by a full host copy; off over a store.
+    #[default]
+    Auto,
+    /// Migrate a page once its (decaying) access count reaches `n` (2 to 65535); explicit, so
+    /// a space over a store refuses it.
+    MigrateAfter(u32),
+}
+
+impl RemoteAccess {
+    /// The threshold [`RemoteAccess::Auto`] uses for pages of `page_size` bytes:
+    /// [`AUTO_MIGRATE_AFTER_PER_4K`] per 4 KiB (a migration moves the whole page over the bus,
+    /// so its cost grows with the page), at most 65535. Chosen on an H100 with `strata bench
+    /// gpu-micro --remote-access N` over 4 KiB and 64 KiB pages at 2x and 8x the cache
+    /// (uniform and Zipf gathers, random in-place updates): the threshold with the best worst
+    /// case and geometric mean against zero-copy (`crates/strata-gpu/results/issue12/`).
+    pub fn default_migrate_after(page_size: u64) -> u32 {
+        let units = (page_size / 4096).max(1);
+        u32::try_from((units * AUTO_MIGRATE_AFTER_PER_4K).min(u64::from(u16::MAX)))
+            .unwrap_or(u32::MAX)
+    }
+
+    /// The `migrate_after` the space handle carries (0: off), for a space backed by a full
+    /// host copy (`host_copy`) or over a store.
+    pub fn resolve(self, page_size: u64, host_copy: bool) -> Result<u32, SpaceError> {
+        match self {
+            RemoteAccess::Off => Ok(0),
+            RemoteAccess::Auto => Ok(if host_copy {
+                RemoteAccess::default_migrate_after(page_size)
+            } else {
+                0
+            }),
+            RemoteAccess::MigrateAfter(n) => {
+                if !(2..=u32::from(u16::MAX)).contains(&n) {
+                    return Err(SpaceError::Invalid(format!(
+                        "remote access migrating after {n} accesses: give 2 to 65535, or RemoteAccess::Off to migrate on every miss"
+                    )));
+                }
+                if !host_copy {
+                    return Err(SpaceError::Invalid(
+                        "remote access reads and writes a full host copy in place, which a space over a store does not have: use RemoteAccess::Auto or Off there".into(),
+                    ));
+                }
+                Ok(n)
+            }
+        }
+    }
+}
+
+/// [`RemoteAccess::Auto`]'s accesses per 4 KiB of page before a page migrates.
+pub const AUTO_MIGRATE_AFTER_PER_4K: u64 = 256;
+
+/// `STRATA_GPU_REMOTE_ACCESS`: `off`, `auto`, or a number of accesses after which a page
+/// migrates; `None` if unset.
+///
+/// # Errors
+/// Any other value, or a `STRATA_*` variable that is not UTF-8.
+pub fn remote_access_from_env() -> Result<Option<RemoteAccess>, SpaceError> {
+    let env = strata_core::config::process_env().map_err(|e| SpaceError::Invalid(e.to_string()))?;
+    let Some((_, v)) = env.iter().find(|(k, _)| k == "STRATA_GPU_REMOTE_ACCESS") else {
+        return Ok(None);
+    };
+    parse_remote_access(v).map(Some)
+}
+
+/// Parses `off`, `auto` or a number of accesses (as `STRATA_GPU_REMOTE_ACCESS` and the CLI's
+/// `--remote-access` take them).
+///
+/// # Errors
+/// Anything else, or a number outside 2..=65535.
+pub fn parse_remote_access(v: &str) -> Result<RemoteAccess, SpaceError> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "off" | "0" | "false" | "no" => Ok(RemoteAccess::Off),
+        "auto" | "on" | "true" | "yes" => Ok(RemoteAccess::Auto),
+        n => {
+            let n: u32 = n.parse().map_err(|_| {
+                SpaceError::Invalid(format!(
+                    "remote access {v:?}: give off, auto, or the accesses after which a page migrates (2 to 65535)"
+                ))
+            })?;
+            let r = RemoteAccess::MigrateAfter(n);
+            r.resolve(4096, true)?;
+            Ok(r)
+        }
+    }
+}
+
 /// Memory a space borrows from a neighbour GPU for its peer tier: a victim cache between the
 /// GPU cache and the pinned host copy. Pages evicted from the cache are also copied into
 /// borrowed slots (round robin over the borrowed memory, chunk by chunk across lenders), and
@@ -190,6 +296,10 @@ pub struct SpaceOptions {
     /// Neighbour GPUs' memory to borrow for the peer tier (empty: none). Spaces backed by a
     /// full pinned host copy only; a space over a store refuses it.
     pub peers: Vec<PeerBorrow>,
+    /// What element accesses do on a page not in a frame: in place over the bus until the page
+    /// has earned a frame, or migrate at once. The default is [`RemoteAccess::Auto`], or what
+    /// `STRATA_GPU_REMOTE_ACCESS` says.
+    pub remote_access: RemoteAccess,
 }
 
 impl Default for SpaceOptions {
@@ -203,6 +313,7 @@ impl Default for SpaceOptions {
             host_cache_bytes: None,
             background_write_back: default_write_back(),
             peers: Vec::new(),
+            remote_access: remote_access_from_env().ok().flatten().unwrap_or_default(),
         }
     }
 }
@@ -250,6 +361,7 @@ impl SpacePlan {
         if let Some(wb) = &options.background_write_back {
             wb.validate()?;
         }
+        options.remote_access.resolve(options.page_size, true)?;
         for p in &options.peers {
             if p.bytes < PEER_CHUNK_BYTES {
                 return Err(SpaceError::Invalid(format!(
@@ -353,6 +465,9 @@ impl SpaceOptions {
         if let Some(wb) = write_back_from_env()? {
             self.background_write_back = wb;
         }
+        if let Some(r) = remote_access_from_env()? {
+            self.remote_access = r;
+        }
         Ok(self)
     }
 }
@@ -384,6 +499,7 @@ mod tests {
             host_cache_bytes: None,
             background_write_back: Some(BackgroundWriteBack::default()),
             peers: Vec::new(),
+            remote_access: RemoteAccess::Auto,
         }
     }
 
@@ -470,6 +586,49 @@ mod tests {
     }
 
     #[test]
+    fn remote_access_resolves_and_refuses_bad_thresholds() {
+        assert_eq!(RemoteAccess::Off.resolve(4096, true).unwrap(), 0);
+        assert_eq!(
+            RemoteAccess::Auto.resolve(4096, true).unwrap(),
+            RemoteAccess::default_migrate_after(4096)
+        );
+        // Bigger pages need more accesses before a migration pays; capped at 16 bits.
+        assert!(
+            RemoteAccess::default_migrate_after(64 << 10)
+                > RemoteAccess::default_migrate_after(4096)
+        );
+        assert!(RemoteAccess::default_migrate_after(2 << 20) <= 65535);
+        // Auto is off over a store; an explicit threshold there is refused with the way out.
+        assert_eq!(RemoteAccess::Auto.resolve(4096, false).unwrap(), 0);
+        let e = RemoteAccess::MigrateAfter(4)
+            .resolve(4096, false)
+            .unwrap_err();
+        assert!(e.to_string().contains("Auto or Off"), "{e}");
+        for bad in [0, 1, 65536, u32::MAX] {
+            let e = RemoteAccess::MigrateAfter(bad)
+                .resolve(4096, true)
+                .unwrap_err();
+            assert!(e.to_string().contains("2 to 65535"), "{bad}: {e}");
+            let mut opts = o(4096, 1 << 20, EvictionPolicy::Clock);
+            opts.remote_access = RemoteAccess::MigrateAfter(bad);
+            assert!(SpacePlan::new(1 << 20, &opts).is_err());
+        }
+        assert_eq!(
+            RemoteAccess::MigrateAfter(2).resolve(4096, true).unwrap(),
+            2
+        );
+        assert_eq!(parse_remote_access(" Off ").unwrap(), RemoteAccess::Off);
+        assert_eq!(parse_remote_access("auto").unwrap(), RemoteAccess::Auto);
+        assert_eq!(
+            parse_remote_access("16").unwrap(),
+            RemoteAccess::MigrateAfter(16)
+        );
+        for bad in ["1", "70000", "sometimes", "-3", ""] {
+            assert!(parse_remote_access(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
     fn plan_checks_free_gpu_memory() {
         let p = SpacePlan::new(8 << 30, &o(64 << 10, 1 << 30, EvictionPolicy::Clock)).unwrap();
         let (frames, tables) = p.gpu_bytes();
@@ -497,11 +656,28 @@ mod tests {
             read_through: 0,
             host_cache_loads: 0,
             background_writebacks: 0,
+            remote_reads: 0,
+            remote_writes: 0,
+            fault_hist: {
+                let mut h = crate::space::FaultHistogram::default();
+                // 9 faults near 600 ns, one near 3 us.
+                h.0[crate::layout::fault_hist_bucket(600)] = 9;
+                h.0[crate::layout::fault_hist_bucket(3_000)] = 1;
+                h
+            },
             peer: None,
         };
         assert_eq!(st.mean_fault_ns(), 1000);
+        // p50 is the upper edge of 600 ns's bucket; p99 that of 3 us's.
+        assert_eq!(st.fault_hist.p50_ns(), 640);
+        assert_eq!(st.fault_hist.p99_ns(), 3072);
+        assert_eq!(
+            crate::space::FaultHistogram::default().quantile_ns(0.5),
+            None
+        );
         let snap = st.to_snapshot();
         assert_eq!(snap.faults, 10);
+        assert_eq!(snap.service_time.count, 10);
         assert_eq!(snap.hit_rate(), Some(0.75));
         assert_eq!(snap.tiers[0].bytes_read, 40960);
     }

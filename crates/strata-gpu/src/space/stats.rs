@@ -2,6 +2,66 @@
 
 use strata_core::stats::{HISTOGRAM_BUCKETS, HistogramSnapshot, StatsSnapshot, Tier, TierBytes};
 
+use crate::layout::{FAULT_HIST_BUCKETS, fault_hist_bucket_range};
+
+/// Fault service times as the device counts them: four buckets per power of two from 256 ns
+/// ([`crate::layout::fault_hist_bucket_range`] gives each bucket's range).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FaultHistogram(pub [u64; FAULT_HIST_BUCKETS]);
+
+impl Default for FaultHistogram {
+    fn default() -> Self {
+        FaultHistogram([0; FAULT_HIST_BUCKETS])
+    }
+}
+
+impl serde::Serialize for FaultHistogram {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.0.iter())
+    }
+}
+
+impl FaultHistogram {
+    /// Faults counted.
+    pub fn count(&self) -> u64 {
+        self.0.iter().sum()
+    }
+
+    /// The fault time below which a fraction `q` (0..=1) of faults fell, in ns: the upper edge
+    /// of the bucket where that fraction is reached (so within a quarter octave above the true
+    /// value). `None` without faults.
+    pub fn quantile_ns(&self, q: f64) -> Option<u64> {
+        let count = self.count();
+        if count == 0 {
+            return None;
+        }
+        #[allow(
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss,
+            clippy::cast_precision_loss
+        )]
+        let rank = ((q.clamp(0.0, 1.0) * count as f64).ceil() as u64).max(1);
+        let mut seen = 0;
+        for (b, n) in self.0.iter().enumerate() {
+            seen += n;
+            if seen >= rank {
+                return Some(fault_hist_bucket_range(b).1);
+            }
+        }
+        Some(fault_hist_bucket_range(FAULT_HIST_BUCKETS - 1).1)
+    }
+
+    /// Median fault time, ns (0 without faults).
+    pub fn p50_ns(&self) -> u64 {
+        self.quantile_ns(0.5).unwrap_or(0)
+    }
+
+    /// 99th percentile fault time, ns (0 without faults).
+    pub fn p99_ns(&self) -> u64 {
+        self.quantile_ns(0.99).unwrap_or(0)
+    }
+}
+
 /// A space's device statistics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct GpuStats {
@@ -38,6 +98,12 @@ pub struct GpuStats {
     /// Dirty pages the background write-back warps wrote down (also counted in
     /// `writebacks`); the rest were written by faults that found their victim dirty.
     pub background_writebacks: u64,
+    /// Element reads served in place from the host copy ([`crate::space::RemoteAccess`]).
+    pub remote_reads: u64,
+    /// Element writes made in place in the host copy.
+    pub remote_writes: u64,
+    /// Fault service times (p50/p99 through [`FaultHistogram::p50_ns`] and `p99_ns`).
+    pub fault_hist: FaultHistogram,
     /// The peer tier's figures, for a space that borrows neighbour GPUs' memory.
     pub peer: Option<PeerStats>,
 }
@@ -63,13 +129,15 @@ impl GpuStats {
         self.fault_ns_total.checked_div(self.faults).unwrap_or(0)
     }
 
-    /// As the workspace's common statistics snapshot (fault times as a one-bucket histogram at
-    /// the mean, since the device keeps only sum and max).
+    /// As the workspace's common statistics snapshot (fault times regrouped into its log2
+    /// buckets).
     pub fn to_snapshot(&self) -> StatsSnapshot {
         let mut buckets = [0u64; HISTOGRAM_BUCKETS];
-        let mean = self.mean_fault_ns();
-        let b = (64 - mean.leading_zeros()).saturating_sub(1) as usize;
-        buckets[b.min(HISTOGRAM_BUCKETS - 1)] = self.faults;
+        for (b, &n) in self.fault_hist.0.iter().enumerate() {
+            let lo = fault_hist_bucket_range(b).0;
+            let log = (63 - lo.leading_zeros()) as usize;
+            buckets[log.min(HISTOGRAM_BUCKETS - 1)] += n;
+        }
         StatsSnapshot {
             faults: self.faults,
             hits: self.hits,

@@ -41,7 +41,8 @@ pub fn random_words(n: usize, seed: u64) -> Vec<u64> {
 }
 
 /// Options of a u64 space without read-through (background write-back as
-/// `STRATA_GPU_WRITE_BACK` says: on unless it says off, so the suite runs both ways).
+/// `STRATA_GPU_WRITE_BACK` says and remote access as `STRATA_GPU_REMOTE_ACCESS` says: on unless
+/// they say off, so the suite runs both ways).
 pub fn opts(page: u64, cache: u64, policy: EvictionPolicy) -> SpaceOptions {
     SpaceOptions {
         page_size: page,
@@ -52,6 +53,7 @@ pub fn opts(page: u64, cache: u64, policy: EvictionPolicy) -> SpaceOptions {
         host_cache_bytes: None,
         background_write_back: strata_gpu::space::default_write_back(),
         peers: Vec::new(),
+        remote_access: SpaceOptions::default().remote_access,
     }
 }
 

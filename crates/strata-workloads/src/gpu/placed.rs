@@ -79,6 +79,8 @@ impl Placed {
             host_cache_bytes: None,
             background_write_back: strata_gpu::space::default_write_back(),
             peers: Vec::new(),
+            // STRATA_GPU_REMOTE_ACCESS=off|auto|N; auto (the default) when unset.
+            remote_access: strata_gpu::space::remote_access_from_env()?.unwrap_or_default(),
         };
         let mut space = strata.space((data.len() as u64 * 4).max(4), &options)?;
         space.with_host_mut(|bytes| copy_into(bytes, data))?;

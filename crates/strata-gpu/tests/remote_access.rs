@@ -1,0 +1,227 @@
+//! GPU tests of remote access (`cuda/strata/remote.cuh`): element reads and writes of pages not
+//! resident go over the bus in place until a page has earned a frame, then migrate. Pages
+//! switch between the two modes all the time here (tiny thresholds, caches of a few frames,
+//! spaces up to 8x the cache) while, in the same warps, lanes write their own elements in an
+//! order-sensitive way, lanes add with atomics (which always migrate) and lanes read elements
+//! nobody writes on the same pages. Every write must land exactly once, in order; every read
+//! must see the right bytes. Without a CUDA driver each test prints `skipped: no CUDA driver`
+//! and passes.
+#![allow(clippy::cast_possible_truncation)] // test code on 64-bit targets only
+
+use strata_gpu::driver::{Args, DeviceBuffer, Grid};
+use strata_gpu::space::RemoteAccess;
+use strata_gpu::{EvictionPolicy, SpaceOptions};
+
+mod common;
+use common::{mix, opts, random_words, seed, strata_or_skip};
+
+const KERNELS: &str = include_str!("remote_kernels.cu");
+
+/// What `mixed_lanes` leaves in a space that held `start`.
+fn replay(start: &[u64], threads: u64, ops: u64, seed: u64) -> Vec<u64> {
+    let mut out = start.to_vec();
+    let per = out.len() as u64 / threads;
+    for t in 0..threads {
+        if t & 3 == 3 {
+            continue;
+        }
+        for k in 0..ops {
+            let r = mix(seed ^ t.wrapping_mul(0x9E3779B97F4A7C15) ^ k);
+            let i = (t + threads * (r % per)) as usize;
+            out[i] = if t & 3 == 2 {
+                out[i].wrapping_add(i as u64 | 1)
+            } else {
+                out[i].wrapping_mul(3).wrapping_add(i as u64)
+            };
+        }
+    }
+    out
+}
+
+fn options(page: u64, cache: u64, remote: RemoteAccess) -> SpaceOptions {
+    SpaceOptions {
+        remote_access: remote,
+        ..opts(page, cache, EvictionPolicy::Clock)
+    }
+}
+
+/// Mixed lanes over spaces 1x, 2x and 8x caches of a few frames, with pages migrating after 2,
+/// 3 or 16 accesses and with remote access off: the same exact result as a host replay, no
+/// read ever wrong, and (when on) both modes really used.
+#[test]
+fn pages_switching_modes_mid_kernel_lose_no_write_and_serve_no_wrong_read() {
+    let Some(strata) = strata_or_skip() else {
+        return;
+    };
+    let module = strata.compile(KERNELS, "remote_kernels.cu").unwrap();
+    let f = module.function("mixed_lanes").unwrap();
+    let grid = Grid {
+        blocks: 16,
+        threads: 128,
+    };
+    let threads = u64::from(grid.blocks) * u64::from(grid.threads);
+    let bad = DeviceBuffer::zeroed(strata.gpu(), 8).unwrap();
+    for (page, frames) in [(4u64 << 10, 16u64), (64 << 10, 8)] {
+        for ratio in [1u64, 2, 8] {
+            for remote in [
+                RemoteAccess::MigrateAfter(2),
+                RemoteAccess::MigrateAfter(3),
+                RemoteAccess::MigrateAfter(16),
+                RemoteAccess::Auto,
+                RemoteAccess::Off,
+            ] {
+                let cache = frames * page;
+                let bytes = cache * ratio;
+                let n = (bytes / 8) as usize;
+                let s = seed();
+                let start = random_words(n, s);
+                let mut space = strata.space(bytes, &options(page, cache, remote)).unwrap();
+                space.fill_from_slice(0, &start).unwrap();
+                bad.upload(0, &[0u64]).unwrap();
+                let ops = 24u64;
+                f.launch(
+                    grid,
+                    &Args::new()
+                        .arg(space.handle())
+                        .arg(ops)
+                        .arg(s ^ 0x5151)
+                        .arg(s.rotate_left(17))
+                        .arg(bad.ptr()),
+                )
+                .unwrap();
+                space.check_errors().unwrap();
+                let st = space.stats().unwrap();
+                let mut wrong = [0u64];
+                bad.download(0, &mut wrong).unwrap();
+                let what = format!("page {page} ratio {ratio} {remote:?} seed {s:#x}");
+                eprintln!(
+                    "{what}: faults {} remote reads {} writes {} hits {} p50 {} ns p99 {} ns",
+                    st.faults,
+                    st.remote_reads,
+                    st.remote_writes,
+                    st.hits,
+                    st.fault_hist.p50_ns(),
+                    st.fault_hist.p99_ns()
+                );
+                assert_eq!(
+                    wrong[0], 0,
+                    "{what}: reads of never-written elements were wrong"
+                );
+                let mut back = vec![0u64; n];
+                space.read_back(0, &mut back).unwrap();
+                let want = replay(&start, threads, ops, s ^ 0x5151);
+                let diff = back.iter().zip(&want).filter(|(a, b)| a != b).count();
+                let first = back.iter().zip(&want).position(|(a, b)| a != b);
+                assert_eq!(
+                    diff, 0,
+                    "{what}: {diff} elements differ from the replay, first at {first:?}"
+                );
+                assert_eq!(
+                    st.fault_hist.count(),
+                    st.faults,
+                    "{what}: histogram counts every fault"
+                );
+                match remote {
+                    RemoteAccess::Off => {
+                        assert_eq!(st.remote_reads + st.remote_writes, 0, "{what}");
+                    }
+                    // A space the cache holds whole soon has every page resident.
+                    _ if ratio < 8 => {}
+                    _ => {
+                        assert!(
+                            st.remote_reads > 0 && st.remote_writes > 0,
+                            "{what}: never remote"
+                        );
+                        assert!(st.faults > 0, "{what}: never migrated");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Over a space 8x its cache: sparse reads (about one per page) are served in place and return
+/// exactly the host copy's bytes; dense reads make pages migrate; `evict` forgets the counts,
+/// so the next sparse pass is in place again; writers afterwards still match a host replay.
+#[test]
+fn remote_reads_return_the_host_copy_and_counts_decay_into_migration() {
+    let Some(strata) = strata_or_skip() else {
+        return;
+    };
+    let module = strata.compile(KERNELS, "remote_kernels.cu").unwrap();
+    let f = module.function("mixed_lanes").unwrap();
+    let read = strata
+        .compile(include_str!("gpu_kernels.cu"), "gpu_kernels.cu")
+        .unwrap()
+        .function("read_random")
+        .unwrap();
+    // Few threads for the sparse passes (about one read per page), the full grid for the dense.
+    let sparse = Grid {
+        blocks: 16,
+        threads: 256,
+    };
+    let grid = read.full_grid(256).unwrap();
+    let (page, cache) = (4u64 << 10, 4u64 << 20);
+    let bytes = 8 * cache;
+    let n = (bytes / 8) as usize;
+    let s = seed();
+    let start = random_words(n, s);
+    let mut space = strata
+        .space(bytes, &options(page, cache, RemoteAccess::MigrateAfter(8)))
+        .unwrap();
+    space.fill_from_slice(0, &start).unwrap();
+    // A few reads per page: nearly all in place, hardly a fault.
+    common::check_read_random(&read, &space, sparse, &start, 2, s, "sparse reads");
+    let st = space.stats().unwrap();
+    eprintln!("sparse: {st:?}");
+    let reads = u64::from(sparse.blocks) * u64::from(sparse.threads) * 2;
+    assert!(
+        st.remote_reads * 4 > reads * 3,
+        "sparse reads mostly remote: {st:?}"
+    );
+    // Many reads per page: pages earn frames.
+    space.reset_stats().unwrap();
+    common::check_read_random(&read, &space, grid, &start, 64, s ^ 1, "dense reads");
+    let st = space.stats().unwrap();
+    eprintln!("dense: {st:?}");
+    assert!(
+        st.faults > 0 && st.hits > 0,
+        "dense reads migrate pages: {st:?}"
+    );
+    // Evict forgets the counts: the next sparse pass is remote again.
+    space.evict(0..bytes).unwrap();
+    space.reset_stats().unwrap();
+    common::check_read_random(&read, &space, sparse, &start, 1, s ^ 2, "after evict");
+    let st = space.stats().unwrap();
+    eprintln!("after evict: {st:?}");
+    assert!(
+        st.remote_reads * 4 > u64::from(sparse.blocks) * u64::from(sparse.threads) * 3,
+        "{st:?}"
+    );
+    // And writers over it still match the replay.
+    let small = Grid {
+        blocks: 32,
+        threads: 256,
+    };
+    let bad = DeviceBuffer::zeroed(strata.gpu(), 8).unwrap();
+    f.launch(
+        small,
+        &Args::new()
+            .arg(space.handle())
+            .arg(16u64)
+            .arg(s ^ 9)
+            .arg(s.rotate_left(17))
+            .arg(bad.ptr()),
+    )
+    .unwrap();
+    space.check_errors().unwrap();
+    let mut wrong = [0u64];
+    bad.download(0, &mut wrong).unwrap();
+    assert_eq!(wrong[0], 0);
+    let mut back = vec![0u64; n];
+    space.read_back(0, &mut back).unwrap();
+    assert!(
+        back == replay(&start, 32 * 256, 16, s ^ 9),
+        "writers after reads differ"
+    );
+}
