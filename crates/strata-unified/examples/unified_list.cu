@@ -7,7 +7,7 @@
 //
 // Build (crates/strata-unified/gpu-check.sh does this on the GPU machine):
 //   nvcc -std=c++17 -O2 -arch=sm_90 -I<dir with strata.h, strata.cuh, strata/> unified_list.cu -lstrata
-// Run:  ./unified_list [NODES]   (default 1000000)
+// Run:  ./unified_list [NODES]   (default 100000)
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -64,7 +64,7 @@ extern "C" __global__ void double_values(StrataUnified u, unsigned long long nod
     } while (0)
 
 int main(int argc, char** argv) {
-    const unsigned long long nodes = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 1000000;
+    const unsigned long long nodes = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 100000;
     const uint64_t bytes = nodes * sizeof(Node);
     strata_gpu_t* gpu = nullptr;
     STRATA_CHECK(strata_gpu_open(0, &gpu));  // the primary context: the runtime below shares it
