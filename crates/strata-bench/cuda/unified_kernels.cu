@@ -43,11 +43,21 @@ extern "C" __global__ void r_gather(const u64* t, u64 n, u64 count, u64 seed, u6
     atomicAdd(sink, s);
 }
 
-// One step of an iterative sweep: a[i] = a[i] * 3 + 1.
+// One step of an iterative sweep: a[i] = a[i] * 3 + 1. Strata's version goes a page per warp
+// (acquire for writing, the lanes over its words, release): the bulk-loop style strata.cuh
+// offers for whole pages, one pin per page instead of one per element.
 extern "C" __global__ void u_sweep(StrataUnified u, u64 n) {
-    strata::Unified<u64> a(u);
-    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x)
-        a.write(i, a.read(i) * 3 + 1);
+    const u64 warp = (blockIdx.x * (u64)blockDim.x + threadIdx.x) / 32;
+    const u64 warps = (u64)gridDim.x * (blockDim.x / 32);
+    const unsigned lane = threadIdx.x & 31;
+    const u64 per = strata::page_bytes(u.space) / 8;
+    for (u64 p = warp; p * per < n; p += warps) {
+        strata::PageRef r = strata::acquire(u.space, p, true);
+        u64* w = (u64*)r.data;
+        const u64 m = n - p * per < per ? n - p * per : per;
+        for (u64 i = lane; i < m; i += 32) w[i] = w[i] * 3 + 1;
+        strata::release(u.space, r);
+    }
 }
 extern "C" __global__ void r_sweep(u64* a, u64 n) {
     for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x)

@@ -332,9 +332,12 @@ impl Unified {
             .copied()
             .filter(|&p| self.preferred[to_usize(p)] == Some(Location::Gpu))
             .collect();
-        for r in runs(&wanted) {
+        // One prefetch over the span of the wanted pages, not a launch per run of them: pages
+        // between that are resident already are hits, and the others are loaded too (the
+        // advice asked for the range on the GPU).
+        if let (Some(&a), Some(&b)) = (wanted.first(), wanted.last()) {
             self.space
-                .prefetch(r.start * self.page..(r.end * self.page).min(self.space.size()))?;
+                .prefetch(a * self.page..((b + 1) * self.page).min(self.space.size()))?;
         }
         self.stats.syncs_to_gpu += 1;
         self.stats.total.add(&report);

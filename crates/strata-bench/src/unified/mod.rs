@@ -482,7 +482,10 @@ impl Ctx<'_> {
         let bytes = self.opts.cache * ratio;
         let mut u = self.unified(bytes, self.opts.cache, DirtyTracking::Hash)?;
         random_fill(u.as_mut_slice(), self.opts.seed);
-        let want = sum_words(u.as_slice());
+        // The stream kernels add the data as 32-bit words.
+        let want = bytemuck::cast_slice::<u8, u32>(u.as_slice())
+            .iter()
+            .fold(0u64, |a, &x| a.wrapping_add(u64::from(x)));
         u.sync_to_gpu(0..bytes)?;
         let gpu = self.gpu().clone();
         let sink = DeviceBuffer::zeroed(&gpu, 8)?;
