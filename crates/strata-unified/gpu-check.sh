@@ -11,7 +11,8 @@
 #                                              # `strata bench unified`; logs and JSON to $OUT
 #   (`build nocli` skips the strata binary, for runs without the benchmark)
 #
-# `run` takes step names (default: all): tests c example bench.
+# `run` takes step names (default: all): tests c example bench; also tests-quick (the GPU
+# tests of data that fits the cache, a subset).
 set -u -o pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
@@ -77,6 +78,10 @@ run() {
             for t in "$CARRY"/tests/*; do
                 step "test-$(basename "$t")" timeout 240 "$t" --test-threads 1 --nocapture
             done
+            ;;
+        tests-quick)
+            step test-gpu-quick timeout 120 "$CARRY/tests/gpu" --test-threads 1 --nocapture \
+                fit_the_cache only_changed read_mostly discard both_sides
             ;;
         c)
             work=$(mktemp -d)

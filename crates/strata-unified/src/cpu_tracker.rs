@@ -102,9 +102,17 @@ impl CpuTracker {
         if self.mode != DirtyTracking::Hash || pages.is_empty() {
             return;
         }
-        let page = self.page;
-        for &p in pages {
-            self.hashes[p] = xxhash_rust::xxh3::xxh3_64(&bytes[p * page..(p + 1) * page]);
+        // Runs of consecutive pages are hashed together (in parallel when large).
+        let mut start = 0;
+        while start < pages.len() {
+            let mut end = start + 1;
+            while end < pages.len() && pages[end] == pages[end - 1] + 1 {
+                end += 1;
+            }
+            let run = pages[start]..pages[end - 1] + 1;
+            let fresh = hash_pages(bytes, self.page, run.clone());
+            self.hashes[run].copy_from_slice(&fresh);
+            start = end;
         }
     }
 

@@ -107,7 +107,14 @@ impl UnifiedOptions {
             policy: self.policy,
             read_through: false,
             host_cache_bytes: None,
-            background_write_back: strata_gpu::space::default_write_back(),
+            // Background write-back cleans frames ahead of eviction; when the cache holds the
+            // whole allocation nothing is ever evicted, and it would only copy every page a
+            // kernel dirties down over PCIe during the kernel (again after each later write).
+            background_write_back: if self.cache_bytes >= rounded {
+                None
+            } else {
+                strata_gpu::space::default_write_back()
+            },
             peers: Vec::new(),
         };
         SpacePlan::new(rounded, &space)?;
@@ -124,6 +131,18 @@ mod tests {
         let o = UnifiedOptions::default();
         let s = o.validate(12345).unwrap();
         assert_eq!(s.page_size, 64 << 10);
+        assert!(
+            s.background_write_back.is_none(),
+            "a cache holding everything needs no write-back"
+        );
+        let small = UnifiedOptions {
+            cache_bytes: 1 << 20,
+            ..UnifiedOptions::default()
+        };
+        assert_eq!(
+            small.validate(64 << 20).unwrap().background_write_back,
+            strata_gpu::space::default_write_back()
+        );
         assert_eq!(
             s.cache_bytes,
             64 << 10 << 1,

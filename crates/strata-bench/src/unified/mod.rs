@@ -116,19 +116,51 @@ fn mix(mut x: u64) -> u64 {
     x
 }
 
+/// The words the partial produce phase of round `round` changes: one word (index, amount
+/// added) in 1/32 of the pages of `page` bytes, `pages` pages in all.
+fn partial_writes(pages: usize, page: usize, round: u64, seed: u64) -> Vec<(usize, u64)> {
+    (0..(pages / 32).max(1) as u64)
+        .map(|k| {
+            let p = usize::try_from(mix(k ^ (round << 32) ^ seed) % pages as u64).unwrap_or(0);
+            let at = p * page / 8 + usize::try_from(mix(k ^ seed) % (page as u64 / 8)).unwrap_or(0);
+            (at, mix(round ^ k))
+        })
+        .collect()
+}
+
 /// The CPU's produce phase of round `round`: everything, or one word in 1/32 of the pages.
 fn produce(input: &mut [u8], page: usize, round: u64, seed: u64, partial: bool) {
     if !partial {
         random_fill(input, seed ^ round.wrapping_mul(0x9E37_79B9));
         return;
     }
-    let pages = input.len() / page;
+    let writes = partial_writes(input.len() / page, page, round, seed);
     let w: &mut [u64] = bytemuck::cast_slice_mut(input);
-    for k in 0..(pages / 32).max(1) as u64 {
-        let p = usize::try_from(mix(k ^ (round << 32) ^ seed) % pages as u64).unwrap_or(0);
-        let at = p * page / 8 + usize::try_from(mix(k ^ seed) % (page as u64 / 8)).unwrap_or(0);
-        w[at] = w[at].wrapping_add(mix(round ^ k));
+    for (at, add) in writes {
+        w[at] = w[at].wrapping_add(add);
     }
+}
+
+/// [`produce`] through a unified allocation with declared writes: the partial phase names
+/// each word it writes (`cpu_mut`), the full phase takes the whole slice (all declared).
+fn produce_declared(
+    u: &mut Unified,
+    in_bytes: usize,
+    page: usize,
+    round: u64,
+    seed: u64,
+    partial: bool,
+) -> anyhow::Result<()> {
+    if !partial {
+        produce(&mut u.as_mut_slice()[..in_bytes], page, round, seed, false);
+        return Ok(());
+    }
+    for (at, add) in partial_writes(in_bytes / page, page, round, seed) {
+        let b = u.cpu_mut(at as u64 * 8..at as u64 * 8 + 8)?;
+        let v = u64::from_ne_bytes(b.try_into()?).wrapping_add(add);
+        b.copy_from_slice(&v.to_ne_bytes());
+    }
+    Ok(())
 }
 
 /// Runs `round` for rounds 0..=rounds on the wall clock; round 0 is a warm-up. Returns the
@@ -232,15 +264,23 @@ impl Ctx<'_> {
         let in_bytes = usize::try_from(n_in * 8)?;
         let page = usize::try_from(self.opts.page_size)?;
         let (seed, rounds) = (self.opts.seed, self.opts.rounds);
-        for hints in [false, true] {
-            let mut u = self.unified(total, total + self.opts.page_size, DirtyTracking::Hash)?;
+        for (name, hints, tracking) in [
+            ("strata", false, DirtyTracking::Hash),
+            ("strata+hints", true, DirtyTracking::Hash),
+            ("strata-declared", false, DirtyTracking::Declared),
+        ] {
+            let mut u = self.unified(total, total + self.opts.page_size, tracking)?;
             if hints {
                 u.advise(0..n_in * 8, Advice::PreferredLocation(Some(Location::Gpu)))?;
             }
             let f = &self.k.u_consume;
             let grid = Self::grid(f)?;
             let (times, check) = timed_rounds(rounds, |r| {
-                produce(&mut u.as_mut_slice()[..in_bytes], page, r, seed, partial);
+                if tracking == DirtyTracking::Declared {
+                    produce_declared(&mut u, in_bytes, page, r, seed, partial)?;
+                } else {
+                    produce(&mut u.as_mut_slice()[..in_bytes], page, r, seed, partial);
+                }
                 u.launch(f, grid, |h| {
                     Args::new().arg(h).arg(n_out).arg(group).arg(n_in)
                 })?;
@@ -248,17 +288,22 @@ impl Ctx<'_> {
             })?;
             let st = u.stats().total;
             let note = format!(
-                "hash tracking; per run {} CPU pages synced, {} GPU copies dropped, {} pages written down",
-                st.cpu_written, st.gpu_copies_dropped, st.written_down
+                "{} tracking{}; in all {} CPU pages synced, {} GPU copies dropped, {} pages written down",
+                if tracking == DirtyTracking::Hash {
+                    "hash"
+                } else {
+                    "declared"
+                },
+                if hints {
+                    ", input advised preferred on the GPU"
+                } else {
+                    ""
+                },
+                st.cpu_written,
+                st.gpu_copies_dropped,
+                st.written_down
             );
-            self.push(
-                case,
-                if hints { "strata+hints" } else { "strata" },
-                total,
-                times,
-                check,
-                &note,
-            );
+            self.push(case, name, total, times, check, &note);
         }
         for hints in [true, false] {
             let mut m = self.managed(total)?;
@@ -633,7 +678,7 @@ pub fn chart(rows: &[Row], record: &crate::record::Record) -> crate::plot::Chart
     let mut cases: Vec<&str> = rows.iter().map(|r| r.case.as_str()).collect();
     cases.dedup();
     for case in cases {
-        for variant in ["strata", "strata+hints"] {
+        for variant in ["strata", "strata+hints", "strata-declared"] {
             let Some(s) = rows
                 .iter()
                 .find(|r| r.case == case && r.contestant == variant)
