@@ -459,28 +459,46 @@ impl Ctx<'_> {
         let bytes = self.opts.size;
         let n = bytes / 8;
         let (seed, rounds) = (self.opts.seed, self.opts.rounds);
-        {
-            let mut u = self.unified(bytes, bytes + self.opts.page_size, DirtyTracking::Hash)?;
+        for (name, tracking) in [
+            ("strata", DirtyTracking::Hash),
+            ("strata-declared", DirtyTracking::Declared),
+        ] {
+            let mut u = self.unified(bytes, bytes + self.opts.page_size, tracking)?;
             random_fill(u.as_mut_slice(), seed);
             let (f, grid) = (&self.k.u_sweep, Self::grid(&self.k.u_sweep)?);
+            // Where a round's time goes: syncs to the GPU, kernels, syncs to the CPU (ms).
+            let mut parts = [0.0f64; 3];
             let (times, check) = timed_rounds(rounds, |_| {
+                let t = Instant::now();
                 u.sync_to_gpu(0..bytes)?;
+                let t1 = Instant::now();
                 for _ in 0..STEPS {
                     let h = u.handle();
                     f.launch(grid, &Args::new().arg(h).arg(n))?;
                 }
                 u.space().check_errors()?;
+                let t2 = Instant::now();
                 u.sync_to_cpu(0..bytes)?;
+                let t3 = Instant::now();
+                for (p, d) in parts.iter_mut().zip([t1 - t, t2 - t1, t3 - t2]) {
+                    *p += d.as_secs_f64() * 1e3;
+                }
                 Ok(sum_words(u.as_slice()))
             })?;
-            self.push(
-                "sweep",
-                "strata",
-                bytes,
-                times,
-                check,
-                "one GPU phase of 8 kernels per round",
+            #[allow(clippy::cast_precision_loss)]
+            let per = (rounds + 1) as f64;
+            let note = format!(
+                "one GPU phase of 8 kernels per round ({} tracking); per round {:.1} ms sync to GPU, {:.1} ms kernels, {:.1} ms sync to CPU",
+                if tracking == DirtyTracking::Hash {
+                    "hash"
+                } else {
+                    "declared"
+                },
+                parts[0] / per,
+                parts[1] / per,
+                parts[2] / per
             );
+            self.push("sweep", name, bytes, times, check, &note);
         }
         for hints in [true, false] {
             let mut m = self.managed(bytes)?;
