@@ -87,6 +87,16 @@ impl CpuTracker {
         }
     }
 
+    /// Of `pages` (ascending), those the CPU wrote since they were last recorded: runs of
+    /// consecutive pages are hashed together, in parallel when large.
+    pub fn written_among(&self, bytes: &[u8], pages: &[usize]) -> Vec<usize> {
+        let mut out = Vec::new();
+        for run in runs(pages) {
+            out.extend(self.written(bytes, run).into_iter().map(|(p, _)| p));
+        }
+        out
+    }
+
     /// Takes the hashes `written` returned as the pages' state at this sync.
     pub fn record(&mut self, taken: &[(usize, u64)]) {
         for &(p, h) in taken {
@@ -103,16 +113,9 @@ impl CpuTracker {
             return;
         }
         // Runs of consecutive pages are hashed together (in parallel when large).
-        let mut start = 0;
-        while start < pages.len() {
-            let mut end = start + 1;
-            while end < pages.len() && pages[end] == pages[end - 1] + 1 {
-                end += 1;
-            }
-            let run = pages[start]..pages[end - 1] + 1;
+        for run in runs(pages) {
             let fresh = hash_pages(bytes, self.page, run.clone());
             self.hashes[run].copy_from_slice(&fresh);
-            start = end;
         }
     }
 
@@ -129,6 +132,18 @@ impl CpuTracker {
             }
         }
     }
+}
+
+/// Runs of consecutive values in an ascending list.
+fn runs(pages: &[usize]) -> Vec<Range<usize>> {
+    let mut out: Vec<Range<usize>> = Vec::new();
+    for &p in pages {
+        match out.last_mut() {
+            Some(r) if r.end == p => r.end += 1,
+            _ => out.push(p..p + 1),
+        }
+    }
+    out
 }
 
 /// XXH3 of each page in `pages`, spread over the machine's cores for large ranges.
@@ -194,6 +209,14 @@ mod tests {
         // A sub-range sees only its own pages.
         let half = t.written(&bytes, 0..pages / 2);
         assert!(half.iter().all(|&(p, _)| p < pages / 2));
+        let among: Vec<usize> = (0..pages)
+            .step_by(3)
+            .chain(want.iter().copied())
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        let got = t.written_among(&bytes, &among);
+        assert_eq!(got, want, "written_among finds the written pages of a list");
         t.record(&found);
         assert!(t.written(&bytes, 0..pages).is_empty());
     }

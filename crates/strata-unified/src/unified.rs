@@ -376,16 +376,12 @@ impl Unified {
         // Conflicts, where cheap: the host copy changed only by CPU writes (no write-down during
         // the kernels), so a dirty page whose hash moved was written on both sides.
         if !gpu_wins && !behind_our_back && !dirty.is_empty() {
-            let cpu: Vec<u64> = dirty
-                .iter()
-                .copied()
-                .filter(|&p| {
-                    let p = to_usize(p);
-                    !self
-                        .tracker
-                        .written(self.space.host_bytes(), p..p + 1)
-                        .is_empty()
-                })
+            let idx: Vec<usize> = dirty.iter().map(|&p| to_usize(p)).collect();
+            let cpu: Vec<u64> = self
+                .tracker
+                .written_among(self.space.host_bytes(), &idx)
+                .into_iter()
+                .map(|p| p as u64)
                 .collect();
             if self.tracker.mode() == DirtyTracking::Hash {
                 report.hashed_bytes = dirty.len() as u64 * self.page;
