@@ -220,8 +220,8 @@ pub unsafe extern "C" fn strata_unified_info(
     })
 }
 
-/// The value kernels take (`strata_unified_handle_t`, `StrataUnified` in unified.cuh). Taking
-/// it starts a GPU phase's bookkeeping: sync to the GPU before launching, to the CPU after.
+/// The value kernels take (`strata_unified_handle_t`, `StrataUnified` in unified.cuh); it may
+/// be kept and reused. Sync to the GPU before launching kernels with it, to the CPU after.
 ///
 /// # Safety
 /// `out` is valid for a write.

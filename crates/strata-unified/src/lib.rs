@@ -27,6 +27,15 @@
 //!   oversubscribed, eviction may have written it down already, and the error says so).
 //! * Page states and transitions: [`page_state`].
 //!
+//! # Costs
+//! Only pages that changed move, in both directions. Finding the CPU's writes costs one hash
+//! pass over the synced range per sync with [`DirtyTracking::Hash`] (about 16 ms per GiB on 16
+//! cores); [`DirtyTracking::Declared`] costs nothing but counts only writes named through
+//! [`Unified::cpu_mut`] / [`Unified::mark_cpu_written`]. An allocation the GPU cache holds
+//! whole runs without the space's background write-back (nothing is ever evicted, so it would
+//! only copy pages down during kernels); a larger one keeps it. Measured against CUDA managed
+//! memory in `results/README.md`.
+//!
 //! # Limits of this version
 //! The data must fit host memory (pinned); larger allocations are refused with
 //! [`UnifiedError::BeyondHostMemory`]. One GPU per allocation.

@@ -82,8 +82,6 @@ pub struct Unified {
     /// different count means pages were written down into the host copy behind our back
     /// (evictions during a kernel), so their hashes must be taken again.
     writebacks_seen: u64,
-    /// A handle was handed out since the last accounting (a kernel may have run).
-    gpu_ran: bool,
     stats: UnifiedStats,
 }
 
@@ -125,7 +123,6 @@ impl Unified {
             accessed_by: Vec::new(),
             tracker,
             writebacks_seen,
-            gpu_ran: false,
             stats: UnifiedStats::default(),
         })
     }
@@ -215,7 +212,6 @@ impl Unified {
     /// the last [`Unified::sync_to_gpu`]; call [`Unified::sync_to_cpu`] after the kernels
     /// before the CPU reads or writes (or use [`Unified::launch`], which does both).
     pub fn handle(&mut self) -> UnifiedHandle<'_> {
-        self.gpu_ran = true;
         UnifiedHandle {
             space: self.space.handle(),
             cpu_base: self.space.host_raw_ptr() as u64,
@@ -253,7 +249,6 @@ impl Unified {
             self.tracker.rehash_all(self.space.host_bytes());
         }
         self.writebacks_seen = now;
-        self.gpu_ran = false;
         Ok(happened)
     }
 
@@ -263,9 +258,9 @@ impl Unified {
     /// last sync is a [`UnifiedError::Conflict`], with nothing changed.
     pub fn sync_to_gpu(&mut self, range: Range<u64>) -> Result<SyncReport, UnifiedError> {
         let pages = self.pages_outward(&range)?;
-        if self.gpu_ran {
-            self.account_gpu_write_downs()?;
-        }
+        // Always (one small read of the device counters): kernels may have run with a handle
+        // taken long before (C code keeps it), and evictions during them changed the host copy.
+        self.account_gpu_write_downs()?;
         let mut report = SyncReport::default();
         if self.tracker.mode() == DirtyTracking::Hash {
             report.hashed_bytes = (pages.end - pages.start) * self.page;
@@ -433,7 +428,6 @@ impl Unified {
             self.tracker.rehash(self.space.host_bytes(), &idx);
         }
         self.writebacks_seen = self.space.stats()?.writebacks;
-        self.gpu_ran = false;
         let leave: Vec<u64> = (pages.start..pages.end)
             .filter(|&p| self.preferred[to_usize(p)] == Some(Location::Cpu))
             .collect();
@@ -537,9 +531,7 @@ impl Unified {
     /// sides then see the host copy's bytes as they are. Returns the pages discarded.
     pub fn discard(&mut self, range: Range<u64>) -> Result<u64, UnifiedError> {
         self.check_range(&range)?;
-        if self.gpu_ran {
-            self.account_gpu_write_downs()?;
-        }
+        self.account_gpu_write_downs()?;
         let first = range.start.div_ceil(self.page);
         let last = if range.end == self.size {
             self.state.len() as u64
