@@ -31,4 +31,5 @@ pub mod record;
 pub mod store_spec;
 pub mod stream;
 pub mod sys;
+pub mod unified;
 pub mod workloads;

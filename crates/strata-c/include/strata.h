@@ -41,6 +41,10 @@ extern "C" {
 #define STRATA_E_RANGE 9               /* a host-side range outside the space */
 #define STRATA_E_KERNEL_OUT_OF_RANGE 10 /* a kernel accessed an element or page outside the space */
 #define STRATA_E_NO_FRAME 11           /* a kernel held more pages at once than the cache has frames */
+#define STRATA_E_HANDLE 12             /* not a live unified allocation (freed already, or never allocated) */
+#define STRATA_E_CONFLICT 13           /* the CPU and the GPU both wrote a page since the last sync */
+#define STRATA_E_READ_MOSTLY 14        /* a kernel wrote a page advised read-mostly (its writes were dropped) */
+#define STRATA_E_UNSUPPORTED 15        /* a use this version refuses (allocations larger than host memory) */
 
 /* This thread's last error message ("" when the last call succeeded). */
 const char* strata_last_error(void);
@@ -160,14 +164,71 @@ int strata_region_stats(const strata_region_t* region, strata_region_stats_t* ou
  * error is returned and `region` remains valid. NULL is ignored. */
 int strata_region_close(strata_region_t* region);
 
+/* ---- unified allocations: one copy of the data for CPU code and kernels -------------------
+ * strata_alloc returns a handle and a CPU pointer to pinned host memory that C code reads and
+ * writes directly; kernels built with nvcc take strata_unified_handle_t (StrataUnified in
+ * strata/unified.cuh) and reach the same bytes through a GPU page cache, byte offsets equal on
+ * both sides (strata::unified_offset translates CPU addresses stored in the data).
+ * Rules: phases alternate. Call strata_sync(.., STRATA_SYNC_TO_GPU) before kernels and
+ * strata_sync(.., STRATA_SYNC_TO_CPU) after them (after the kernels finished) before the CPU
+ * touches the data; only pages that changed move. A page both sides wrote between two syncs is
+ * STRATA_E_CONFLICT with nothing changed. Handles are checked: a freed or unknown handle is
+ * STRATA_E_HANDLE, never a crash. Allocations must fit host memory (else STRATA_E_UNSUPPORTED). */
+typedef uint64_t strata_unified_t; /* 0 is never a valid handle */
+
+#define STRATA_TRACK_HASH 0u     /* CPU writes found by page hashes at each sync (any write) */
+#define STRATA_TRACK_DECLARED 1u /* only ranges passed to strata_mark_written count */
+
+typedef struct strata_unified_options_t {
+    uint64_t page_size;      /* coherence and paging unit: power of two, 4 KiB to 2 MiB */
+    uint64_t cache_bytes;    /* GPU memory for the page cache (at least 2 pages) */
+    uint32_t dirty_tracking; /* STRATA_TRACK_* */
+    uint32_t reserved;       /* 0 */
+} strata_unified_options_t;
+
+/* The value kernels take: the space's handle and the CPU address of byte 0 (104 bytes). */
+typedef struct strata_unified_handle_t {
+    strata_space_handle_t space;
+    uint64_t cpu_base;
+} strata_unified_handle_t;
+
+#define STRATA_LOCATION_NONE 0
+#define STRATA_LOCATION_CPU 1
+#define STRATA_LOCATION_GPU 2
+
+#define STRATA_ADVISE_READ_MOSTLY 1        /* kernels only read: never written back */
+#define STRATA_ADVISE_UNSET_READ_MOSTLY 2
+#define STRATA_ADVISE_PREFERRED_LOCATION 3 /* location NONE, CPU or GPU */
+#define STRATA_ADVISE_ACCESSED_BY 4        /* location CPU or GPU (recorded; both always reach it) */
+
+#define STRATA_SYNC_TO_GPU 1
+#define STRATA_SYNC_TO_CPU 2
+#define STRATA_SYNC_TO_CPU_OVERWRITING 3 /* to the CPU, conflicts resolved with the GPU's bytes */
+
+int strata_unified_options_default(strata_unified_options_t* out);
+/* Size and options are checked before the GPU is needed; cpu may be NULL. */
+int strata_alloc(const strata_gpu_t* gpu, uint64_t size, const strata_unified_options_t* options,
+                 strata_unified_t* out, void** cpu);
+int strata_free(strata_unified_t a);
+int strata_unified_info(strata_unified_t a, void** cpu, uint64_t* size, uint64_t* page_size);
+int strata_unified_handle(strata_unified_t a, strata_unified_handle_t* out);
+int strata_advise(strata_unified_t a, uint64_t offset, uint64_t len, int advice, int location);
+int strata_prefetch(strata_unified_t a, uint64_t offset, uint64_t len, int location);
+/* Drops the GPU copies of the whole pages inside the range without write-back; pages may be NULL. */
+int strata_discard(strata_unified_t a, uint64_t offset, uint64_t len, uint64_t* pages);
+int strata_sync(strata_unified_t a, uint64_t offset, uint64_t len, int direction);
+int strata_mark_written(strata_unified_t a, uint64_t offset, uint64_t len);
+
 #ifdef __cplusplus
 }
 #endif
 
 #ifdef __cplusplus
 static_assert(sizeof(strata_space_handle_t) == 96, "strata_space_handle_t must match StrataSpace");
+static_assert(sizeof(strata_unified_handle_t) == 104, "strata_unified_handle_t must match StrataUnified");
 #else
 _Static_assert(sizeof(strata_space_handle_t) == 96, "strata_space_handle_t must match StrataSpace");
+_Static_assert(sizeof(strata_unified_handle_t) == 104, "strata_unified_handle_t must match StrataUnified");
 #endif
 
 #endif /* STRATA_H */

@@ -24,6 +24,12 @@ pub enum Error {
     /// The GPU runtime or a space failed.
     #[error(transparent)]
     Space(#[from] SpaceError),
+    /// A unified allocation failed (strata_alloc and its calls).
+    #[error(transparent)]
+    Unified(#[from] strata_unified::UnifiedError),
+    /// A unified allocation handle that is not live (freed, or never allocated).
+    #[error("{0}")]
+    Handle(String),
 }
 
 /// C status codes (`STRATA_OK` and the `STRATA_E_*` values of `strata.h`).
@@ -55,6 +61,14 @@ pub enum Status {
     /// A kernel's warps waited past the space's wait limit for a free frame (more pages held
     /// at once than the cache has frames).
     NoFrame = 11,
+    /// Not a live unified allocation handle (freed already, or never allocated).
+    Handle = 12,
+    /// The CPU and the GPU both wrote a page of a unified allocation since the last sync.
+    Conflict = 13,
+    /// A kernel wrote a page advised read-mostly (its writes were dropped).
+    ReadMostly = 14,
+    /// A use this version refuses (a unified allocation larger than host memory).
+    Unsupported = 15,
 }
 
 impl Error {
@@ -65,22 +79,38 @@ impl Error {
             Error::Config(_) => Status::Config,
             Error::Open(_) => Status::Store,
             Error::Region(_) => Status::Region,
-            Error::Space(e) => match e {
-                SpaceError::Driver(DriverError::NoDriver) => Status::NoDriver,
-                SpaceError::Driver(_) => Status::Cuda,
-                SpaceError::Compile(_) => Status::Compile,
-                SpaceError::Invalid(_) | SpaceError::NoHostCopy => Status::Invalid,
-                SpaceError::CacheTooLarge { .. } => Status::NoMemory,
-                SpaceError::OutOfRange { .. } | SpaceError::PageOutOfRange { .. } => {
-                    Status::KernelOutOfRange
+            Error::Handle(_) => Status::Handle,
+            Error::Unified(e) => {
+                use strata_unified::UnifiedError as U;
+                match e {
+                    U::Space(s) => Error::space_status(s),
+                    U::Invalid(_) => Status::Invalid,
+                    U::Range { .. } => Status::Range,
+                    U::BeyondHostMemory { .. } => Status::Unsupported,
+                    U::Conflict { .. } => Status::Conflict,
+                    U::ReadMostlyWritten { .. } => Status::ReadMostly,
                 }
-                SpaceError::NoFrame { .. } => Status::NoFrame,
-                SpaceError::Range { .. } => Status::Range,
-                SpaceError::Store { .. }
-                | SpaceError::StoreFailed { .. }
-                | SpaceError::Unflushed { .. }
-                | SpaceError::Ring(_) => Status::Store,
-            },
+            }
+            Error::Space(e) => Error::space_status(e),
+        }
+    }
+
+    fn space_status(e: &SpaceError) -> Status {
+        match e {
+            SpaceError::Driver(DriverError::NoDriver) => Status::NoDriver,
+            SpaceError::Driver(_) => Status::Cuda,
+            SpaceError::Compile(_) => Status::Compile,
+            SpaceError::Invalid(_) | SpaceError::NoHostCopy => Status::Invalid,
+            SpaceError::CacheTooLarge { .. } => Status::NoMemory,
+            SpaceError::OutOfRange { .. } | SpaceError::PageOutOfRange { .. } => {
+                Status::KernelOutOfRange
+            }
+            SpaceError::NoFrame { .. } => Status::NoFrame,
+            SpaceError::Range { .. } => Status::Range,
+            SpaceError::Store { .. }
+            | SpaceError::StoreFailed { .. }
+            | SpaceError::Unflushed { .. }
+            | SpaceError::Ring(_) => Status::Store,
         }
     }
 }
@@ -142,6 +172,10 @@ pub extern "C" fn strata_status_name(status: i32) -> *const c_char {
         9 => b"STRATA_E_RANGE\0",
         10 => b"STRATA_E_KERNEL_OUT_OF_RANGE\0",
         11 => b"STRATA_E_NO_FRAME\0",
+        12 => b"STRATA_E_HANDLE\0",
+        13 => b"STRATA_E_CONFLICT\0",
+        14 => b"STRATA_E_READ_MOSTLY\0",
+        15 => b"STRATA_E_UNSUPPORTED\0",
         _ => b"STRATA_E_UNKNOWN\0",
     };
     s.as_ptr().cast()

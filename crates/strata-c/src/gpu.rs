@@ -13,7 +13,7 @@ use crate::region::non_null;
 /// A GPU with Strata's kernels loaded (`strata_gpu`).
 #[derive(Debug)]
 pub struct CGpu {
-    strata: Strata,
+    pub(crate) strata: Strata,
 }
 
 /// A space (`strata_space`).
@@ -143,7 +143,7 @@ pub unsafe extern "C" fn strata_space_options_default(o: *mut CSpaceOptions) {
     unsafe { o.write(c) };
 }
 
-fn put<T>(out: *mut T, value: T) -> Result<(), Error> {
+pub(crate) fn put<T>(out: *mut T, value: T) -> Result<(), Error> {
     if out.is_null() {
         return Err(Error::Invalid("out is NULL".into()));
     }

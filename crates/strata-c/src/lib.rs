@@ -12,6 +12,7 @@
 pub mod error;
 pub mod gpu;
 pub mod region;
+pub mod unified;
 
 pub use error::{Error, Status};
 pub use region::{RegionSpec, open_region};

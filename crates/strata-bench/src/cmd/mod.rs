@@ -8,6 +8,7 @@ pub mod measure;
 pub mod pager;
 pub mod remote;
 pub mod run;
+pub mod unified;
 pub mod workloads;
 
 /// `strata bench <what>`.
@@ -34,6 +35,9 @@ pub enum BenchCommand {
     /// Unmodified programs under `strata run` against the kernel swapping to zram and to a
     /// swap file, at the same memory limit (root).
     Run(run::RunBenchArgs),
+    /// Unified allocations (one copy for CPU and GPU) against CUDA managed memory with the same
+    /// hints, and oversubscribed against zero-copy and explicit copies.
+    Unified(unified::UnifiedBenchArgs),
     /// Measure this machine's ceilings (host memory, disk O_DIRECT, PCIe, page gathers, HBM)
     /// and cache them per host, device and driver.
     Ceilings(measure::CeilingsArgs),
@@ -78,6 +82,7 @@ pub fn run(command: &BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Embed(args) => workloads::embed(args),
         BenchCommand::Copy(args) => copy::bench(args),
         BenchCommand::Run(args) => run::run(args),
+        BenchCommand::Unified(args) => unified::bench(args),
         BenchCommand::Ceilings(args) => measure::ceilings(args),
         BenchCommand::Compare(args) => measure::compare(args),
         BenchCommand::Plot(args) => measure::plot(args),

@@ -14,11 +14,13 @@ use crate::tier::host_copy::HostCopy;
 use crate::tier::peer::PeerTier;
 use crate::tier::store::StoreTier;
 
+mod coherence;
 mod error;
 mod options;
 mod stats;
 mod write_back;
 
+pub use coherence::DroppedPages;
 pub use error::SpaceError;
 pub use options::{
     AUTO_MIGRATE_AFTER_PER_4K, BackgroundWriteBack, ElementType, EvictionPolicy, PEER_CHUNK_BYTES,

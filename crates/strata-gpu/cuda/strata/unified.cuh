@@ -1,0 +1,62 @@
+// strata/unified.cuh: kernels over a unified allocation (strata-unified's `Unified`, C's
+// strata_alloc): one copy of the data that CPU code reads and writes through an ordinary
+// pointer and kernels through this header, byte offsets equal on both sides.
+//
+//   #include "strata/unified.cuh"
+//   struct Node { unsigned long long next; unsigned long long value; };  // next: a CPU address
+//   extern "C" __global__ void sum_list(StrataUnified u, unsigned long long head, unsigned long long* out) {
+//       strata::Unified<unsigned long long> a(u);
+//       unsigned long long s = 0;
+//       for (unsigned long long at = strata::unified_offset(u, head); at != STRATA_UNIFIED_NULL;
+//            at = strata::unified_offset(u, a.read(at / 8)))
+//           s += a.read(at / 8 + 1);
+//       *out = s;
+//   }
+//
+// Kernels run between a sync to the GPU and a sync to the CPU (the host's launch helper does
+// both); the CPU does not touch the allocation meanwhile.
+#pragma once
+#include "strata.cuh"
+
+// The value kernels take: the space's handle and the CPU address of byte 0 (104 bytes; Rust's
+// strata_unified::UnifiedHandle, C's strata_unified_handle_t).
+struct StrataUnified {
+    StrataSpace space;
+    strata_u64 cpu_base;  // the CPU address of byte 0
+};
+static_assert(sizeof(StrataUnified) == 104, "StrataUnified must match the host's layout");
+
+// A null or foreign CPU address translated: no offset.
+#define STRATA_UNIFIED_NULL 0xFFFFFFFFFFFFFFFFull
+
+namespace strata {
+
+// The byte offset of a CPU address inside the allocation, or STRATA_UNIFIED_NULL when it is
+// null or points outside (so a pointer chase ends at the structure's null).
+__device__ __forceinline__ strata_u64 unified_offset(const StrataUnified& u, strata_u64 cpu_address) {
+    const strata_u64 off = cpu_address - u.cpu_base;  // wraps for addresses below the base
+    return (cpu_address == 0 || off >= u.space.size_bytes) ? STRATA_UNIFIED_NULL : off;
+}
+
+// The CPU address of a byte offset (to store pointers the CPU will follow).
+__device__ __forceinline__ strata_u64 unified_address(const StrataUnified& u, strata_u64 offset) {
+    return u.cpu_base + offset;
+}
+
+// Elements of type T over a unified allocation: Array<T> (read, write, atomic_add; same rules
+// as strata.cuh) plus translation of CPU pointers to element indices.
+template <typename T> struct Unified : Array<T> {
+    strata_u64 cpu_base;
+    __device__ explicit Unified(const StrataUnified& u) : Array<T>(u.space), cpu_base(u.cpu_base) {}
+
+    // The element index of a CPU pointer into the allocation; an index past the end (reported
+    // as an out-of-range access if used) for null or foreign pointers or misaligned ones.
+    __device__ __forceinline__ strata_u64 index_of(const T* cpu_pointer) const {
+        const strata_u64 a = (strata_u64)cpu_pointer;
+        const strata_u64 off = a - cpu_base;
+        if (a == 0 || off >= this->s.size_bytes || off % sizeof(T) != 0) return STRATA_UNIFIED_NULL;
+        return off / sizeof(T);
+    }
+};
+
+}  // namespace strata

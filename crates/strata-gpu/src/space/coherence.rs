@@ -1,0 +1,244 @@
+//! What a coherence layer above a space (one allocation shared by CPU code and kernels,
+//! `strata-unified`) needs from it besides flush/evict/prefetch: which pages the GPU holds
+//! dirty, and dropping the GPU's copies of pages *without* writing them back (the CPU wrote
+//! newer bytes into the host copy, so a write-back would destroy them).
+//!
+//! Both run from the host with no kernel in flight (they wait for the whole context first, as
+//! every maintenance call does), so they read and edit the page and frame tables with plain
+//! copies: at rest no page is LOADING or EVICTING and no pin is held, and a page word and its
+//! frame entry change together exactly as the device's eviction changes them
+//! (`retire_page_word`: state NOT_RESIDENT, version bumped, history kept; frame freed).
+
+use std::ops::Range;
+
+use super::{Space, SpaceError};
+use crate::layout::{FrameEntry, NO_PAGE, PageWord, RESIDENT};
+
+/// Frame flag: the frame is in the protected segment (`STRATA_FRAME_PROTECTED`, layout.cuh).
+const FRAME_PROTECTED: u32 = 2;
+
+/// What [`Space::drop_pages`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DroppedPages {
+    /// Pages whose frame was freed.
+    pub dropped: u64,
+    /// Of those, pages that were dirty in their frame (their GPU writes are gone).
+    pub dirty_dropped: Vec<u64>,
+}
+
+impl Space {
+    /// Pages in `pages` (page indices) that sit dirty in a GPU frame, in ascending order: the
+    /// GPU wrote them since they were loaded or last written down. Waits for every kernel
+    /// queued on the GPU first.
+    pub fn gpu_dirty_pages(&self, pages: Range<u64>) -> Result<Vec<u64>, SpaceError> {
+        Ok(self
+            .resident_pages(pages)?
+            .into_iter()
+            .filter(|&(_, w)| w.dirty)
+            .map(|(p, _)| p)
+            .collect())
+    }
+
+    /// Pages in `pages` that sit in a GPU frame (clean or dirty), ascending.
+    pub fn gpu_resident_pages(&self, pages: Range<u64>) -> Result<Vec<u64>, SpaceError> {
+        Ok(self
+            .resident_pages(pages)?
+            .into_iter()
+            .map(|(p, _)| p)
+            .collect())
+    }
+
+    fn check_pages(&self, pages: &Range<u64>) -> Result<(), SpaceError> {
+        if pages.start > pages.end || pages.end > self.handle.pages {
+            return Err(SpaceError::Invalid(format!(
+                "page range {}..{} is outside the space's {} pages: pass page indices below {}",
+                pages.start, pages.end, self.handle.pages, self.handle.pages
+            )));
+        }
+        Ok(())
+    }
+
+    /// The resident pages of a page range with their decoded words.
+    fn resident_pages(&self, pages: Range<u64>) -> Result<Vec<(u64, PageWord)>, SpaceError> {
+        self.check_pages(&pages)?;
+        if pages.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.gpu.synchronize_context()?;
+        let words = self.page_words(&pages)?;
+        Ok(pages
+            .zip(words)
+            .map(|(p, w)| (p, PageWord::decode(w)))
+            .filter(|(_, w)| w.state == RESIDENT)
+            .collect())
+    }
+
+    fn page_words(&self, pages: &Range<u64>) -> Result<Vec<u64>, SpaceError> {
+        let n = usize::try_from(pages.end - pages.start)
+            .map_err(|_| SpaceError::Invalid("page range too large".into()))?;
+        let mut words = vec![0u64; n];
+        self.page_table
+            .download(to_offset(pages.start)?, &mut words)?;
+        Ok(words)
+    }
+
+    /// For a list of ascending, distinct pages: the first page and the page words from it to
+    /// the last (read with no kernel running), or `None` for an empty list.
+    fn words_of_listed(
+        &self,
+        pages: &[u64],
+        call: &str,
+    ) -> Result<Option<(u64, Vec<u64>)>, SpaceError> {
+        if pages.windows(2).any(|w| w[0] >= w[1]) {
+            return Err(SpaceError::Invalid(format!(
+                "{call} takes ascending, distinct page indices"
+            )));
+        }
+        let (Some(&first), Some(&last)) = (pages.first(), pages.last()) else {
+            return Ok(None);
+        };
+        let span = first..last + 1;
+        self.check_pages(&span)?;
+        self.gpu.synchronize_context()?;
+        Ok(Some((first, self.page_words(&span)?)))
+    }
+
+    /// Frees the GPU frames of the listed pages (ascending page indices) **without writing
+    /// them back**, dirty or not: the next kernel access loads the page again from the tier
+    /// below. For a coherence layer whose CPU side wrote newer bytes into the host copy
+    /// (dropping stale GPU copies), and for discards. A space over a store or with a peer tier
+    /// is refused: a page there may have other copies (host cache slots, peer slots) this call
+    /// does not reach. Waits for every kernel queued on the GPU first; returns what it freed.
+    pub fn drop_pages(&self, pages: &[u64]) -> Result<DroppedPages, SpaceError> {
+        if !matches!(self.backing, crate::tier::Backing::HostCopy(_)) || self.peer.is_some() {
+            return Err(SpaceError::Invalid(
+                "dropping GPU copies without write-back needs a space whose only other copy is its pinned host copy (Strata::space without peers)".into(),
+            ));
+        }
+        let Some((first, mut words)) = self.words_of_listed(pages, "drop_pages")? else {
+            return Ok(DroppedPages::default());
+        };
+        let mut frames = vec![
+            FrameEntry {
+                page: NO_PAGE,
+                flags: 0
+            };
+            self.handle.frame_count as usize
+        ];
+        self.frames.download(0, &mut frames)?;
+        let mut out = DroppedPages::default();
+        let mut freed_frames = Vec::new();
+        let mut protected_freed = 0u32;
+        for &p in pages {
+            let i = usize::try_from(p - first).unwrap_or(usize::MAX);
+            let w = PageWord::decode(words[i]);
+            if w.state != RESIDENT {
+                continue;
+            }
+            if w.pins != 0 {
+                return Err(SpaceError::Invalid(format!(
+                    "page {p} is pinned with no kernel running (a kernel ended holding it): nothing was dropped"
+                )));
+            }
+            let f = w.frame as usize;
+            if frames.get(f).map(|e| e.page) != u32::try_from(p).ok() {
+                return Err(SpaceError::Invalid(format!(
+                    "page {p} names frame {f}, which does not hold it: the tables disagree, nothing was dropped"
+                )));
+            }
+            // The device's retire_page_word: not resident, version bumped, history kept.
+            let history = words[i] & crate::layout::HISTORY;
+            let version =
+                (words[i] + (1 << crate::layout::VERSION_SHIFT)) & crate::layout::VERSION_MASK;
+            words[i] = history | version;
+            if frames[f].flags & FRAME_PROTECTED != 0 {
+                protected_freed += 1;
+            }
+            frames[f] = FrameEntry {
+                page: NO_PAGE,
+                flags: 0,
+            };
+            freed_frames.push(f);
+            out.dropped += 1;
+            if w.dirty {
+                out.dirty_dropped.push(p);
+            }
+        }
+        if out.dropped == 0 {
+            return Ok(out);
+        }
+        self.page_table.upload(to_offset(first)?, &words)?;
+        freed_frames.sort_unstable();
+        for run in runs(&freed_frames) {
+            self.frames.upload(run.start * 8, &frames[run])?;
+        }
+        if protected_freed > 0 {
+            let mut c = self.counters()?;
+            c.protected_now = c.protected_now.saturating_sub(protected_freed);
+            self.counters.upload(0, std::slice::from_ref(&c))?;
+        }
+        Ok(out)
+    }
+
+    /// Writes the listed pages (ascending) that sit dirty in a GPU frame down into the host
+    /// copy, one copy each, and marks them clean (they stay cached): a flush of just these
+    /// pages. Returns the pages written. A space over a store is refused (its pages go down
+    /// through the ring; use [`Space::flush`]). Waits for every kernel queued on the GPU first.
+    pub fn write_down_pages(&mut self, pages: &[u64]) -> Result<Vec<u64>, SpaceError> {
+        let Some((first, mut words)) = self.words_of_listed(pages, "write_down_pages")? else {
+            return Ok(Vec::new());
+        };
+        let ps = self.page_size();
+        let page_bytes = usize::try_from(ps).unwrap_or(usize::MAX);
+        let crate::tier::Backing::HostCopy(h) = &mut self.backing else {
+            return Err(SpaceError::NoHostCopy);
+        };
+        let host = h.buffer.as_mut_slice();
+        let mut written = Vec::new();
+        for &p in pages {
+            let i = usize::try_from(p - first).unwrap_or(usize::MAX);
+            let w = PageWord::decode(words[i]);
+            if w.state != RESIDENT || !w.dirty {
+                continue;
+            }
+            let at = usize::try_from(p * ps).unwrap_or(usize::MAX);
+            let frame_at = usize::try_from(u64::from(w.frame) * ps).unwrap_or(usize::MAX);
+            self._frame_data
+                .download(frame_at, &mut host[at..at + page_bytes])?;
+            words[i] &= !crate::layout::DIRTY;
+            written.push(p);
+        }
+        if !written.is_empty() {
+            self.page_table.upload(to_offset(first)?, &words)?;
+        }
+        Ok(written)
+    }
+}
+
+fn to_offset(page: u64) -> Result<usize, SpaceError> {
+    usize::try_from(page * 8).map_err(|_| SpaceError::Invalid("page index too large".into()))
+}
+
+/// Runs of consecutive values in a sorted list, as index ranges into the values' domain.
+fn runs(sorted: &[usize]) -> Vec<Range<usize>> {
+    let mut out: Vec<Range<usize>> = Vec::new();
+    for &v in sorted {
+        match out.last_mut() {
+            Some(r) if r.end == v => r.end += 1,
+            _ => out.push(v..v + 1),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::runs;
+
+    #[test]
+    fn runs_group_consecutive_frames() {
+        assert_eq!(runs(&[]), Vec::<std::ops::Range<usize>>::new());
+        assert_eq!(runs(&[3]), vec![3..4]);
+        assert_eq!(runs(&[0, 1, 2, 5, 7, 8]), vec![0..3, 5..6, 7..9]);
+    }
+}

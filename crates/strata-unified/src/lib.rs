@@ -1,0 +1,77 @@
+//! One allocation for CPU and GPU: [`Unified`] is a CPU slice/pointer and a GPU handle over
+//! **one copy** of the data, GMEM's unified alloc/free in user space on NVIDIA GPUs.
+//!
+//! The data lives in the pinned host copy of a Strata GPU space: the CPU reads and writes it
+//! directly (no fault, no copy), kernels reach it through the space's GPU page cache (frames
+//! loaded on demand by the faulting warp, so the allocation may be larger than the cache).
+//! Byte offsets are equal on both sides, and `strata/unified.cuh` translates CPU addresses
+//! stored in the data (`strata::unified_offset`), so a pointer-linked structure the CPU built
+//! is walked by a kernel as it is.
+//!
+//! # Coherence rules (like managed memory without concurrent access)
+//! * Phases alternate. A **GPU phase** runs from [`Unified::sync_to_gpu`] to
+//!   [`Unified::sync_to_cpu`]; kernels run only inside one, and the CPU neither reads nor
+//!   writes the allocation then. Between them is a **CPU phase**. [`Unified::launch`] wraps
+//!   one kernel in one GPU phase.
+//! * `sync_to_gpu(range)` finds the pages the CPU wrote (see [`DirtyTracking`]) and frees
+//!   their GPU copies **without** write-back; other pages keep their GPU copies. A page the CPU
+//!   must hand over before a kernel has to be in a synced range (the launch helper syncs all).
+//! * `sync_to_cpu(range)` writes the pages the GPU dirtied down into the host copy (only
+//!   those); they stay cached, clean.
+//! * A page both sides wrote between two syncs is a [`UnifiedError::Conflict`], detected at
+//!   the next sync (always at `sync_to_gpu`; at `sync_to_cpu` whenever no page was written down
+//!   during the kernels, i.e. always for data that fits the GPU cache). Nothing is changed then:
+//!   [`Unified::discard`] keeps the CPU's bytes, [`Unified::sync_to_cpu_overwriting`] the GPU's.
+//! * Read-mostly pages ([`Advice::ReadMostly`]) are never written back; a kernel write to one
+//!   is dropped and reported ([`UnifiedError::ReadMostlyWritten`]; if the GPU cache was
+//!   oversubscribed, eviction may have written it down already, and the error says so).
+//! * Page states and transitions: [`page_state`].
+//!
+//! # Costs
+//! Only pages that changed move, in both directions. Finding the CPU's writes costs one hash
+//! pass over the synced range per sync with [`DirtyTracking::Hash`] (about 16 ms per GiB on 16
+//! cores); [`DirtyTracking::Declared`] costs nothing but counts only writes named through
+//! [`Unified::cpu_mut`] / [`Unified::mark_cpu_written`]. An allocation the GPU cache holds
+//! whole runs without the space's background write-back (nothing is ever evicted, so it would
+//! only copy pages down during kernels); a larger one keeps it. Measured against CUDA managed
+//! memory in `results/README.md`.
+//!
+//! # Limits of this version
+//! The data must fit host memory (pinned); larger allocations are refused with
+//! [`UnifiedError::BeyondHostMemory`]. One GPU per allocation.
+//!
+//! The benchmark against CUDA managed memory is `strata bench unified` (crate strata-bench).
+#![warn(missing_docs)]
+
+pub mod cpu_tracker;
+mod error;
+mod options;
+pub mod page_state;
+mod unified;
+
+pub use cpu_tracker::DirtyTracking;
+pub use error::UnifiedError;
+pub use options::{Advice, Location, UnifiedOptions, host_available};
+pub use unified::{SyncReport, Unified, UnifiedHandle, UnifiedStats};
+
+/// The device header for unified allocations (`strata/unified.cuh`), to write out beside
+/// `strata.cuh` for nvcc users.
+pub const UNIFIED_CUH: &str = include_str!("../../strata-gpu/cuda/strata/unified.cuh");
+
+/// Compiles a kernel source that uses `strata/unified.cuh` (and so `strata.cuh`) through
+/// NVRTC for `strata`'s GPU: the header's text is put in front of the source, so
+/// `#include "strata/unified.cuh"` in the source is optional.
+pub fn compile(
+    strata: &strata_gpu::Strata,
+    source: &str,
+    name: &str,
+) -> Result<strata_gpu::KernelModule, UnifiedError> {
+    Ok(strata.compile(&with_header(source), name)?)
+}
+
+/// `source` with the unified header's text in front (the `#include "strata/unified.cuh"` line,
+/// which NVRTC would not find, removed).
+pub fn with_header(source: &str) -> String {
+    let body = source.replace("#include \"strata/unified.cuh\"", "");
+    format!("{UNIFIED_CUH}\n#line 1 \"user\"\n{body}")
+}

@@ -1,0 +1,556 @@
+//! [`Unified`]: one allocation the CPU reads and writes through a pointer and kernels through
+//! `strata/unified.cuh`, over one copy of the data.
+
+use std::ops::Range;
+
+use strata_gpu::driver::{Args, Function, Grid, KernelParam};
+use strata_gpu::layout::SpaceHandle;
+use strata_gpu::{Space, Strata};
+
+use crate::cpu_tracker::{CpuTracker, DirtyTracking};
+use crate::error::UnifiedError;
+use crate::options::{Advice, Location, UnifiedOptions};
+use crate::page_state::{Action, Event, PageState, Violation, step};
+
+/// The value kernels take for a unified allocation (`StrataUnified` in `strata/unified.cuh`):
+/// the space's handle and the CPU address of byte 0, so that CPU addresses stored in the data
+/// translate to offsets on the device (`strata::unified_offset`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct UnifiedHandle<'a> {
+    /// The space's handle (`StrataSpace`).
+    pub space: SpaceHandle<'a>,
+    /// The CPU address of byte 0 of the allocation.
+    pub cpu_base: u64,
+}
+
+const _: () = assert!(std::mem::size_of::<UnifiedHandle<'_>>() == 104);
+
+// SAFETY: #[repr(C)] and Copy: a StrataSpace (itself a KernelParam laid out as the header's
+// struct) followed by a u64, exactly `StrataUnified` in unified.cuh; no host references.
+unsafe impl KernelParam for UnifiedHandle<'_> {
+    fn companion_key(&self) -> Option<u64> {
+        self.space.companion_key()
+    }
+}
+
+/// What a sync did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SyncReport {
+    /// Pages found written by the CPU (to the GPU) since the last sync.
+    pub cpu_written: u64,
+    /// Stale GPU copies freed without write-back.
+    pub gpu_copies_dropped: u64,
+    /// Pages the GPU wrote, written down into the host copy.
+    pub written_down: u64,
+    /// Bytes hashed to find CPU writes.
+    pub hashed_bytes: u64,
+}
+
+/// Totals over the allocation's life.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct UnifiedStats {
+    /// Syncs to the GPU.
+    pub syncs_to_gpu: u64,
+    /// Syncs to the CPU.
+    pub syncs_to_cpu: u64,
+    /// Sum of the syncs' reports.
+    pub total: SyncReport,
+}
+
+impl SyncReport {
+    fn add(&mut self, o: &SyncReport) {
+        self.cpu_written += o.cpu_written;
+        self.gpu_copies_dropped += o.gpu_copies_dropped;
+        self.written_down += o.written_down;
+        self.hashed_bytes += o.hashed_bytes;
+    }
+}
+
+/// One allocation for CPU and GPU. See the crate docs for the rules.
+#[derive(Debug)]
+pub struct Unified {
+    space: Space,
+    size: u64,
+    page: u64,
+    state: Vec<PageState>,
+    read_mostly: Vec<bool>,
+    preferred: Vec<Option<Location>>,
+    accessed_by: Vec<(Range<u64>, Location)>,
+    tracker: CpuTracker,
+    /// The space's device write-back count when this side last accounted for them: a
+    /// different count means pages were written down into the host copy behind our back
+    /// (evictions during a kernel), so their hashes must be taken again.
+    writebacks_seen: u64,
+    stats: UnifiedStats,
+}
+
+fn to_usize(v: u64) -> usize {
+    usize::try_from(v).unwrap_or(usize::MAX)
+}
+
+/// Runs of consecutive page indices.
+fn runs(pages: &[u64]) -> Vec<Range<u64>> {
+    let mut out: Vec<Range<u64>> = Vec::new();
+    for &p in pages {
+        match out.last_mut() {
+            Some(r) if r.end == p => r.end += 1,
+            _ => out.push(p..p + 1),
+        }
+    }
+    out
+}
+
+impl Unified {
+    /// Allocates `size` bytes (zero-filled) on `strata`'s GPU: pinned host memory the CPU
+    /// uses directly, paged into a GPU cache of `options.cache_bytes` for kernels.
+    pub fn new(strata: &Strata, size: u64, options: &UnifiedOptions) -> Result<Self, UnifiedError> {
+        let space_options = options.validate(size)?;
+        let page = space_options.page_size;
+        let rounded = size.next_multiple_of(page);
+        let space = strata.space(rounded, &space_options)?;
+        let pages = rounded / page;
+        let tracker = CpuTracker::new(options.dirty_tracking, to_usize(page), space.host_bytes());
+        let writebacks_seen = space.stats()?.writebacks;
+        let n = to_usize(pages);
+        Ok(Unified {
+            space,
+            size,
+            page,
+            state: vec![PageState::Shared; n],
+            read_mostly: vec![false; n],
+            preferred: vec![None; n],
+            accessed_by: Vec::new(),
+            tracker,
+            writebacks_seen,
+            stats: UnifiedStats::default(),
+        })
+    }
+
+    /// Bytes the allocation holds.
+    pub fn len(&self) -> u64 {
+        self.size
+    }
+
+    /// Always false: an allocation has at least one byte.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// The coherence and paging unit in bytes.
+    pub fn page_size(&self) -> u64 {
+        self.page
+    }
+
+    /// The space under the allocation (statistics, the GPU, the cache size).
+    pub fn space(&self) -> &Space {
+        &self.space
+    }
+
+    /// Totals of the syncs so far.
+    pub fn stats(&self) -> UnifiedStats {
+        self.stats
+    }
+
+    /// The state of page `p` as of the last sync.
+    pub fn page_state(&self, p: u64) -> Option<PageState> {
+        self.state.get(to_usize(p)).copied()
+    }
+
+    /// The `accessed-by` advice given so far (recorded; see [`Advice::AccessedBy`]).
+    pub fn accessed_by(&self) -> &[(Range<u64>, Location)] {
+        &self.accessed_by
+    }
+
+    /// The CPU's view of the data. Between a kernel and [`Unified::sync_to_cpu`] it may lack
+    /// the GPU's writes (the launch helper syncs for you).
+    pub fn as_slice(&self) -> &[u8] {
+        &self.space.host_bytes()[..to_usize(self.size)]
+    }
+
+    /// The CPU's view, writable. With [`DirtyTracking::Declared`] the whole allocation counts
+    /// as written at the next sync (use [`Unified::cpu_mut`] to name less).
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        if self.tracker.mode() == DirtyTracking::Declared {
+            self.tracker.declare(0..self.state.len());
+        }
+        let size = to_usize(self.size);
+        // SAFETY: the host copy is `pages * page` bytes of pinned memory owned by the space,
+        // which `self` owns; `&mut self` excludes every other slice of it on the CPU side, and
+        // the GPU side writes it only during kernels and syncs, which the rules (and the
+        // launch helper) keep apart from CPU phases.
+        unsafe { std::slice::from_raw_parts_mut(self.space.host_raw_ptr(), size) }
+    }
+
+    /// Bytes `range` of the CPU's view, writable, declared written.
+    pub fn cpu_mut(&mut self, range: Range<u64>) -> Result<&mut [u8], UnifiedError> {
+        self.mark_cpu_written(range.clone())?;
+        let (start, end) = (to_usize(range.start), to_usize(range.end));
+        // SAFETY: as in as_mut_slice; `range` was checked to lie within the allocation.
+        let all = unsafe {
+            std::slice::from_raw_parts_mut(self.space.host_raw_ptr(), to_usize(self.size))
+        };
+        Ok(&mut all[start..end])
+    }
+
+    /// Declares that the CPU wrote `range` (through [`Unified::as_ptr`], say): those pages
+    /// count as written at the next sync whatever the tracking mode.
+    pub fn mark_cpu_written(&mut self, range: Range<u64>) -> Result<(), UnifiedError> {
+        let pages = self.pages_outward(&range)?;
+        self.tracker
+            .declare(to_usize(pages.start)..to_usize(pages.end));
+        Ok(())
+    }
+
+    /// The CPU address of byte 0 (for C code and pointers stored in the data); valid as long
+    /// as the allocation lives.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.space.host_raw_ptr()
+    }
+
+    /// The handle for kernels written against `strata/unified.cuh`. The GPU phase starts at
+    /// the last [`Unified::sync_to_gpu`]; call [`Unified::sync_to_cpu`] after the kernels
+    /// before the CPU reads or writes (or use [`Unified::launch`], which does both).
+    pub fn handle(&mut self) -> UnifiedHandle<'_> {
+        UnifiedHandle {
+            space: self.space.handle(),
+            cpu_base: self.space.host_raw_ptr() as u64,
+        }
+    }
+
+    fn check_range(&self, r: &Range<u64>) -> Result<(), UnifiedError> {
+        if r.start > r.end || r.end > self.size {
+            return Err(UnifiedError::Range {
+                start: r.start,
+                end: r.end,
+                size: self.size,
+            });
+        }
+        Ok(())
+    }
+
+    /// The pages `r` touches.
+    fn pages_outward(&self, r: &Range<u64>) -> Result<Range<u64>, UnifiedError> {
+        self.check_range(r)?;
+        Ok(r.start / self.page..r.end.div_ceil(self.page))
+    }
+
+    fn all(&self) -> Range<u64> {
+        0..self.size
+    }
+
+    /// Accounts for pages the GPU wrote down into the host copy on its own (evictions and
+    /// background write-back during kernels): their hashes are taken again, so they do not
+    /// look like CPU writes. Returns whether any such write-down happened.
+    fn account_gpu_write_downs(&mut self) -> Result<bool, UnifiedError> {
+        let now = self.space.stats()?.writebacks;
+        let happened = now != self.writebacks_seen;
+        if happened {
+            self.tracker.rehash_all(self.space.host_bytes());
+        }
+        self.writebacks_seen = now;
+        Ok(happened)
+    }
+
+    /// Makes the CPU's writes in `range` visible to kernels: finds the pages the CPU wrote
+    /// since the last sync and frees their stale GPU copies without writing them back (only
+    /// what changed; other pages keep their GPU copies). A page the GPU also wrote since the
+    /// last sync is a [`UnifiedError::Conflict`], with nothing changed.
+    pub fn sync_to_gpu(&mut self, range: Range<u64>) -> Result<SyncReport, UnifiedError> {
+        let pages = self.pages_outward(&range)?;
+        // Always (one small read of the device counters): kernels may have run with a handle
+        // taken long before (C code keeps it), and evictions during them changed the host copy.
+        self.account_gpu_write_downs()?;
+        let mut report = SyncReport::default();
+        if self.tracker.mode() == DirtyTracking::Hash {
+            report.hashed_bytes = (pages.end - pages.start) * self.page;
+        }
+        let written = self.tracker.written(
+            self.space.host_bytes(),
+            to_usize(pages.start)..to_usize(pages.end),
+        );
+        let gpu_dirty = if written.is_empty() {
+            Vec::new()
+        } else {
+            self.space.gpu_dirty_pages(pages.clone())?
+        };
+        let mut next = Vec::with_capacity(written.len());
+        let mut conflicts = Vec::new();
+        let mut drop = Vec::new();
+        for &(p, _) in &written {
+            let p64 = p as u64;
+            let rm = self.read_mostly[p];
+            let mut s = self.state[p];
+            let mut events = Vec::with_capacity(3);
+            if gpu_dirty.binary_search(&p64).is_ok() {
+                events.push(Event::GpuWrote);
+            }
+            events.extend([Event::CpuWrote, Event::SyncToGpu]);
+            let mut failed = false;
+            for e in events {
+                match step(s, e, rm) {
+                    Ok((n, Action::DropGpuCopy)) => {
+                        s = n;
+                        drop.push(p64);
+                    }
+                    Ok((n, _)) => s = n,
+                    Err(Violation::BothWrote | Violation::ReadMostlyWritten) => {
+                        failed = true;
+                        break;
+                    }
+                }
+            }
+            if failed {
+                conflicts.push(p64);
+            }
+            next.push(s);
+        }
+        if !conflicts.is_empty() {
+            return Err(UnifiedError::Conflict {
+                pages: conflicts,
+                page_size: self.page,
+            });
+        }
+        let dropped = self.space.drop_pages(&drop)?;
+        report.cpu_written = written.len() as u64;
+        report.gpu_copies_dropped = dropped.dropped;
+        for (&(p, _), s) in written.iter().zip(next) {
+            self.state[p] = s;
+        }
+        self.tracker.record(&written);
+        // Pages the GPU holds dirty from earlier kernels stay the GPU's.
+        for p in self.space.gpu_dirty_pages(pages.clone())? {
+            self.state[to_usize(p)] = PageState::GpuOwned;
+        }
+        let wanted: Vec<u64> = drop
+            .iter()
+            .copied()
+            .filter(|&p| self.preferred[to_usize(p)] == Some(Location::Gpu))
+            .collect();
+        // One prefetch over the span of the wanted pages, not a launch per run of them: pages
+        // between that are resident already are hits, and the others are loaded too (the
+        // advice asked for the range on the GPU).
+        if let (Some(&a), Some(&b)) = (wanted.first(), wanted.last()) {
+            self.space
+                .prefetch(a * self.page..((b + 1) * self.page).min(self.space.size()))?;
+        }
+        self.stats.syncs_to_gpu += 1;
+        self.stats.total.add(&report);
+        Ok(report)
+    }
+
+    /// Makes the GPU's writes in `range` visible to the CPU: pages dirty in GPU frames are
+    /// written down into the host copy (only those; they stay cached, clean). A dirty page the
+    /// CPU also wrote since the last sync is a [`UnifiedError::Conflict`] with nothing changed
+    /// (checked whenever no page was written down during the kernels, which is always the case
+    /// for data that fits the GPU cache). A dirty page advised read-mostly is dropped, never
+    /// written back, and reported as [`UnifiedError::ReadMostlyWritten`] after the rest of the
+    /// range was synced.
+    pub fn sync_to_cpu(&mut self, range: Range<u64>) -> Result<SyncReport, UnifiedError> {
+        self.sync_to_cpu_inner(range, false)
+    }
+
+    /// [`Unified::sync_to_cpu`] that resolves conflicts in the GPU's favour: pages both sides
+    /// wrote get the GPU's bytes (the CPU's writes to them are overwritten).
+    pub fn sync_to_cpu_overwriting(
+        &mut self,
+        range: Range<u64>,
+    ) -> Result<SyncReport, UnifiedError> {
+        self.sync_to_cpu_inner(range, true)
+    }
+
+    fn sync_to_cpu_inner(
+        &mut self,
+        range: Range<u64>,
+        gpu_wins: bool,
+    ) -> Result<SyncReport, UnifiedError> {
+        let pages = self.pages_outward(&range)?;
+        let behind_our_back = self.space.stats()?.writebacks != self.writebacks_seen;
+        let dirty = self.space.gpu_dirty_pages(pages.clone())?;
+        let mut report = SyncReport::default();
+        // Conflicts, where cheap: the host copy changed only by CPU writes (no write-down during
+        // the kernels), so a dirty page whose hash moved was written on both sides.
+        if !gpu_wins && !behind_our_back && !dirty.is_empty() {
+            let idx: Vec<usize> = dirty.iter().map(|&p| to_usize(p)).collect();
+            let cpu: Vec<u64> = self
+                .tracker
+                .written_among(self.space.host_bytes(), &idx)
+                .into_iter()
+                .map(|p| p as u64)
+                .collect();
+            if self.tracker.mode() == DirtyTracking::Hash {
+                report.hashed_bytes = dirty.len() as u64 * self.page;
+            }
+            if !cpu.is_empty() {
+                return Err(UnifiedError::Conflict {
+                    pages: cpu,
+                    page_size: self.page,
+                });
+            }
+        }
+        let mut down = Vec::new();
+        let mut read_mostly = Vec::new();
+        for &p in &dirty {
+            let i = to_usize(p);
+            let s = if gpu_wins {
+                PageState::Shared
+            } else {
+                self.state[i]
+            };
+            match step(s, Event::GpuWrote, self.read_mostly[i]) {
+                Err(_) if self.read_mostly[i] => read_mostly.push(p),
+                Err(_) => unreachable!("conflicts were ruled out above"),
+                Ok((s, _)) => {
+                    let (s, action) = step(s, Event::SyncToCpu, false).unwrap_or((s, Action::None));
+                    debug_assert_eq!(action, Action::WriteDown);
+                    self.state[i] = s;
+                    down.push(p);
+                }
+            }
+        }
+        if !read_mostly.is_empty() {
+            self.space.drop_pages(&read_mostly)?;
+            report.gpu_copies_dropped = read_mostly.len() as u64;
+        }
+        let whole = pages.start == 0 && pages.end == self.state.len() as u64;
+        if !down.is_empty() {
+            if whole {
+                self.space.flush()?;
+            } else {
+                self.space.write_down_pages(&down)?;
+            }
+        }
+        report.written_down = down.len() as u64;
+        if behind_our_back {
+            self.tracker.rehash_all(self.space.host_bytes());
+        } else {
+            let idx: Vec<usize> = down.iter().map(|&p| to_usize(p)).collect();
+            self.tracker.rehash(self.space.host_bytes(), &idx);
+        }
+        self.writebacks_seen = self.space.stats()?.writebacks;
+        let leave: Vec<u64> = (pages.start..pages.end)
+            .filter(|&p| self.preferred[to_usize(p)] == Some(Location::Cpu))
+            .collect();
+        for r in runs(&leave) {
+            self.space
+                .evict(r.start * self.page..(r.end * self.page).min(self.space.size()))?;
+        }
+        self.stats.syncs_to_cpu += 1;
+        self.stats.total.add(&report);
+        if !read_mostly.is_empty() {
+            return Err(UnifiedError::ReadMostlyWritten {
+                pages: read_mostly,
+                page_size: self.page,
+                reached_host: behind_our_back,
+            });
+        }
+        Ok(report)
+    }
+
+    /// Runs a kernel over the allocation with coherent hand-off: syncs the whole allocation to
+    /// the GPU, launches `function` with the arguments `args` builds from the handle, waits,
+    /// surfaces the kernel's access errors, and syncs everything back to the CPU.
+    pub fn launch(
+        &mut self,
+        function: &Function,
+        grid: Grid,
+        args: impl FnOnce(UnifiedHandle<'_>) -> Args,
+    ) -> Result<SyncReport, UnifiedError> {
+        let mut report = self.sync_to_gpu(self.all())?;
+        let a = args(self.handle());
+        function
+            .launch(grid, &a)
+            .map_err(strata_gpu::SpaceError::from)?;
+        self.space
+            .gpu()
+            .synchronize_context()
+            .map_err(strata_gpu::SpaceError::from)?;
+        self.space.check_errors()?;
+        report.add(&self.sync_to_cpu(self.all())?);
+        Ok(report)
+    }
+
+    /// Gives advice on the pages `range` touches (see [`Advice`]). Marking pages the GPU holds
+    /// dirty read-mostly is refused (sync them to the CPU first).
+    pub fn advise(&mut self, range: Range<u64>, advice: Advice) -> Result<(), UnifiedError> {
+        if range.is_empty() {
+            return Err(UnifiedError::Invalid(format!(
+                "advice on the empty range {}..{} does nothing: pass a range with start < end",
+                range.start, range.end
+            )));
+        }
+        let pages = self.pages_outward(&range)?;
+        let (a, b) = (to_usize(pages.start), to_usize(pages.end));
+        match advice {
+            Advice::ReadMostly(on) => {
+                if on {
+                    let dirty = self.space.gpu_dirty_pages(pages.clone())?;
+                    if !dirty.is_empty() {
+                        return Err(UnifiedError::Invalid(format!(
+                            "{} page(s) of the range (first {}) hold GPU writes not yet synced: call sync_to_cpu before advising read-mostly",
+                            dirty.len(),
+                            dirty[0]
+                        )));
+                    }
+                }
+                self.read_mostly[a..b].fill(on);
+            }
+            Advice::PreferredLocation(l) => self.preferred[a..b].fill(l),
+            Advice::AccessedBy(l) => self.accessed_by.push((range, l)),
+        }
+        Ok(())
+    }
+
+    /// Moves the pages `range` touches toward `to` ahead of use: to the GPU, the range is
+    /// synced to the GPU and loaded into the cache (as far as it holds); to the CPU, the
+    /// GPU's writes are synced down and the range's GPU frames freed.
+    pub fn prefetch(
+        &mut self,
+        range: Range<u64>,
+        to: Location,
+    ) -> Result<SyncReport, UnifiedError> {
+        let pages = self.pages_outward(&range)?;
+        let bytes = pages.start * self.page..(pages.end * self.page).min(self.space.size());
+        match to {
+            Location::Gpu => {
+                let r = self.sync_to_gpu(range)?;
+                self.space.prefetch(bytes)?;
+                Ok(r)
+            }
+            Location::Cpu => {
+                let r = self.sync_to_cpu(range)?;
+                self.space.evict(bytes)?;
+                Ok(r)
+            }
+        }
+    }
+
+    /// Discards the contents of the whole pages inside `range` (GMEM's eager free; partial
+    /// pages at the ends are left alone, so no byte outside the range is touched): their GPU
+    /// copies are freed without write-back, so GPU writes not yet synced are gone, and both
+    /// sides then see the host copy's bytes as they are. Returns the pages discarded.
+    pub fn discard(&mut self, range: Range<u64>) -> Result<u64, UnifiedError> {
+        self.check_range(&range)?;
+        self.account_gpu_write_downs()?;
+        let first = range.start.div_ceil(self.page);
+        let last = if range.end == self.size {
+            self.state.len() as u64
+        } else {
+            range.end / self.page
+        };
+        if first >= last {
+            return Ok(0);
+        }
+        let pages: Vec<u64> = (first..last).collect();
+        for &p in &pages {
+            let i = to_usize(p);
+            self.state[i] = step(self.state[i], Event::Discard, self.read_mostly[i])
+                .map_or(PageState::Shared, |(s, _)| s);
+        }
+        self.space.drop_pages(&pages)?;
+        let (a, b) = (to_usize(first), to_usize(last));
+        let now = self.tracker.written(self.space.host_bytes(), a..b);
+        self.tracker.record(&now);
+        Ok(last - first)
+    }
+}

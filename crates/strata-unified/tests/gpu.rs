@@ -1,0 +1,421 @@
+//! GPU tests of unified allocations (skipped without a CUDA driver): alternating CPU and GPU
+//! phases with writes on both sides checked against a CPU replay, at sizes that fit the GPU
+//! cache and at 2x and 8x it; read-mostly pages never written back; discard drops; a list
+//! the CPU built walked by a kernel; conflicts reported with nothing lost.
+#![allow(clippy::cast_possible_truncation)] // test code on 64-bit targets only
+
+use rand::{Rng, SeedableRng};
+use strata_gpu::driver::{Args, DeviceBuffer, Function, Grid};
+use strata_gpu::{KernelModule, Strata};
+use strata_unified::{Advice, DirtyTracking, Unified, UnifiedError, UnifiedOptions};
+
+const KERNELS: &str = include_str!("kernels.cu");
+
+fn setup() -> Option<(Strata, KernelModule)> {
+    if !strata_gpu::probe::driver_present() {
+        eprintln!("skipped: no CUDA driver");
+        return None;
+    }
+    let strata = Strata::new(0).expect("a CUDA driver is present but Strata could not start");
+    let module = strata_unified::compile(&strata, KERNELS, "unified_kernels.cu").expect("compile");
+    Some((strata, module))
+}
+
+fn rng() -> rand::rngs::StdRng {
+    let seed: u64 = rand::random();
+    eprintln!("seed {seed}");
+    rand::rngs::StdRng::seed_from_u64(seed)
+}
+
+fn mix(mut x: u64) -> u64 {
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xff51afd7ed558ccd);
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xc4ceb9fe1a85ec53);
+    x ^= x >> 33;
+    x
+}
+
+fn words(u: &Unified) -> &[u64] {
+    bytemuck::cast_slice(u.as_slice())
+}
+
+fn words_mut(u: &mut Unified) -> &mut [u64] {
+    bytemuck::cast_slice_mut(u.as_mut_slice())
+}
+
+fn grid(f: &Function) -> Grid {
+    f.full_grid(256).expect("grid")
+}
+
+/// A kernel sum of words [a, b) (the GPU's view), through a sync to the GPU.
+fn gpu_sum(u: &mut Unified, m: &KernelModule, a: u64, b: u64) -> u64 {
+    let f = m.function("sum").unwrap();
+    let out = DeviceBuffer::zeroed(u.space().gpu(), 8).unwrap();
+    u.launch(&f, grid(&f), |h| {
+        Args::new().arg(h).arg(a).arg(b).arg(out.ptr())
+    })
+    .unwrap();
+    let mut s = [0u64];
+    out.download(0, &mut s).unwrap();
+    s[0]
+}
+
+/// Rounds of CPU writes and GPU read-modify-writes on random subsets, every word checked
+/// against a replay after each round; half the GPU phases use the launch helper, half the
+/// explicit syncs and handle.
+fn phases(cache_divisor: u64, tracking: DirtyTracking) {
+    let Some((strata, m)) = setup() else { return };
+    let mut rng = rng();
+    let page: u64 = 64 << 10;
+    let bytes: u64 = if cache_divisor == 1 {
+        32 << 20
+    } else {
+        64 << 20
+    };
+    let n = bytes / 8;
+    let opts = UnifiedOptions {
+        page_size: page,
+        cache_bytes: bytes / cache_divisor,
+        dirty_tracking: tracking,
+        ..UnifiedOptions::default()
+    };
+    let mut u = Unified::new(&strata, bytes, &opts).unwrap();
+    let mut replay: Vec<u64> = (0..n).map(|_| rng.random()).collect();
+    words_mut(&mut u).copy_from_slice(&replay);
+    let update = m.function("update").unwrap();
+    for round in 0..6u64 {
+        // CPU phase: a random subset of pages, a few words each (all pages in round 0).
+        let pages = bytes / page;
+        let touched = if round == 0 {
+            pages
+        } else {
+            rng.random_range(1..pages / 4)
+        };
+        for _ in 0..touched {
+            let p = rng.random_range(0..pages);
+            for _ in 0..4 {
+                let i = (p * page / 8 + rng.random_range(0..page / 8)) as usize;
+                let v: u64 = rng.random();
+                replay[i] = v;
+                if tracking == DirtyTracking::Declared {
+                    let at = i as u64 * 8;
+                    u.cpu_mut(at..at + 8)
+                        .unwrap()
+                        .copy_from_slice(&v.to_ne_bytes());
+                } else {
+                    words_mut(&mut u)[i] = v;
+                }
+            }
+        }
+        // GPU phase: a subset of words read and rewritten.
+        let salt = mix(round ^ 0x5eed);
+        let every = 1 + round % 3;
+        if round % 2 == 0 {
+            u.launch(&update, grid(&update), |h| {
+                Args::new().arg(h).arg(n).arg(salt).arg(every)
+            })
+            .unwrap();
+        } else {
+            u.sync_to_gpu(0..bytes).unwrap();
+            let h = u.handle();
+            update
+                .launch(
+                    grid(&update),
+                    &Args::new().arg(h).arg(n).arg(salt).arg(every),
+                )
+                .unwrap();
+            u.space().check_errors().unwrap();
+            u.sync_to_cpu(0..bytes).unwrap();
+        }
+        for (i, w) in replay.iter_mut().enumerate() {
+            if mix(i as u64 ^ salt).is_multiple_of(every) {
+                *w = mix(*w ^ salt);
+            }
+        }
+        let got = words(&u);
+        let bad = (0..n as usize).find(|&i| got[i] != replay[i]);
+        assert!(
+            bad.is_none(),
+            "round {round}: word {} is {:#x}, replay says {:#x} (cache 1/{cache_divisor})",
+            bad.unwrap(),
+            got[bad.unwrap()],
+            replay[bad.unwrap()]
+        );
+    }
+    // The GPU's view agrees too (it reads what the CPU's last phase left, here everything).
+    let want = replay.iter().fold(0u64, |s, &w| s.wrapping_add(w));
+    assert_eq!(gpu_sum(&mut u, &m, 0, n), want);
+    let st = u.stats();
+    eprintln!(
+        "cache 1/{cache_divisor} {tracking:?}: {st:?} gpu {:?}",
+        u.space().stats().unwrap().writebacks
+    );
+    assert!(st.total.cpu_written > 0 && st.total.written_down > 0);
+}
+
+#[test]
+fn phases_fit_the_cache() {
+    phases(1, DirtyTracking::Hash);
+}
+
+#[test]
+fn phases_fit_the_cache_declared_writes() {
+    phases(1, DirtyTracking::Declared);
+}
+
+#[test]
+fn phases_at_twice_the_cache() {
+    phases(2, DirtyTracking::Hash);
+}
+
+#[test]
+fn phases_at_eight_times_the_cache() {
+    phases(8, DirtyTracking::Hash);
+}
+
+/// Only the pages the CPU changed move: a CPU phase that writes k pages drops at most k GPU
+/// copies, and a GPU phase that writes k pages writes exactly k down.
+#[test]
+fn only_changed_pages_move() {
+    let Some((strata, m)) = setup() else { return };
+    let page: u64 = 64 << 10;
+    let bytes = 16 << 20;
+    let mut u = Unified::new(&strata, bytes, &UnifiedOptions::default()).unwrap();
+    let fill = m.function("fill").unwrap();
+    // Load everything into the cache.
+    let n = bytes / 8;
+    gpu_sum(&mut u, &m, 0, n);
+    let w = words_mut(&mut u);
+    w[0] = 1;
+    w[(3 * page / 8) as usize] = 2;
+    let r = u.sync_to_gpu(0..bytes).unwrap();
+    assert_eq!((r.cpu_written, r.gpu_copies_dropped), (2, 2), "{r:?}");
+    let first = 5 * page / 8;
+    let r = u
+        .launch(&fill, grid(&fill), |h| {
+            Args::new()
+                .arg(h)
+                .arg(first)
+                .arg(first + 2 * page / 8)
+                .arg(7u64)
+        })
+        .unwrap();
+    assert_eq!(r.written_down, 2, "{r:?}");
+    assert_eq!(r.cpu_written, 0);
+    assert!(
+        words(&u)[first as usize..(first + 2 * page / 8) as usize]
+            .iter()
+            .all(|&v| v == 7)
+    );
+}
+
+#[test]
+fn read_mostly_pages_are_never_written_back() {
+    let Some((strata, m)) = setup() else { return };
+    let mut rng = rng();
+    let page: u64 = 64 << 10;
+    let bytes = 8 << 20;
+    let mut u = Unified::new(&strata, bytes, &UnifiedOptions::default()).unwrap();
+    let table: Vec<u64> = (0..bytes / 8).map(|_| rng.random()).collect();
+    words_mut(&mut u).copy_from_slice(&table);
+    u.advise(0..4 * page, Advice::ReadMostly(true)).unwrap();
+    // Readers are fine, and write nothing down.
+    let want = table[..(4 * page / 8) as usize]
+        .iter()
+        .fold(0u64, |s, &w| s.wrapping_add(w));
+    assert_eq!(gpu_sum(&mut u, &m, 0, 4 * page / 8), want);
+    // A writer over read-mostly and ordinary pages: the read-mostly ones are dropped and
+    // reported, the others synced.
+    let fill = m.function("fill").unwrap();
+    let err = u
+        .launch(&fill, grid(&fill), |h| {
+            Args::new()
+                .arg(h)
+                .arg(2 * page / 8)
+                .arg(6 * page / 8)
+                .arg(9u64)
+        })
+        .unwrap_err();
+    match &err {
+        UnifiedError::ReadMostlyWritten {
+            pages,
+            reached_host,
+            ..
+        } => {
+            assert_eq!(pages, &vec![2, 3]);
+            assert!(!reached_host);
+        }
+        e => panic!("expected ReadMostlyWritten, got {e}"),
+    }
+    eprintln!("{err}");
+    let w = words(&u);
+    assert_eq!(
+        &w[..(4 * page / 8) as usize],
+        &table[..(4 * page / 8) as usize],
+        "read-mostly bytes changed"
+    );
+    assert!(
+        w[(4 * page / 8) as usize..(6 * page / 8) as usize]
+            .iter()
+            .all(|&v| v == 9)
+    );
+    // And the GPU's view of them is the host's again.
+    assert_eq!(gpu_sum(&mut u, &m, 0, 4 * page / 8), want);
+    // CPU writes to read-mostly pages reach the GPU (its replica dropped).
+    words_mut(&mut u)[0] = table[0].wrapping_add(5);
+    assert_eq!(gpu_sum(&mut u, &m, 0, 4 * page / 8), want.wrapping_add(5));
+}
+
+#[test]
+fn discard_drops_gpu_writes() {
+    let Some((strata, m)) = setup() else { return };
+    let page: u64 = 64 << 10;
+    let bytes = 4 << 20;
+    let mut u = Unified::new(&strata, bytes, &UnifiedOptions::default()).unwrap();
+    words_mut(&mut u).fill(3);
+    u.sync_to_gpu(0..bytes).unwrap();
+    let fill = m.function("fill").unwrap();
+    let h = u.handle();
+    fill.launch(
+        grid(&fill),
+        &Args::new().arg(h).arg(0u64).arg(bytes / 8).arg(8u64),
+    )
+    .unwrap();
+    // Discard pages 1..3 (the range rounds inward: bytes 100..3*page+5 covers whole pages 1, 2).
+    assert_eq!(u.discard(100..3 * page + 5).unwrap(), 2);
+    u.sync_to_cpu(0..bytes).unwrap();
+    let w = words(&u);
+    let per = (page / 8) as usize;
+    assert!(
+        w[..per].iter().all(|&v| v == 8),
+        "page 0 kept the GPU's writes"
+    );
+    assert!(
+        w[per..3 * per].iter().all(|&v| v == 3),
+        "discarded pages were written back"
+    );
+    assert!(w[3 * per..].iter().all(|&v| v == 8));
+    // The GPU sees the host's bytes of the discarded pages again.
+    assert_eq!(
+        gpu_sum(&mut u, &m, per as u64, 3 * per as u64),
+        3 * 2 * per as u64
+    );
+}
+
+#[test]
+fn kernel_walks_a_list_the_cpu_built() {
+    let Some((strata, m)) = setup() else { return };
+    let mut rng = rng();
+    let nodes: u64 = 200_000; // 3.2 MiB of nodes, spread over the pages in random order
+    let bytes = nodes * 16;
+    let opts = UnifiedOptions {
+        cache_bytes: 1 << 20,
+        ..UnifiedOptions::default()
+    };
+    let mut u = Unified::new(&strata, bytes, &opts).unwrap();
+    let base = u.as_ptr() as u64;
+    let mut order: Vec<u64> = (0..nodes).collect();
+    for i in (1..order.len()).rev() {
+        order.swap(i, rng.random_range(0..=i));
+    }
+    let w = words_mut(&mut u);
+    let mut want = 0u64;
+    for (k, &slot) in order.iter().enumerate() {
+        let next = order.get(k + 1).map_or(0, |&n| base + n * 16);
+        let value: u64 = rng.random::<u32>().into();
+        want = want.wrapping_add(value);
+        w[(slot * 2) as usize] = next;
+        w[(slot * 2 + 1) as usize] = value;
+    }
+    let head = base + order[0] * 16;
+    let f = m.function("walk").unwrap();
+    let out = DeviceBuffer::zeroed(u.space().gpu(), 16).unwrap();
+    u.launch(
+        &f,
+        Grid {
+            blocks: 1,
+            threads: 32,
+        },
+        |h| Args::new().arg(h).arg(head).arg(nodes + 1).arg(out.ptr()),
+    )
+    .unwrap();
+    let mut got = [0u64; 2];
+    out.download(0, &mut got).unwrap();
+    assert_eq!(
+        got,
+        [want, nodes],
+        "list walked on the GPU (cache 1/3 of the list)"
+    );
+}
+
+#[test]
+fn both_sides_writing_a_page_is_reported_and_nothing_is_lost() {
+    let Some((strata, m)) = setup() else { return };
+    let page: u64 = 64 << 10;
+    let bytes = 1 << 20;
+    let mut u = Unified::new(&strata, bytes, &UnifiedOptions::default()).unwrap();
+    u.sync_to_gpu(0..bytes).unwrap();
+    let fill = m.function("fill").unwrap();
+    let h = u.handle();
+    fill.launch(
+        grid(&fill),
+        &Args::new().arg(h).arg(0u64).arg(2 * page / 8).arg(5u64),
+    )
+    .unwrap();
+    u.space().gpu().synchronize_context().unwrap();
+    // Against the rules: the CPU writes page 1 while the GPU holds it dirty.
+    words_mut(&mut u)[(page / 8) as usize] = 42;
+    let err = u.sync_to_cpu(0..bytes).unwrap_err();
+    assert!(
+        matches!(&err, UnifiedError::Conflict { pages, .. } if pages == &vec![1]),
+        "{err}"
+    );
+    eprintln!("{err}");
+    // Nothing changed: the CPU's word is there, and sync_to_gpu sees the same conflict.
+    assert_eq!(words(&u)[(page / 8) as usize], 42);
+    assert!(matches!(
+        u.sync_to_gpu(0..bytes),
+        Err(UnifiedError::Conflict { .. })
+    ));
+    // Keeping the GPU's bytes resolves it.
+    u.sync_to_cpu_overwriting(0..bytes).unwrap();
+    assert_eq!(words(&u)[(page / 8) as usize], 5);
+    assert!(words(&u)[..(2 * page / 8) as usize].iter().all(|&v| v == 5));
+    u.sync_to_gpu(0..bytes).unwrap();
+}
+
+#[test]
+fn bad_ranges_are_refused_with_a_gpu() {
+    let Some((strata, _)) = setup() else { return };
+    let mut u = Unified::new(&strata, 1000, &UnifiedOptions::default()).unwrap();
+    assert_eq!(u.as_slice().len(), 1000);
+    assert!(matches!(
+        u.sync_to_gpu(0..1001),
+        Err(UnifiedError::Range { .. })
+    ));
+    assert!(matches!(
+        u.sync_to_cpu(std::ops::Range { start: 5, end: 4 }),
+        Err(UnifiedError::Range { .. })
+    ));
+    assert!(matches!(
+        u.advise(3..3, Advice::ReadMostly(true)),
+        Err(UnifiedError::Invalid(_))
+    ));
+    assert!(matches!(
+        u.discard(0..2000),
+        Err(UnifiedError::Range { .. })
+    ));
+    assert!(matches!(
+        u.cpu_mut(999..1001),
+        Err(UnifiedError::Range { .. })
+    ));
+    assert!(matches!(
+        Unified::new(&strata, 0, &UnifiedOptions::default()),
+        Err(UnifiedError::Invalid(_))
+    ));
+    assert!(matches!(
+        Unified::new(&strata, 1 << 60, &UnifiedOptions::default()),
+        Err(UnifiedError::BeyondHostMemory { .. })
+    ));
+}
