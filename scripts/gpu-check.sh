@@ -19,7 +19,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CARRY="$ROOT/.carry"
 TARGET="${CARGO_TARGET_DIR:-/work/target-gpu}"
 # Test binaries to carry: cargo packages whose tests need a GPU.
-TEST_PACKAGES=(strata-gpu)
+TEST_PACKAGES=(strata-gpu strata-unified)
 STEPS=(info ceilings gpu_tests gpu_micro gpu_store examples)
 # Example programs to carry and run (`cargo run --example` names of strata-gpu).
 GPU_EXAMPLES=(oversubscribed_kernel)

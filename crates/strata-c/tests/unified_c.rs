@@ -41,6 +41,9 @@ fn c_program_gets_codes_and_messages_for_bad_unified_calls() {
     let seed: u64 = rand::random::<u64>() >> 1;
     println!("seed {seed}");
     let mut child = Command::new(&exe)
+        // The library gcc linked (found through the rpath), not an older one in another
+        // target directory that cargo's LD_LIBRARY_PATH may name first.
+        .env_remove("LD_LIBRARY_PATH")
         .arg(seed.to_string())
         .arg("cpu")
         .stdout(Stdio::piped())

@@ -116,6 +116,11 @@ impl UnifiedOptions {
                 strata_gpu::space::default_write_back()
             },
             peers: Vec::new(),
+            // Remote access writes the host copy in place from kernels, behind the CPU-write
+            // tracker's hashes (such a page would look written by the CPU, and by the GPU too
+            // if it later migrated and was dirtied in the same kernel: a false conflict).
+            // Every miss migrates until the tracker counts remote writes as GPU writes.
+            remote_access: strata_gpu::space::RemoteAccess::Off,
         };
         SpacePlan::new(rounded, &space)?;
         Ok(space)
