@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use strata_core::{PagerConfig, Stats, Store, Tier};
 
 use super::shared::{Counters, MAX_RUN_BYTES, Shared};
+use super::streams::Streams;
 use super::{EvictionPolicy, Region, RegionError};
 use crate::pages::{FramePool, PageTable, STAMP_BITS};
 use crate::sys::{self, EventFd, FaultPoller, Mapping, Uffd};
@@ -182,7 +183,13 @@ impl Region {
             .unwrap_or(0)
             .min(MAX_RUN_BYTES / page_bytes)
             .min(frames / 4);
-        let ahead_reserve = config.fillers.max(frames / 16).min(frames / 2);
+        // The reserve need not exceed the frames free when the evictors wake (they refill
+        // it from there): a larger one would leave read-ahead no frames at all when high
+        // water marks keep few frames free (strata run's 90/98).
+        let ahead_reserve = config
+            .fillers
+            .max((frames / 16).min(wake_below_free))
+            .min(frames / 2);
         let shared = Arc::new(Shared {
             map,
             uffd,
@@ -212,6 +219,8 @@ impl Region {
             stop_at_free,
             read_ahead,
             ahead_reserve,
+            fill_streams: Streams::new(),
+            write_streams: Streams::new(),
             config,
         });
         let mut region = Region {

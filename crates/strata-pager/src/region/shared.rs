@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use strata_core::{PagerConfig, Stats, Store, Tier};
 
+use super::streams::Streams;
 use super::{EvictionPolicy, RegionError};
 use crate::pages::{FramePool, PageTable};
 use crate::sys::{self, EventFd, Mapping, Uffd};
@@ -71,6 +72,10 @@ pub(super) struct Shared {
     pub(super) read_ahead: usize,
     /// Free frames read-ahead leaves for demand faults.
     pub(super) ahead_reserve: usize,
+    /// Ends of recent fills: a missing-page fault at one continues a read stream.
+    pub(super) fill_streams: Streams,
+    /// Ends of recent runs made writable: a write fault at one continues a write stream.
+    pub(super) write_streams: Streams,
 }
 
 impl std::fmt::Debug for Shared {
