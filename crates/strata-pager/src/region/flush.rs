@@ -70,7 +70,8 @@ impl Shared {
                 // state, so nobody evicts them) and write-protected above, so no thread
                 // modifies these bytes while the store reads them; `len` stays inside the
                 // region (the last page counts only its bytes inside).
-                let run = unsafe { std::slice::from_raw_parts(self.page_addr(first) as *const u8, len) };
+                let run =
+                    unsafe { std::slice::from_raw_parts(self.page_addr(first) as *const u8, len) };
                 (self.store_offset(first), run)
             })
             .collect();

@@ -27,8 +27,7 @@ impl Shared {
         for q in first..end {
             let w = self.pages.load(q);
             let kind = *zero.get_or_insert(is_discarded(w));
-            if !joins_run(w, kind) || !self.pages.cas(q, w, word::with_state(w, State::Filling))
-            {
+            if !joins_run(w, kind) || !self.pages.cas(q, w, word::with_state(w, State::Filling)) {
                 break;
             }
             count += 1;

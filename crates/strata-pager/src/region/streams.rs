@@ -46,11 +46,17 @@ mod tests {
     #[test]
     fn only_the_end_of_a_recent_run_continues_it() {
         let s = Streams::new();
-        assert!(!s.continues(0), "page 0 never continues (0 marks an empty slot)");
+        assert!(
+            !s.continues(0),
+            "page 0 never continues (0 marks an empty slot)"
+        );
         assert!(!s.continues(5));
         s.note(5);
         assert!(s.continues(5));
-        assert!(!s.continues(4) && !s.continues(6), "neighbours of the end are not");
+        assert!(
+            !s.continues(4) && !s.continues(6),
+            "neighbours of the end are not"
+        );
         // Older runs fall out once SLOTS newer ones were noted.
         for end in 100..100 + SLOTS {
             s.note(end);
