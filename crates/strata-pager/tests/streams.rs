@@ -88,6 +88,13 @@ fn random(size: usize, rng: &mut Rng) -> Vec<u8> {
     data
 }
 
+/// A region over a fresh counting store holding `data`.
+fn region_over(data: &[u8], config: PagerConfig) -> (Arc<CountingStore>, Region) {
+    let store = Arc::new(CountingStore::new(data));
+    let region = Region::new(store.clone(), data.len() as u64, config).expect("region maps");
+    (store, region)
+}
+
 fn config(buffer_pages: u64, read_ahead: u64) -> PagerConfig {
     PagerConfig::builder()
         .page_bytes(PAGE as u64)
@@ -108,9 +115,7 @@ fn sequential_faults_read_ahead_and_random_ones_do_not() {
     let pages = 512;
     let data = random(pages * PAGE, &mut rng);
     // Sequential: most pages arrive by read-ahead, far fewer faults than pages.
-    let store = Arc::new(CountingStore::new(&data));
-    let region =
-        Region::new(store.clone(), data.len() as u64, config(128, 8)).expect("region maps");
+    let (_store, region) = region_over(&data, config(128, 8));
     let mut sum = 0u64;
     for p in 0..pages {
         let page = &region.as_slice()[p * PAGE..(p + 1) * PAGE];
@@ -136,9 +141,7 @@ fn sequential_faults_read_ahead_and_random_ones_do_not() {
 
     // Random: with a quarter of the pages resident, most faults have a resident neighbour,
     // which no longer counts as a stream.
-    let store = Arc::new(CountingStore::new(&data));
-    let region =
-        Region::new(store.clone(), data.len() as u64, config(128, 8)).expect("region maps");
+    let (_store, region) = region_over(&data, config(128, 8));
     for _ in 0..3000 {
         let p = rng.below(pages as u64) as usize;
         let i = p * PAGE + rng.below(PAGE as u64) as usize;
@@ -167,10 +170,8 @@ fn a_write_stream_over_read_ahead_pages_traps_once_per_window() {
     // Large enough that a random write rarely lands where a recent run ended (1 in 256).
     let pages = 2048;
     let data = random(pages * PAGE, &mut rng);
-    let store = Arc::new(CountingStore::new(&data));
     // Everything fits: reading installs every page clean (write-protected).
-    let region =
-        Region::new(store.clone(), data.len() as u64, config(4096, 8)).expect("region maps");
+    let (store, region) = region_over(&data, config(4096, 8));
     let mut expect = data.clone();
     assert!(region.as_slice() == &data[..], "first read");
     // Every trap of a write: a write fault on a clean page, or a fault on an evicted one
@@ -228,9 +229,7 @@ fn discarded_runs_fill_with_zeros_together_and_stored_neighbours_keep_data() {
     let mut rng = Rng::from_time("streams_zero_runs");
     let pages = 256;
     let data = random(pages * PAGE, &mut rng);
-    let store = Arc::new(CountingStore::new(&data));
-    let region =
-        Region::new(store.clone(), data.len() as u64, config(512, 8)).expect("region maps");
+    let (store, region) = region_over(&data, config(512, 8));
     // A discarded range starting and ending at random pages, stored pages on both sides.
     let first = 1 + rng.below(60) as usize;
     let last = first + 64 + rng.below(100) as usize;
@@ -279,7 +278,6 @@ fn eviction_writes_dirty_neighbours_as_one_run_and_a_refused_page_stays_dirty() 
     let mut rng = Rng::from_time("streams_write_back");
     let pages = 512;
     let data = random(pages * PAGE, &mut rng);
-    let store = Arc::new(CountingStore::new(&data));
     // Evictors that start early and free half the buffer at a time, so that eviction (in
     // batches) rather than faults evicting one page each (direct reclaim) makes the room.
     let evicting = PagerConfig::builder()
@@ -290,7 +288,7 @@ fn eviction_writes_dirty_neighbours_as_one_run_and_a_refused_page_stays_dirty() 
         .water_marks(40, 70)
         .build()
         .expect("test configuration is valid");
-    let region = Region::new(store.clone(), data.len() as u64, evicting).expect("region");
+    let (store, region) = region_over(&data, evicting);
     // One page whose write-backs the store refuses for now.
     let bad = 100 + rng.below(300) as usize;
     store.bad_start.store((bad * PAGE) as u64, Ordering::SeqCst);

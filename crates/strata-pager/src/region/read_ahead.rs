@@ -26,7 +26,7 @@ impl Shared {
         let mut zero = zero;
         for q in first..end {
             let w = self.pages.load(q);
-            let kind = *zero.get_or_insert(is_discarded(w));
+            let kind = *zero.get_or_insert_with(|| is_discarded(w));
             if !joins_run(w, kind) || !self.pages.cas(q, w, word::with_state(w, State::Filling)) {
                 break;
             }
