@@ -1,7 +1,8 @@
 //! Sequential streams and batched write-back: read-ahead follows sequential faults and not
 //! random ones, a write stream over read-ahead pages traps once per window, discarded runs
 //! fill with zeros together, and eviction writes dirty neighbours as one run while a store
-//! that refuses some writes keeps exactly those pages (nothing lost).
+//! that refuses some writes keeps exactly those pages (nothing lost). Plus write prediction:
+//! pages written last time come back writable, saving their write-protect faults.
 #![allow(clippy::cast_possible_truncation)] // test data sizes are small
 
 mod common;
@@ -345,4 +346,89 @@ fn eviction_writes_dirty_neighbours_as_one_run_and_a_refused_page_stays_dirty() 
     store.read_at(0, &mut stored).expect("read the store");
     assert!(stored == expect, "the store holds every page");
     assert_eq!(region.as_slice(), &expect[..], "contents read back");
+}
+
+/// Reads, then writes one byte of, every page in a random order, `rounds` times, under a
+/// buffer an eighth of the region. Returns the write-protect faults of every round but the
+/// first (which has no history to predict from).
+fn read_then_write_rounds(region: &Region, expect: &mut [u8], rounds: usize, rng: &mut Rng) -> u64 {
+    let pages = expect.len() / PAGE;
+    let base = region.as_ptr();
+    let mut before = 0;
+    for round in 0..rounds {
+        let mut order: Vec<usize> = (0..pages).collect();
+        for i in (1..pages).rev() {
+            order.swap(i, rng.below(i as u64 + 1) as usize);
+        }
+        if round == 1 {
+            before = region.counters().write_faults;
+        }
+        for p in order {
+            let i = p * PAGE + rng.below(PAGE as u64) as usize;
+            // SAFETY: `i` lies inside the region, which outlives this loop; no reference to
+            // these bytes is live.
+            let old = unsafe { base.add(i).read_volatile() };
+            assert_eq!(old, expect[i], "byte {i} before its write");
+            let v = old.wrapping_add(1 + rng.below(200) as u8);
+            // SAFETY: as above.
+            unsafe { base.add(i).write_volatile(v) };
+            expect[i] = v;
+        }
+    }
+    region.counters().write_faults - before
+}
+
+#[test]
+fn pages_written_last_time_come_back_writable_and_nothing_is_lost() {
+    if !uffd_available("streams_predict_writes") {
+        return;
+    }
+    let mut rng = Rng::from_time("streams_predict_writes");
+    let pages = 256;
+    let data = random(pages * PAGE, &mut rng);
+    let mut traps = Vec::new();
+    for predict in [false, true] {
+        let store = Arc::new(CountingStore::new(&data));
+        let region = Region::builder(store.clone(), data.len() as u64)
+            .config(config(32, 0))
+            .predict_writes(predict)
+            .build()
+            .expect("region maps");
+        let mut expect = data.clone();
+        let last = read_then_write_rounds(&region, &mut expect, 3, &mut rng);
+        eprintln!(
+            "predict {predict}: {last} write-protect faults in two rounds over {pages} pages read then written"
+        );
+        traps.push(last);
+        // A last round that only reads: guessed pages are written back unchanged, never lost.
+        for p in 0..pages {
+            assert_eq!(
+                &region.as_slice()[p * PAGE..(p + 1) * PAGE],
+                &expect[p * PAGE..(p + 1) * PAGE],
+                "page {p} (predict {predict})"
+            );
+        }
+        region.flush().expect("flush");
+        let mut stored = vec![0u8; data.len()];
+        store.read_at(0, &mut stored).expect("read the store");
+        assert!(
+            stored == expect,
+            "the store holds every write (predict {predict})"
+        );
+        region.evict_all().expect("evict");
+        assert!(
+            region.as_slice() == &expect[..],
+            "read back (predict {predict})"
+        );
+    }
+    // Without prediction every page traps on its write (few stay resident across a round);
+    // with it, pages written in the round before come back writable every other round.
+    assert!(
+        traps[0] as usize >= pages * 3 / 4,
+        "without prediction: {traps:?}"
+    );
+    assert!(
+        traps[1] * 4 < traps[0] * 3,
+        "prediction saved too few write-protect faults: {traps:?}"
+    );
 }

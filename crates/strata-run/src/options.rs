@@ -27,6 +27,9 @@ pub const DEFAULT_WATER_MARKS: (u8, u8) = (90, 98);
 /// / 16 pages: lz4 memory store 0.93 / 0.69 / 0.83 s, file store 1.69 / 1.48 / 1.57 s,
 /// memory node 3.25 / 1.98 / 2.10 s (single runs, before the other stream changes).
 pub const DEFAULT_READ_AHEAD: u64 = 8;
+/// Whether the arena installs pages written during their last stay writable on a read fault
+/// (saving the write-protect fault of programs that read, then write each page).
+pub const PREDICT_WRITES: bool = true;
 /// Default resident budget when none is given.
 pub const DEFAULT_MEMORY: u64 = 1 << 30;
 /// Default virtual size of the arena (address space and store size, not memory).
@@ -71,6 +74,9 @@ pub struct Options {
     pub report_fd: Option<i32>,
     /// File to append a JSON report line to at exit (for standalone use).
     pub stats_path: Option<PathBuf>,
+    /// Install pages written during their last stay writable on a read fault
+    /// ([`strata_pager::RegionBuilder::predict_writes`]); on, see [`PREDICT_WRITES`].
+    pub predict_writes: bool,
 }
 
 fn size_var(name: &str) -> Result<Option<u64>, OptionsError> {
@@ -143,6 +149,7 @@ impl Options {
             arena_bytes,
             report_fd,
             stats_path: std::env::var_os("STRATA_RUN_STATS").map(PathBuf::from),
+            predict_writes: PREDICT_WRITES,
         })
     }
 }

@@ -223,6 +223,7 @@ impl Runtime {
         let store = store?;
         let region = Region::builder(store, arena_bytes)
             .config(options.pager.clone())
+            .predict_writes(options.predict_writes)
             .build()
             .map_err(|e| format!("cannot map the arena over {described}: {e}"))?;
         let base = region.as_ptr() as usize;

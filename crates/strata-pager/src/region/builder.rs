@@ -8,6 +8,7 @@ use strata_core::{PagerConfig, Stats, Store, Tier};
 
 use super::shared::{Counters, MAX_RUN_BYTES, Shared};
 use super::streams::Streams;
+use super::write_intent::Guessed;
 use super::{EvictionPolicy, Region, RegionError};
 use crate::pages::{FramePool, PageTable, STAMP_BITS};
 use crate::sys::{self, EventFd, FaultPoller, Mapping, Uffd};
@@ -24,6 +25,7 @@ pub struct RegionBuilder {
     fixed_address: usize,
     read_only: bool,
     without_poison: bool,
+    predict_writes: bool,
 }
 
 impl RegionBuilder {
@@ -42,6 +44,14 @@ impl RegionBuilder {
     /// discarded, as with `mmap(MAP_FIXED)`. `addr` must be aligned to 4 KiB.
     pub unsafe fn fixed_address(mut self, addr: *mut u8) -> Self {
         self.fixed_address = addr as usize;
+        self
+    }
+    /// Install a page that was written during its last stay in memory writable (and dirty) on
+    /// its next read fault, saving the write-protect fault of programs that read, then write
+    /// each page (default off). A wrong guess costs one write-back of an unchanged page; a
+    /// guessed page is not guessed again on its next fault, so that cost never repeats.
+    pub fn predict_writes(mut self, predict: bool) -> Self {
+        self.predict_writes = predict;
         self
     }
     /// Make the region read-only to the program (writes raise `SIGSEGV`, as with a
@@ -95,6 +105,7 @@ impl Region {
             fixed_address: 0,
             read_only: false,
             without_poison: false,
+            predict_writes: false,
         }
     }
 
@@ -221,6 +232,8 @@ impl Region {
             ahead_reserve,
             fill_streams: Streams::new(),
             write_streams: Streams::new(),
+            predict_writes: b.predict_writes && !b.read_only,
+            guessed: Guessed::new(page_count, b.predict_writes && !b.read_only),
             config,
         });
         let mut region = Region {

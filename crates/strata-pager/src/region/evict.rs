@@ -156,7 +156,8 @@ impl Shared {
         let mut frames = Vec::with_capacity(claimed.len());
         for &(page, w) in &claimed {
             let stamp = self.evictions.fetch_add(1, Ordering::Relaxed) / self.stamp_unit;
-            self.finish(page, word::evicted(stamp, word::heat(w)));
+            let mark = self.written_mark(page, w);
+            self.finish(page, word::evicted(stamp, word::heat(w)) | mark);
             frames.push(word::frame(w));
         }
         self.stats.add_evictions(claimed.len() as u64);

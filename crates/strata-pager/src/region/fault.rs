@@ -113,6 +113,8 @@ impl Shared {
                     if s == State::Clean {
                         bump(&self.counters.write_faults, 1);
                     }
+                    // Seen written: its next eviction marks it so (write_intent.rs).
+                    self.guessed.set(page, false);
                     // Unprotecting wakes the writer; the page is already marked in transition,
                     // so no evictor or flush can re-protect it underneath us.
                     if let Err(e) =
@@ -311,6 +313,11 @@ impl Shared {
             self.release_run(first + same, count - same);
         }
         let count = same;
+        // A page read back in after a stay in which it was written is installed writable,
+        // so its next write does not trap (see `write_intent.rs`); single pages only, as a
+        // run is installed with one mode.
+        let guessed = !write && !zero && count == 1 && self.guess_write(self.pages.load(first));
+        let write = write || guessed;
         let mut frames = Vec::with_capacity(count);
         for i in 0..count {
             let frame = match (source, i) {
@@ -412,6 +419,7 @@ impl Shared {
             } else {
                 State::Clean
             };
+            self.guessed.set(page, guessed);
             self.finish(page, word::with_frame(word::with_state(new, state), *f));
         }
         Ok(got)
