@@ -29,10 +29,15 @@
 //! - Eviction: a clock over the buffer's frames with reference bits (set by fills and first
 //!   writes) and re-fault detection (a page that comes back within one buffer's worth of
 //!   evictions is hot and survives an extra pass), rather than Umap's FIFO. Evictors claim a
-//!   batch of victims and drop them with one `process_madvise(MADV_DONTNEED)` (one TLB
-//!   shootdown per batch; `madvise` per range on kernels before 6.13).
-//! - Read-ahead: a fault right after a resident page reads the next window with the faulting
-//!   page, and queues the window after it for read-ahead threads, so two reads are in flight.
+//!   batch of victims, write its dirty pages back as runs of neighbours (one write-protect
+//!   call and one store write per run, all runs in one `write_batch`), and drop the batch
+//!   with one `process_madvise(MADV_DONTNEED)` (one TLB shootdown per batch; `madvise` per
+//!   range on kernels before 6.13).
+//! - Read-ahead: a fault at the end of a recent fill (a sequential stream; a merely resident
+//!   neighbour is not enough, see `region/streams.rs`) reads the next window with the faulting
+//!   page and queues the two windows after it for read-ahead threads, so three reads are in
+//!   flight. A write stream over pages read ahead lifts their write protection a window at a
+//!   time, so they do not trap one by one. Runs of discarded pages fill with zeros together.
 //!   Read-ahead never starves a demand fault: it takes only free frames above a reserve kept
 //!   for faults, never evicts, never waits, and claims a queued window only when it reads it;
 //!   a window is at most a quarter of the buffer. Only a fault's own page may wait for a

@@ -223,6 +223,7 @@ impl Runtime {
         let store = store?;
         let region = Region::builder(store, arena_bytes)
             .config(options.pager.clone())
+            .predict_writes(options.predict_writes)
             .build()
             .map_err(|e| format!("cannot map the arena over {described}: {e}"))?;
         let base = region.as_ptr() as usize;
@@ -297,7 +298,12 @@ impl Runtime {
             st.peak_pages = st.peak_pages.max(st.arena.in_use());
             (extent, user)
         };
-        if zeroed && !extent.fresh {
+        if extent.fresh {
+            // Never used: the store holds zeros there, but reading them would still cost a
+            // store round trip per page (a disk read, a network request). Discarded pages
+            // fill with zeros without reading the store.
+            self.discard_quietly(&extent);
+        } else if zeroed {
             self.zero(&extent);
         }
         user as *mut u8
@@ -315,6 +321,14 @@ impl Runtime {
         }
         // SAFETY: the extent was just handed out to this caller and lies inside the arena.
         unsafe { std::ptr::write_bytes(self.addr(e) as *mut u8, 0, len) };
+    }
+
+    /// Discards an extent whose contents are zeros already (never used, or discarded when
+    /// freed), only so that its first faults skip the store read; a refusal changes nothing
+    /// the program can see.
+    fn discard_quietly(&self, e: &Extent) {
+        let offset = (self.addr(e) - self.base) as u64;
+        let _ = self.region.discard(offset, self.bytes(e) as u64);
     }
 
     /// The block holding `p`: (its address for the program, the block).
@@ -391,6 +405,13 @@ impl Runtime {
                 };
                 st.blocks.insert(p, Block { extent: grown, ..b });
                 st.peak_pages = st.peak_pages.max(st.arena.in_use());
+                drop(st);
+                // The pages grown into were never used or were discarded when freed.
+                self.discard_quietly(&Extent {
+                    start: b.extent.start + b.extent.pages,
+                    pages: more,
+                    fresh: true,
+                });
                 return p as *mut u8;
             }
             (cap, b.extent)

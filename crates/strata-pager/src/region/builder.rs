@@ -7,6 +7,8 @@ use std::sync::{Arc, Mutex};
 use strata_core::{PagerConfig, Stats, Store, Tier};
 
 use super::shared::{Counters, MAX_RUN_BYTES, Shared};
+use super::streams::Streams;
+use super::write_intent::Guessed;
 use super::{EvictionPolicy, Region, RegionError};
 use crate::pages::{FramePool, PageTable, STAMP_BITS};
 use crate::sys::{self, EventFd, FaultPoller, Mapping, Uffd};
@@ -23,6 +25,7 @@ pub struct RegionBuilder {
     fixed_address: usize,
     read_only: bool,
     without_poison: bool,
+    predict_writes: bool,
 }
 
 impl RegionBuilder {
@@ -41,6 +44,14 @@ impl RegionBuilder {
     /// discarded, as with `mmap(MAP_FIXED)`. `addr` must be aligned to 4 KiB.
     pub unsafe fn fixed_address(mut self, addr: *mut u8) -> Self {
         self.fixed_address = addr as usize;
+        self
+    }
+    /// Install a page that was written during its last stay in memory writable (and dirty) on
+    /// its next read fault, saving the write-protect fault of programs that read, then write
+    /// each page (default off). A wrong guess costs one write-back of an unchanged page; a
+    /// guessed page is not guessed again on its next fault, so that cost never repeats.
+    pub fn predict_writes(mut self, predict: bool) -> Self {
+        self.predict_writes = predict;
         self
     }
     /// Make the region read-only to the program (writes raise `SIGSEGV`, as with a
@@ -94,6 +105,7 @@ impl Region {
             fixed_address: 0,
             read_only: false,
             without_poison: false,
+            predict_writes: false,
         }
     }
 
@@ -182,7 +194,13 @@ impl Region {
             .unwrap_or(0)
             .min(MAX_RUN_BYTES / page_bytes)
             .min(frames / 4);
-        let ahead_reserve = config.fillers.max(frames / 16).min(frames / 2);
+        // The reserve need not exceed the frames free when the evictors wake (they refill
+        // it from there): a larger one would leave read-ahead no frames at all when high
+        // water marks keep few frames free (strata run's 90/98).
+        let ahead_reserve = config
+            .fillers
+            .max((frames / 16).min(wake_below_free))
+            .min(frames / 2);
         let shared = Arc::new(Shared {
             map,
             uffd,
@@ -212,6 +230,10 @@ impl Region {
             stop_at_free,
             read_ahead,
             ahead_reserve,
+            fill_streams: Streams::new(),
+            write_streams: Streams::new(),
+            predict_writes: b.predict_writes && !b.read_only,
+            guessed: Guessed::new(page_count, b.predict_writes && !b.read_only),
             config,
         });
         let mut region = Region {

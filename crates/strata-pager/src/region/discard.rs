@@ -15,10 +15,16 @@ use crate::pages::{State, word};
 /// fresh word, which clears it.
 pub(super) const DISCARDED: u64 = 1 << 63;
 
-/// Whether page word `w` may be claimed as page `index` of a run (not the first): a discarded
-/// page only ever starts a run, so a run's store read never covers one.
-pub(super) fn joins_run(w: u64) -> bool {
-    word::state(w) == State::Absent && w & DISCARDED == 0
+/// Whether page word `w` may be claimed as a later page of a run whose first page is
+/// discarded (`zero`) or not: a run is all discarded pages (filled with zeros, nothing read)
+/// or none, so a run's store read never covers a discarded page.
+pub(super) fn joins_run(w: u64, zero: bool) -> bool {
+    word::state(w) == State::Absent && (w & DISCARDED != 0) == zero
+}
+
+/// Whether page word `w` is discarded (fills with zeros).
+pub(super) fn is_discarded(w: u64) -> bool {
+    w & DISCARDED != 0
 }
 
 impl Shared {

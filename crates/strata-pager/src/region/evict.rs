@@ -120,23 +120,30 @@ impl Shared {
         mut claimed: Vec<(usize, u64)>,
     ) -> (Vec<u32>, Option<RegionError>) {
         let mut first_error = None;
-        claimed.retain(|&(page, w)| {
-            if word::state(w) != State::Dirty {
-                return true;
+        claimed.sort_unstable_by_key(|&(page, _)| page);
+        let dirty: Vec<usize> = claimed
+            .iter()
+            .filter(|&&(_, w)| word::state(w) == State::Dirty)
+            .map(|&(page, _)| page)
+            .collect();
+        let failed = self.write_back_many(&dirty);
+        if !failed.is_empty() {
+            let mut failed_pages = Vec::with_capacity(failed.len());
+            for (page, e) in failed {
+                failed_pages.push(page);
+                first_error.get_or_insert(e);
             }
-            match self.write_back(page) {
-                Ok(()) => true,
-                Err(e) => {
-                    self.finish(page, word::with_state(w | REF, State::Dirty));
-                    first_error.get_or_insert(e);
-                    false
+            claimed.retain(|&(page, w)| {
+                if failed_pages.binary_search(&page).is_err() {
+                    return true;
                 }
-            }
-        });
+                self.finish(page, word::with_state(w | REF, State::Dirty));
+                false
+            });
+        }
         if claimed.is_empty() {
             return (Vec::new(), first_error);
         }
-        claimed.sort_unstable_by_key(|&(page, _)| page);
         let ranges = self.page_ranges(&claimed);
         if let Err(e) = self.drop_ranges(&ranges) {
             // Nothing was lost: dirty pages were written back (and are protected again).
@@ -149,7 +156,8 @@ impl Shared {
         let mut frames = Vec::with_capacity(claimed.len());
         for &(page, w) in &claimed {
             let stamp = self.evictions.fetch_add(1, Ordering::Relaxed) / self.stamp_unit;
-            self.finish(page, word::evicted(stamp, word::heat(w)));
+            let mark = self.written_mark(page, w);
+            self.finish(page, word::evicted(stamp, word::heat(w)) | mark);
             frames.push(word::frame(w));
         }
         self.stats.add_evictions(claimed.len() as u64);

@@ -6,7 +6,8 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use super::RegionError;
-use super::discard::DISCARDED;
+use super::discard::is_discarded;
+use super::read_ahead::WINDOWS_AHEAD;
 use super::shared::{Scratch, Shared, bump};
 use crate::pages::{REF, STAMP_BITS, State, word};
 use crate::sys::{self, FaultPoller, UffdMsg};
@@ -112,6 +113,8 @@ impl Shared {
                     if s == State::Clean {
                         bump(&self.counters.write_faults, 1);
                     }
+                    // Seen written: its next eviction marks it so (write_intent.rs).
+                    self.guessed.set(page, false);
                     // Unprotecting wakes the writer; the page is already marked in transition,
                     // so no evictor or flush can re-protect it underneath us.
                     if let Err(e) =
@@ -121,6 +124,9 @@ impl Shared {
                         eprintln!("strata-pager: removing write protection failed: {e}");
                     }
                     self.finish(page, word::with_state(w | REF, State::Dirty));
+                    if self.read_ahead > 0 {
+                        self.continue_write_stream(page);
+                    }
                     return;
                 }
                 State::Absent | State::Poisoned => {
@@ -134,6 +140,57 @@ impl Shared {
                 }
             }
         }
+    }
+
+    /// After the first write to `page`: if it continues a sequential write stream (a recent
+    /// run made writable ended here), the clean resident pages after it (pages read ahead) are
+    /// made writable and dirty now, with one call, instead of each trapping on its first
+    /// write. A wrong guess costs only the write-back of pages that were not changed.
+    pub(super) fn continue_write_stream(&self, page: usize) {
+        let mut end = page + 1;
+        if self.write_streams.continues(page) {
+            end = self.unprotect_run(page + 1, self.read_ahead);
+        }
+        self.write_streams.note(end);
+    }
+
+    /// Makes up to `max` clean resident pages from `first` on writable and dirty, stopping
+    /// at the first that is not clean. Returns one past the last page made writable.
+    fn unprotect_run(&self, first: usize, max: usize) -> usize {
+        let end = (first + max).min(self.pages.len());
+        let mut claimed = Vec::new();
+        for q in first..end {
+            let w = self.pages.load(q);
+            if word::state(w) != State::Clean
+                || !self
+                    .pages
+                    .cas(q, w, word::with_state(w, State::Unprotecting))
+            {
+                break;
+            }
+            claimed.push(w);
+        }
+        if claimed.is_empty() {
+            return first;
+        }
+        let unprotected = self.uffd.write_protect(
+            self.page_addr(first),
+            claimed.len() * self.page_bytes,
+            false,
+        );
+        let state = if let Err(e) = unprotected {
+            eprintln!("strata-pager: removing write protection ahead failed: {e}");
+            State::Clean
+        } else {
+            State::Dirty
+        };
+        for (i, &w) in claimed.iter().enumerate() {
+            self.finish(first + i, word::with_state(w, state));
+        }
+        if state == State::Clean {
+            return first;
+        }
+        first + claimed.len()
     }
 
     /// A fault that needs no work of ours: wake its thread so it retries.
@@ -179,21 +236,24 @@ impl Shared {
                 }
             }
         }
-        // A fault right after a resident page continues a sequential run: read this window
-        // with the faulting page, and hand the window after it to a read-ahead thread first,
-        // so that both reads are in flight together and the next fault finds its pages
-        // arriving.
+        // A fault right after the end of a recent fill, on a page whose predecessor is still
+        // resident, continues a sequential run: read this window with the faulting page, and
+        // hand the window after it to a read-ahead thread first, so that both reads are in
+        // flight together and the next fault finds its pages arriving.
         let sequential = self.read_ahead > 0
-            && page > 0
+            && self.fill_streams.continues(page)
             && !matches!(
                 word::state(self.pages.load(page - 1)),
                 State::Absent | State::Poisoned
             );
         let mut extra = 0;
         if sequential {
-            extra = self.claim_run(page + 1, self.read_ahead);
+            let zero = is_discarded(self.pages.load(page));
+            extra = self.claim_run(page + 1, self.read_ahead, Some(zero));
             if extra == self.read_ahead {
-                self.queue_read_ahead(page + 1 + extra, self.read_ahead);
+                for k in 0..WINDOWS_AHEAD {
+                    self.queue_read_ahead(page + 1 + extra * (k + 1), self.read_ahead);
+                }
             }
         }
         let together = if write { 1 } else { 1 + extra };
@@ -221,6 +281,9 @@ impl Shared {
                 return;
             }
         }
+        if write && self.read_ahead > 0 {
+            self.continue_write_stream(page);
+        }
         if write && extra > 0 {
             self.fill_ahead(page + 1, extra, scratch);
         }
@@ -238,14 +301,23 @@ impl Shared {
         on_error: &OnFillError,
         scratch: &mut Scratch,
     ) -> Result<usize, RegionError> {
-        // A discarded page is filled alone with zeros, without reading the store.
-        let zero = self.pages.load(first) & DISCARDED != 0;
-        let count = if zero && count > 1 {
-            self.release_run(first + 1, count - 1);
-            1
-        } else {
-            count
-        };
+        // A run of discarded pages is filled with zeros, without reading the store (the
+        // callers claim runs of one kind only: see `claim_run`).
+        let zero = is_discarded(self.pages.load(first));
+        let same = (first..first + count)
+            .take_while(|&p| is_discarded(self.pages.load(p)) == zero)
+            .count();
+        if same < count {
+            // Never happens with runs from `claim_run`; were it to, zeros or a store read
+            // must not cover a page of the other kind.
+            self.release_run(first + same, count - same);
+        }
+        let count = same;
+        // A page read back in after a stay in which it was written is installed writable,
+        // so its next write does not trap (see `write_intent.rs`); single pages only, as a
+        // run is installed with one mode.
+        let guessed = !write && !zero && count == 1 && self.guess_write(self.pages.load(first));
+        let write = write || guessed;
         let mut frames = Vec::with_capacity(count);
         for i in 0..count {
             let frame = match (source, i) {
@@ -308,6 +380,7 @@ impl Shared {
         if !zero {
             self.stats.add_read(self.tier, inside as u64);
         }
+        self.fill_streams.note(first + got);
         for (i, f) in frames.iter().enumerate() {
             self.frames.assign(*f, first + i);
         }
@@ -346,6 +419,7 @@ impl Shared {
             } else {
                 State::Clean
             };
+            self.guessed.set(page, guessed);
             self.finish(page, word::with_frame(word::with_state(new, state), *f));
         }
         Ok(got)

@@ -1,7 +1,7 @@
 //! Writing dirty pages back: write-protect, then store, for `flush`, eviction and unmap.
 
 use super::RegionError;
-use super::shared::Shared;
+use super::shared::{MAX_RUN_BYTES, Shared};
 use crate::pages::{State, word};
 
 impl Shared {
@@ -31,6 +31,60 @@ impl Shared {
         self.stats.add_writebacks(1);
         self.stats.add_written(self.tier, len as u64);
         Ok(())
+    }
+
+    /// Writes back `pages` (sorted, each owned by the caller in a transition state): pages
+    /// next to each other are write-protected with one call and written as one run, and all
+    /// runs go to the store in one batch, so an eviction batch costs a few system calls and
+    /// large sequential writes instead of one of each per page. Returns the pages that could
+    /// not be written, with their errors (every other page is protected and stored). When the
+    /// batch fails, its pages are retried one by one, so exactly the pages the store refuses
+    /// are reported.
+    pub(super) fn write_back_many(&self, pages: &[usize]) -> Vec<(usize, RegionError)> {
+        if pages.len() <= 1 {
+            return pages
+                .iter()
+                .filter_map(|&p| self.write_back(p).err().map(|e| (p, e)))
+                .collect();
+        }
+        let max_run = (MAX_RUN_BYTES / self.page_bytes).max(1);
+        // (first page, pages) of each run.
+        let mut runs: Vec<(usize, usize)> = Vec::new();
+        for &page in pages {
+            match runs.last_mut() {
+                Some((first, n)) if *first + *n == page && *n < max_run => *n += 1,
+                _ => runs.push((page, 1)),
+            }
+        }
+        let protected = runs.iter().try_for_each(|&(first, n)| {
+            self.uffd
+                .write_protect(self.page_addr(first), n * self.page_bytes, true)
+        });
+        let mut bytes = 0u64;
+        let batch: Vec<(u64, &[u8])> = runs
+            .iter()
+            .map(|&(first, n)| {
+                let len = (n - 1) * self.page_bytes + self.io_len(first + n - 1);
+                bytes += len as u64;
+                // SAFETY: the run's pages are resident (the caller owns each in a transition
+                // state, so nobody evicts them) and write-protected above, so no thread
+                // modifies these bytes while the store reads them; `len` stays inside the
+                // region (the last page counts only its bytes inside).
+                let run =
+                    unsafe { std::slice::from_raw_parts(self.page_addr(first) as *const u8, len) };
+                (self.store_offset(first), run)
+            })
+            .collect();
+        if protected.is_ok() && self.store.write_batch(&batch).is_ok() {
+            self.stats.add_writebacks(pages.len() as u64);
+            self.stats.add_written(self.tier, bytes);
+            return Vec::new();
+        }
+        drop(batch);
+        pages
+            .iter()
+            .filter_map(|&p| self.write_back(p).err().map(|e| (p, e)))
+            .collect()
     }
 
     pub(super) fn flush_dirty(&self) -> Result<(), RegionError> {

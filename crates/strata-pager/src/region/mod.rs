@@ -36,6 +36,8 @@
 //! - `fault.rs`: filler threads and the fault path (fills, write-protect faults, poison).
 //! - `frames.rs`: where a fill gets frames (free list, read-ahead's share, direct reclaim).
 //! - `read_ahead.rs`: read-ahead windows and their threads, and explicit prefetch.
+//! - `streams.rs`: sequential-stream detection (the ends of recent runs).
+//! - `write_intent.rs`: installing pages written last time writable at once (optional).
 //! - `evict.rs`: victim choice, evictor threads, and `Region::evict`.
 //! - `flush.rs`: writing dirty pages back (for flush, eviction and unmap).
 //! - `error.rs`: [`RegionError`] and [`UnmapError`].
@@ -50,6 +52,8 @@ mod flush;
 mod frames;
 mod read_ahead;
 mod shared;
+mod streams;
+mod write_intent;
 
 pub use builder::RegionBuilder;
 pub use error::{RegionError, UnmapError};

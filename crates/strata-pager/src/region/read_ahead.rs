@@ -5,23 +5,29 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::RegionError;
-use super::discard::joins_run;
+use super::discard::{is_discarded, joins_run};
 use super::fault::{FrameSource, OnFillError};
 use super::shared::{MAX_RUN_BYTES, Scratch, Shared, bump};
 use crate::pages::{State, word};
 
 /// Read-ahead windows waiting for a read-ahead thread, per filler; older ones are dropped.
-const QUEUED_WINDOWS_PER_FILLER: usize = 2;
+const QUEUED_WINDOWS_PER_FILLER: usize = 4;
+/// Windows queued after the one a sequential fault reads itself: two, so that two thirds
+/// of a stream is read in the background rather than one half.
+pub(super) const WINDOWS_AHEAD: usize = 2;
 
 impl Shared {
     /// Claims up to `max` absent pages from `first` on (moves them to `Filling`), stopping
-    /// at the first that is not absent. Returns how many.
-    pub(super) fn claim_run(&self, first: usize, max: usize) -> usize {
+    /// at the first that is not absent or not of the run's kind: discarded (`Some(true)`) or
+    /// not (`Some(false)`); `None` takes the kind of the page at `first`. Returns how many.
+    pub(super) fn claim_run(&self, first: usize, max: usize, zero: Option<bool>) -> usize {
         let end = (first + max).min(self.pages.len());
         let mut count = 0;
+        let mut zero = zero;
         for q in first..end {
             let w = self.pages.load(q);
-            if !joins_run(w) || !self.pages.cas(q, w, word::with_state(w, State::Filling)) {
+            let kind = *zero.get_or_insert_with(|| is_discarded(w));
+            if !joins_run(w, kind) || !self.pages.cas(q, w, word::with_state(w, State::Filling)) {
                 break;
             }
             count += 1;
@@ -76,7 +82,7 @@ impl Shared {
                 }
             };
             // Claimed only now, so a demand fault that came first has the page to itself.
-            let n = self.claim_run(job.0, job.1);
+            let n = self.claim_run(job.0, job.1, None);
             if n > 0 {
                 self.fill_ahead(job.0, n, &mut scratch);
             }
@@ -95,20 +101,7 @@ impl Shared {
         let mut total = 0u64;
         let mut page = first;
         while page < last {
-            let mut count = 0;
-            while page + count < last && count < max_run {
-                let q = page + count;
-                let w = self.pages.load(q);
-                let joins = if count == 0 {
-                    word::state(w) == State::Absent
-                } else {
-                    joins_run(w)
-                };
-                if !joins || !self.pages.cas(q, w, word::with_state(w, State::Filling)) {
-                    break;
-                }
-                count += 1;
-            }
+            let count = self.claim_run(page, (last - page).min(max_run), None);
             if count == 0 {
                 page += 1;
                 continue;

@@ -1,0 +1,434 @@
+//! Sequential streams and batched write-back: read-ahead follows sequential faults and not
+//! random ones, a write stream over read-ahead pages traps once per window, discarded runs
+//! fill with zeros together, and eviction writes dirty neighbours as one run while a store
+//! that refuses some writes keeps exactly those pages (nothing lost). Plus write prediction:
+//! pages written last time come back writable, saving their write-protect faults.
+#![allow(clippy::cast_possible_truncation)] // test data sizes are small
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use common::{Rng, uffd_available};
+use strata_core::store::ReadRequest;
+use strata_core::{MemoryStore, PagerConfig, Store, StoreError};
+use strata_pager::{Region, RegionError};
+
+const PAGE: usize = 16 << 10;
+
+/// A memory store that counts its calls and refuses writes that touch one byte range.
+#[derive(Debug)]
+struct CountingStore {
+    inner: MemoryStore,
+    reads: AtomicU64,
+    /// Every read: (offset, length).
+    read_ranges: std::sync::Mutex<Vec<(u64, u64)>>,
+    writes: AtomicU64,
+    /// Writes overlapping `[bad_start, bad_end)` fail (empty range: none do).
+    bad_start: AtomicU64,
+    bad_end: AtomicU64,
+}
+
+impl CountingStore {
+    fn new(data: &[u8]) -> Self {
+        Self {
+            inner: MemoryStore::from_bytes(data),
+            reads: AtomicU64::new(0),
+            read_ranges: std::sync::Mutex::new(Vec::new()),
+            writes: AtomicU64::new(0),
+            bad_start: AtomicU64::new(0),
+            bad_end: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Store for CountingStore {
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+        self.reads.fetch_add(1, Ordering::SeqCst);
+        self.read_ranges
+            .lock()
+            .expect("not poisoned")
+            .push((offset, buf.len() as u64));
+        self.inner.read_at(offset, buf)
+    }
+    fn write_at(&self, offset: u64, buf: &[u8]) -> Result<(), StoreError> {
+        let (start, end) = (
+            self.bad_start.load(Ordering::SeqCst),
+            self.bad_end.load(Ordering::SeqCst),
+        );
+        if offset < end && offset + buf.len() as u64 > start {
+            return Err(StoreError::Unavailable {
+                store: self.describe(),
+                reason: format!("injected failure writing {} bytes at {offset}", buf.len()),
+            });
+        }
+        self.writes.fetch_add(1, Ordering::SeqCst);
+        self.inner.write_at(offset, buf)
+    }
+    fn flush(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+    fn describe(&self) -> String {
+        "counting-memory".into()
+    }
+    fn read_batch(&self, requests: &mut [ReadRequest<'_>]) -> Result<(), StoreError> {
+        for r in requests.iter_mut() {
+            self.read_at(r.offset, r.buf)?;
+        }
+        Ok(())
+    }
+}
+
+fn random(size: usize, rng: &mut Rng) -> Vec<u8> {
+    let mut data = vec![0u8; size];
+    rng.fill(&mut data);
+    data
+}
+
+/// A region over a fresh counting store holding `data`.
+fn region_over(data: &[u8], config: PagerConfig) -> (Arc<CountingStore>, Region) {
+    let store = Arc::new(CountingStore::new(data));
+    let region = Region::new(store.clone(), data.len() as u64, config).expect("region maps");
+    (store, region)
+}
+
+fn config(buffer_pages: u64, read_ahead: u64) -> PagerConfig {
+    PagerConfig::builder()
+        .page_bytes(PAGE as u64)
+        .buffer_bytes(buffer_pages * PAGE as u64)
+        .fillers(1)
+        .evictors(1)
+        .read_ahead(read_ahead)
+        .build()
+        .expect("test configuration is valid")
+}
+
+#[test]
+fn sequential_faults_read_ahead_and_random_ones_do_not() {
+    if !uffd_available("streams_read_ahead") {
+        return;
+    }
+    let mut rng = Rng::from_time("streams_read_ahead");
+    let pages = 512;
+    let data = random(pages * PAGE, &mut rng);
+    // Sequential: most pages arrive by read-ahead, far fewer faults than pages.
+    let (_store, region) = region_over(&data, config(128, 8));
+    let mut sum = 0u64;
+    for p in 0..pages {
+        let page = &region.as_slice()[p * PAGE..(p + 1) * PAGE];
+        assert_eq!(
+            page,
+            &data[p * PAGE..(p + 1) * PAGE],
+            "page {p} (sequential)"
+        );
+        sum += u64::from(page[0]);
+    }
+    let (stats, counters) = (region.stats(), region.counters());
+    eprintln!(
+        "sequential: {} faults, {} read ahead (checksum {sum})",
+        stats.faults, counters.read_ahead_pages
+    );
+    assert!(
+        stats.faults * 3 < pages as u64,
+        "a sequential scan faulted {} times for {pages} pages",
+        stats.faults
+    );
+    assert!(counters.read_ahead_pages as usize >= pages / 2);
+    drop(region);
+
+    // Random: with a quarter of the pages resident, most faults have a resident neighbour,
+    // which no longer counts as a stream.
+    let (_store, region) = region_over(&data, config(128, 8));
+    for _ in 0..3000 {
+        let p = rng.below(pages as u64) as usize;
+        let i = p * PAGE + rng.below(PAGE as u64) as usize;
+        assert_eq!(region.as_slice()[i], data[i], "byte {i} (random)");
+    }
+    let (stats, counters) = (region.stats(), region.counters());
+    eprintln!(
+        "random: {} faults, {} read ahead",
+        stats.faults, counters.read_ahead_pages
+    );
+    assert!(stats.faults > 1000, "random reads must fault");
+    assert!(
+        counters.read_ahead_pages * 4 < stats.faults,
+        "random faults read {} pages ahead over {} faults",
+        counters.read_ahead_pages,
+        stats.faults
+    );
+}
+
+#[test]
+fn a_write_stream_over_read_ahead_pages_traps_once_per_window() {
+    if !uffd_available("streams_write") {
+        return;
+    }
+    let mut rng = Rng::from_time("streams_write");
+    // Large enough that a random write rarely lands where a recent run ended (1 in 256).
+    let pages = 2048;
+    let data = random(pages * PAGE, &mut rng);
+    // Everything fits: reading installs every page clean (write-protected).
+    let (store, region) = region_over(&data, config(4096, 8));
+    let mut expect = data.clone();
+    assert!(region.as_slice() == &data[..], "first read");
+    // Every trap of a write: a write fault on a clean page, or a fault on an evicted one
+    // (the evictors keep the buffer below its high water mark).
+    let traps = || region.counters().write_faults + region.stats().faults;
+    let start = traps();
+    let base = region.as_ptr();
+    for p in 0..pages {
+        let i = p * PAGE + rng.below(PAGE as u64) as usize;
+        let v = rng.next() as u8;
+        // SAFETY: `i` lies inside the region, which outlives this loop; no other reference
+        // to these bytes is live.
+        unsafe { base.add(i).write_volatile(v) };
+        expect[i] = v;
+    }
+    let sequential_traps = traps() - start;
+    // Random writes to other pages are not a stream: one trap per page written.
+    region.flush().expect("flush");
+    let start = traps();
+    let mut written = std::collections::BTreeSet::new();
+    for _ in 0..64 {
+        let p = rng.below(pages as u64) as usize;
+        let i = p * PAGE + rng.below(PAGE as u64) as usize;
+        let v = rng.next() as u8;
+        // SAFETY: as above.
+        unsafe { base.add(i).write_volatile(v) };
+        expect[i] = v;
+        written.insert(p);
+    }
+    let random_traps = traps() - start;
+    eprintln!(
+        "{sequential_traps} traps for {pages} pages written in order; {random_traps} for {} pages at random",
+        written.len()
+    );
+    assert!(
+        sequential_traps * 4 < pages as u64,
+        "a sequential write stream trapped {sequential_traps} times over {pages} pages"
+    );
+    assert!(
+        random_traps * 10 >= written.len() as u64 * 9,
+        "random writes trapped only {random_traps} times over {} pages",
+        written.len()
+    );
+    region.flush().expect("flush");
+    let mut stored = vec![0u8; data.len()];
+    store.read_at(0, &mut stored).expect("read the store");
+    assert!(stored == expect, "the store holds every write after flush");
+}
+
+#[test]
+fn discarded_runs_fill_with_zeros_together_and_stored_neighbours_keep_data() {
+    if !uffd_available("streams_zero_runs") {
+        return;
+    }
+    let mut rng = Rng::from_time("streams_zero_runs");
+    let pages = 256;
+    let data = random(pages * PAGE, &mut rng);
+    let (store, region) = region_over(&data, config(512, 8));
+    // A discarded range starting and ending at random pages, stored pages on both sides.
+    let first = 1 + rng.below(60) as usize;
+    let last = first + 64 + rng.below(100) as usize;
+    region
+        .discard((first * PAGE) as u64, ((last - first) * PAGE) as u64)
+        .expect("discard");
+    let mut expect = data.clone();
+    expect[first * PAGE..last * PAGE].fill(0);
+    let faults_before = region.stats().faults;
+    assert!(
+        region.as_slice()[first * PAGE..last * PAGE]
+            .iter()
+            .all(|&b| b == 0),
+        "discarded pages read zeros"
+    );
+    let faults = region.stats().faults - faults_before;
+    // Read-ahead may run past the range into stored pages; no read may cover a zero page.
+    let (lo, hi) = ((first * PAGE) as u64, (last * PAGE) as u64);
+    let reads = store.read_ranges.lock().expect("not poisoned").clone();
+    assert!(
+        reads.iter().all(|&(o, n)| o + n <= lo || o >= hi),
+        "a store read covered discarded pages [{lo}, {hi}): {reads:?}"
+    );
+    assert!(
+        faults * 3 < (last - first) as u64,
+        "{faults} faults for {} discarded pages read in order",
+        last - first
+    );
+    // A stream running into stored pages reads them, not zeros; and one running from stored
+    // pages into the discarded range reads zeros there.
+    assert_eq!(region.as_slice(), &expect[..], "whole region");
+    region.evict_all().expect("evict");
+    let lead = (first - 1) * PAGE;
+    assert_eq!(
+        &region.as_slice()[lead..],
+        &expect[lead..],
+        "a stream from a stored page across the discarded range"
+    );
+}
+
+#[test]
+fn eviction_writes_dirty_neighbours_as_one_run_and_a_refused_page_stays_dirty() {
+    if !uffd_available("streams_write_back") {
+        return;
+    }
+    let mut rng = Rng::from_time("streams_write_back");
+    let pages = 512;
+    let data = random(pages * PAGE, &mut rng);
+    // Evictors that start early and free half the buffer at a time, so that eviction (in
+    // batches) rather than faults evicting one page each (direct reclaim) makes the room.
+    let evicting = PagerConfig::builder()
+        .page_bytes(PAGE as u64)
+        .buffer_bytes(128 * PAGE as u64)
+        .fillers(1)
+        .evictors(1)
+        .water_marks(40, 70)
+        .build()
+        .expect("test configuration is valid");
+    let (store, region) = region_over(&data, evicting);
+    // One page whose write-backs the store refuses for now.
+    let bad = 100 + rng.below(300) as usize;
+    store.bad_start.store((bad * PAGE) as u64, Ordering::SeqCst);
+    store
+        .bad_end
+        .store(((bad + 1) * PAGE) as u64, Ordering::SeqCst);
+    let mut expect = data.clone();
+    rng.fill(&mut expect);
+    let base = region.as_ptr();
+    for p in 0..pages {
+        // SAFETY: the page lies inside the region, which outlives this loop; no reference to
+        // these bytes is live.
+        unsafe {
+            std::ptr::copy_nonoverlapping(expect[p * PAGE..].as_ptr(), base.add(p * PAGE), PAGE);
+        }
+    }
+    let stats = region.stats();
+    let writes = store.writes.load(Ordering::SeqCst);
+    eprintln!(
+        "{} write-backs in {writes} store writes; page {bad} refused",
+        stats.writebacks
+    );
+    assert!(stats.writebacks > 300, "the sweep evicted dirty pages");
+    // Page by page, writes would equal write-backs; direct reclaim (a fault evicting one
+    // page itself) and the per-page retries of batches holding the refused page stay single.
+    assert!(
+        writes * 2 < stats.writebacks,
+        "dirty neighbours were written page by page ({writes} writes for {} pages)",
+        stats.writebacks
+    );
+    // The refused page is still resident and dirty: flush reports it, and nothing is lost.
+    match region.flush() {
+        Err(RegionError::WriteBack { page, .. }) => assert_eq!(page, bad),
+        other => panic!("flush with page {bad} refused gave {other:?}"),
+    }
+    assert_eq!(
+        region.as_slice(),
+        &expect[..],
+        "contents while the page is refused"
+    );
+    store.bad_end.store(0, Ordering::SeqCst);
+    // Failures the evictor recorded before the store healed are reported by the next
+    // flushes (at most a few); then flush succeeds.
+    let mut stale = 0;
+    loop {
+        match region.flush() {
+            Ok(()) => break,
+            Err(RegionError::WriteBack { page, .. }) if page == bad && stale < 3 => stale += 1,
+            Err(e) => panic!("flush once the store accepts page {bad}: {e}"),
+        }
+    }
+    region.evict_all().expect("evict");
+    let mut stored = vec![0u8; data.len()];
+    store.read_at(0, &mut stored).expect("read the store");
+    assert!(stored == expect, "the store holds every page");
+    assert_eq!(region.as_slice(), &expect[..], "contents read back");
+}
+
+/// Reads, then writes one byte of, every page in a random order, `rounds` times, under a
+/// buffer an eighth of the region. Returns the write-protect faults of every round but the
+/// first (which has no history to predict from).
+fn read_then_write_rounds(region: &Region, expect: &mut [u8], rounds: usize, rng: &mut Rng) -> u64 {
+    let pages = expect.len() / PAGE;
+    let base = region.as_ptr();
+    let mut before = 0;
+    for round in 0..rounds {
+        let mut order: Vec<usize> = (0..pages).collect();
+        for i in (1..pages).rev() {
+            order.swap(i, rng.below(i as u64 + 1) as usize);
+        }
+        if round == 1 {
+            before = region.counters().write_faults;
+        }
+        for p in order {
+            let i = p * PAGE + rng.below(PAGE as u64) as usize;
+            // SAFETY: `i` lies inside the region, which outlives this loop; no reference to
+            // these bytes is live.
+            let old = unsafe { base.add(i).read_volatile() };
+            assert_eq!(old, expect[i], "byte {i} before its write");
+            let v = old.wrapping_add(1 + rng.below(200) as u8);
+            // SAFETY: as above.
+            unsafe { base.add(i).write_volatile(v) };
+            expect[i] = v;
+        }
+    }
+    region.counters().write_faults - before
+}
+
+#[test]
+fn pages_written_last_time_come_back_writable_and_nothing_is_lost() {
+    if !uffd_available("streams_predict_writes") {
+        return;
+    }
+    let mut rng = Rng::from_time("streams_predict_writes");
+    let pages = 256;
+    let data = random(pages * PAGE, &mut rng);
+    let mut traps = Vec::new();
+    for predict in [false, true] {
+        let store = Arc::new(CountingStore::new(&data));
+        let region = Region::builder(store.clone(), data.len() as u64)
+            .config(config(32, 0))
+            .predict_writes(predict)
+            .build()
+            .expect("region maps");
+        let mut expect = data.clone();
+        let last = read_then_write_rounds(&region, &mut expect, 3, &mut rng);
+        eprintln!(
+            "predict {predict}: {last} write-protect faults in two rounds over {pages} pages read then written"
+        );
+        traps.push(last);
+        // A last round that only reads: guessed pages are written back unchanged, never lost.
+        for p in 0..pages {
+            assert_eq!(
+                &region.as_slice()[p * PAGE..(p + 1) * PAGE],
+                &expect[p * PAGE..(p + 1) * PAGE],
+                "page {p} (predict {predict})"
+            );
+        }
+        region.flush().expect("flush");
+        let mut stored = vec![0u8; data.len()];
+        store.read_at(0, &mut stored).expect("read the store");
+        assert!(
+            stored == expect,
+            "the store holds every write (predict {predict})"
+        );
+        region.evict_all().expect("evict");
+        assert!(
+            region.as_slice() == &expect[..],
+            "read back (predict {predict})"
+        );
+    }
+    // Without prediction every page traps on its write (few stay resident across a round);
+    // with it, pages written in the round before come back writable every other round.
+    assert!(
+        traps[0] as usize >= pages * 3 / 4,
+        "without prediction: {traps:?}"
+    );
+    assert!(
+        traps[1] * 4 < traps[0] * 3,
+        "prediction saved too few write-protect faults: {traps:?}"
+    );
+}
