@@ -208,6 +208,26 @@ step_remote() {
     return $rc
 }
 
+# Remote access on the workloads (their page reads of rows and edge lists): embeddings with
+# 512-byte rows at 4x and BFS at 2x, remote access off and on, against zero-copy in the same
+# run. Not in the default STEPS; name it: `run remote_workloads`.
+step_remote_workloads() {
+    local rc=0 r
+    : >"$OUT/remote-workloads.log"
+    for r in off auto; do
+        echo "=== embed, remote access $r" >>"$OUT/remote-workloads.log"
+        STRATA_GPU_REMOTE_ACCESS=$r timeout 200 "$CARRY/strata" bench embed --rows 4194304 --dim 128 \
+            --lookups 8388608 --oversubscription 4 --modes strata,zero-copy --reps 3 \
+            --json "$OUT/embed-$r.json" --svg "$OUT/embed-$r.svg" >>"$OUT/remote-workloads.log" 2>&1 || rc=1
+        echo "=== graph, remote access $r" >>"$OUT/remote-workloads.log"
+        STRATA_GPU_REMOTE_ACCESS=$r timeout 200 "$CARRY/strata" bench graph --scale 23 --algorithms bfs \
+            --oversubscription 2 --modes strata,zero-copy --reps 3 \
+            --json "$OUT/graph-$r.json" --svg "$OUT/graph-$r.svg" >>"$OUT/remote-workloads.log" 2>&1 || rc=1
+    done
+    SUMMARY+=("$(printf '%-28s %-6s %s' remote-workloads "$([ $rc -eq 0 ] && echo ok || echo FAIL)" "see remote-workloads.log")")
+    return $rc
+}
+
 run() {
     mkdir -p "$OUT"
     export STRATA_KERNEL_CACHE="${STRATA_KERNEL_CACHE:-/tmp/strata-kernel-cache}"

@@ -105,7 +105,8 @@ struct SpaceTable {
             }
         }
 #endif
-        const strata::PageRef r = strata::acquire_page(s, page, false);
+        // A cold row is read in place from the host copy until its page earns a frame.
+        const strata::PageRef r = strata::acquire_page(s, page, false, false, true);
         add_row((const float*)(r.data + off), acc);
         strata::release_page(s, r);
     }

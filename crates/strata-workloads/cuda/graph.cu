@@ -94,7 +94,8 @@ struct SpaceEdges {
         for (u64 page = start >> shift; page <= last; ++page) {
             if (!c.held || c.page != page) {
                 finish(c);
-                c.ref = strata::acquire_page(s, page, false);
+                // Edge lists read once stay in the host copy until their page earns a frame.
+                c.ref = strata::acquire_page(s, page, false, false, true);
                 c.page = page;
                 c.held = true;
             }

@@ -37,8 +37,12 @@ struct PageRef {
 // the same (space, page) share one pin, which is a writing one if any of them writes. Lanes
 // may differ in space, page and write. Faults are served by this warp. `prefetch` only labels
 // the statistics. A page index past the end records STRATA_ERR_PAGE_OUT_OF_RANGE and fails.
+// `remote_ok` (reads only): a page not resident and not yet worth a frame may be served in
+// place from the host copy by remote access (remote.cuh; PageRef::host set, `data` pointing
+// into the host copy, nothing pinned), as element reads are; for kernels that read a page's
+// bytes through `data` and can take host memory's latency.
 __device__ __forceinline__ PageRef acquire_page(const StrataSpace& s, strata_u64 page, bool write,
-                                                bool prefetch = false) {
+                                                bool prefetch = false, bool remote_ok = false) {
     const unsigned mask = __activemask();
     const unsigned lane = detail::lane_id();
     const bool in_range = page < s.pages;
@@ -59,10 +63,23 @@ __device__ __forceinline__ PageRef acquire_page(const StrataSpace& s, strata_u64
     unsigned failed = 0;    // leaders that gave up (wait limit)
     strata_u64 waiting_since = 0;
     const bool read_through = !group_write && !prefetch && (s.policy & STRATA_POLICY_READ_THROUGH);
+    const bool remote_read = remote_ok && !group_write && !prefetch && detail::remote_reads_on(s);
+    unsigned via_remote = 0;  // leaders served in place by remote access (they hold no pin)
     while (pending) {
         int status = detail::PIN_NONE;
-        if (is_leader && ((pending >> lane) & 1u))
-            status = detail::try_pin(s, page, group_write, &frame, read_through);
+        bool served_remote = false;
+        if (is_leader && ((pending >> lane) & 1u)) {
+            if (remote_read) {
+                const strata_u64 w = detail::load_acquire(&s.page_table[page]);
+                if (detail::state_of(w) == STRATA_NOT_RESIDENT &&
+                    detail::try_remote(s, page, w, false) == detail::REMOTE_SERVED) {
+                    status = detail::PIN_HOST;
+                    served_remote = true;
+                }
+            }
+            if (status == detail::PIN_NONE) status = detail::try_pin(s, page, group_write, &frame, read_through);
+        }
+        via_remote |= __ballot_sync(mask, served_remote);
         const unsigned hit = __ballot_sync(mask, status == detail::PIN_HIT);
         unsigned claimed = __ballot_sync(mask, status == detail::PIN_CLAIMED);
         const unsigned hosted = __ballot_sync(mask, status == detail::PIN_HOST);
@@ -113,7 +130,9 @@ __device__ __forceinline__ PageRef acquire_page(const StrataSpace& s, strata_u64
     }
     if (lane == __ffs(mask) - 1 && hits_here)
         detail::add_hits(s, hits_here);
-    if (lane == __ffs(mask) - 1 && via_host) atomicAdd(&s.counters->read_through, (strata_u64)__popc(via_host));
+    if (lane == __ffs(mask) - 1 && (via_host & ~via_remote))
+        atomicAdd(&s.counters->read_through, (strata_u64)__popc(via_host & ~via_remote));
+    if (lane == __ffs(mask) - 1 && via_remote) atomicAdd(&s.counters->remote_reads, (strata_u64)__popc(via_remote));
     frame = __shfl_sync(mask, frame, leader);
     // Ordering point: the leader's pin_acquire (or its serve_fault, whose copy ends in a
     // __syncwarp) is ordered before every lane's loads of the frame by this barrier.

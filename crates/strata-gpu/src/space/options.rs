@@ -156,7 +156,8 @@ pub fn write_back_from_env() -> Result<Option<Option<BackgroundWriteBack>>, Spac
 /// page at least about twice as hot as the average page not resident migrates, and uniform
 /// random access leaves the resident set alone instead of churning it. Counts live in the
 /// page's word while it is not resident and cost nothing on hits; reads count one access in
-/// four. Page-granular access (`acquire`, `acquire_page`, `view_page`) and atomics always
+/// four. Page reads through `acquire_page(.., remote_ok = true)` go in place the same way
+/// (the graph and embedding kernels ask for it); other page access and atomics always
 /// migrate. A space over a store, whose host cache holds only some pages, always migrates; a
 /// space with a peer tier reads in place but migrates on writes (a write in place would leave
 /// a stale copy in a peer slot).
