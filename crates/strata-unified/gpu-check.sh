@@ -47,7 +47,7 @@ for line in sys.stdin:
     mkdir -p "$CARRY/include/strata" "$CARRY/src"
     cp crates/strata-c/include/strata.h crates/strata-gpu/cuda/strata.cuh "$CARRY/include/"
     cp crates/strata-gpu/cuda/strata/*.cuh "$CARRY/include/strata/"
-    cp crates/strata-c/tests/c/unified_test.c crates/strata-unified/examples/unified_list.cu "$CARRY/src/"
+    cp crates/strata-c/tests/c/unified_test.c crates/strata-c/tests/c/check.h crates/strata-unified/examples/unified_list.cu "$CARRY/src/"
     cp crates/strata-unified/gpu-check.sh "$CARRY/"
     du -sh "$CARRY"; ls -la "$CARRY" "$CARRY/tests"
 }

@@ -3,38 +3,13 @@
  * strings for bad input, and the GPU calls (a clear STRATA_E_NO_DRIVER without a driver; a
  * fill/read-back round trip where one exists).
  * Usage: api_test SEED DIR. Prints "ok N checks" and exits 0, or names the failed check. */
-#include "strata.h"
-
-#include <inttypes.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
+#include "check.h"
 
 _Static_assert(sizeof(strata_space_options_t) == 40, "strata_space_options_t layout");
 _Static_assert(sizeof(strata_space_stats_t) == 72, "strata_space_stats_t layout");
 _Static_assert(sizeof(strata_region_options_t) == 56, "strata_region_options_t layout");
 _Static_assert(sizeof(strata_region_stats_t) == 40, "strata_region_stats_t layout");
 
-static int checks = 0;
-#define CHECK(cond, ...)                                                     \
-    do {                                                                     \
-        checks++;                                                            \
-        if (!(cond)) {                                                       \
-            fprintf(stderr, "FAILED line %d: %s: ", __LINE__, #cond);        \
-            fprintf(stderr, __VA_ARGS__);                                    \
-            fprintf(stderr, " (last error: %s)\n", strata_last_error());     \
-            exit(1);                                                         \
-        }                                                                    \
-    } while (0)
-#define OK(call) CHECK((call) == STRATA_OK, "%s", #call)
-
-static uint64_t rng;
-static uint64_t next(void) {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return rng;
-}
 static void fill_random(unsigned char* p, uint64_t n, uint64_t seed) {
     rng = seed | 1;
     for (uint64_t i = 0; i < n; i++) p[i] = (unsigned char)next();

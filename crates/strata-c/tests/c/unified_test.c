@@ -3,36 +3,11 @@
  * codes and messages, never crashes, with or without a GPU; with a GPU ("gpu" mode), an
  * allocation's CPU pointer, syncs, hints, discard, double free and use after free.
  * Usage: unified_test SEED cpu|gpu. Prints "ok N checks" and exits 0, or names the failed check. */
-#include "strata.h"
-
-#include <inttypes.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
+#include "check.h"
 
 _Static_assert(sizeof(strata_unified_options_t) == 24, "strata_unified_options_t layout");
 _Static_assert(sizeof(strata_unified_handle_t) == 104, "strata_unified_handle_t layout");
 
-static int checks = 0;
-#define CHECK(cond, ...)                                                     \
-    do {                                                                     \
-        checks++;                                                            \
-        if (!(cond)) {                                                       \
-            fprintf(stderr, "FAILED line %d: %s: ", __LINE__, #cond);        \
-            fprintf(stderr, __VA_ARGS__);                                    \
-            fprintf(stderr, " (last error: %s)\n", strata_last_error());     \
-            exit(1);                                                         \
-        }                                                                    \
-    } while (0)
-#define OK(call) CHECK((call) == STRATA_OK, "%s", #call)
-
-static uint64_t rng;
-static uint64_t next(void) {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return rng;
-}
 static void expect_error(int rc, int want, const char* needle, const char* what) {
     const char* msg = strata_last_error();
     CHECK(rc == want, "%s: got %s, want %s", what, strata_status_name(rc), strata_status_name(want));
