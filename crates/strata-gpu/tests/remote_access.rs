@@ -19,10 +19,22 @@ const KERNELS: &str = include_str!("remote_kernels.cu");
 
 /// What `mixed_lanes` leaves in a space that held `start`.
 fn replay(start: &[u64], threads: u64, ops: u64, seed: u64) -> Vec<u64> {
+    replay_lanes(start, threads, ops, seed, |_| true)
+}
+
+/// `replay` of the threads `works_here` picks (those of one space in
+/// `mixed_lanes_two_spaces`).
+fn replay_lanes(
+    start: &[u64],
+    threads: u64,
+    ops: u64,
+    seed: u64,
+    works_here: impl Fn(u64) -> bool,
+) -> Vec<u64> {
     let mut out = start.to_vec();
     let per = out.len() as u64 / threads;
     for t in 0..threads {
-        if t & 3 == 3 {
+        if t & 3 == 3 || !works_here(t) {
             continue;
         }
         for k in 0..ops {
@@ -224,4 +236,172 @@ fn remote_reads_return_the_host_copy_and_counts_decay_into_migration() {
         back == replay(&start, 32 * 256, 16, s ^ 9),
         "writers after reads differ"
     );
+}
+
+/// Every warp has lanes in two spaces at once (thread t in space (t >> 2) & 1), the spaces
+/// differing in page size, cache and remote-access mode, down to caches of two frames (all
+/// element access needs): each space ends exactly as a host replay of its own lanes, and no
+/// read of a never-written element is wrong.
+#[test]
+fn warps_mixing_two_spaces_with_remote_access_and_two_frame_caches() {
+    let Some(strata) = strata_or_skip() else {
+        return;
+    };
+    let module = strata.compile(KERNELS, "remote_kernels.cu").unwrap();
+    let f = module.function("mixed_lanes_two_spaces").unwrap();
+    let grid = Grid {
+        blocks: 8,
+        threads: 128,
+    };
+    let threads = u64::from(grid.blocks) * u64::from(grid.threads);
+    let bad = DeviceBuffer::zeroed(strata.gpu(), 8).unwrap();
+    // (page, frames, ratio, remote) of space 0 and of space 1.
+    let cases = [
+        (
+            (4u64 << 10, 2u64, 8u64, RemoteAccess::Auto),
+            (64u64 << 10, 2u64, 4u64, RemoteAccess::Off),
+        ),
+        (
+            (4 << 10, 2, 8, RemoteAccess::MigrateAfter(2)),
+            (4 << 10, 16, 2, RemoteAccess::MigrateAfter(16)),
+        ),
+        (
+            (64 << 10, 4, 8, RemoteAccess::Auto),
+            (4 << 10, 2, 1, RemoteAccess::Auto),
+        ),
+    ];
+    for (a, b) in cases {
+        let s = seed();
+        let mut spaces = Vec::new();
+        let mut starts = Vec::new();
+        for (k, &(page, frames, ratio, remote)) in [a, b].iter().enumerate() {
+            let cache = frames * page;
+            let bytes = cache * ratio;
+            let start = random_words((bytes / 8) as usize, s ^ k as u64);
+            let mut space = strata.space(bytes, &options(page, cache, remote)).unwrap();
+            space.fill_from_slice(0, &start).unwrap();
+            spaces.push(space);
+            starts.push(start);
+        }
+        bad.upload(0, &[0u64]).unwrap();
+        let ops = 16u64;
+        f.launch(
+            grid,
+            &Args::new()
+                .arg(spaces[0].handle())
+                .arg(spaces[1].handle())
+                .arg(ops)
+                .arg(s ^ 0x77)
+                .arg(s.rotate_left(17))
+                .arg((s ^ 1).rotate_left(17))
+                .arg(bad.ptr()),
+        )
+        .unwrap();
+        let what = format!("{a:?} + {b:?} seed {s:#x}");
+        for (k, space) in spaces.iter().enumerate() {
+            space.check_errors().unwrap();
+            let st = space.stats().unwrap();
+            eprintln!(
+                "{what}: space {k}: faults {} remote reads {} writes {} hits {}",
+                st.faults, st.remote_reads, st.remote_writes, st.hits
+            );
+            let mut back = vec![0u64; starts[k].len()];
+            space.read_back(0, &mut back).unwrap();
+            let want = replay_lanes(&starts[k], threads, ops, s ^ 0x77, |t| {
+                (t >> 2) & 1 == k as u64
+            });
+            let diff = back.iter().zip(&want).filter(|(x, y)| x != y).count();
+            let first = back.iter().zip(&want).position(|(x, y)| x != y);
+            assert_eq!(
+                diff, 0,
+                "{what}: space {k}: {diff} elements differ from the replay, first at {first:?}"
+            );
+        }
+        let mut wrong = [0u64];
+        bad.download(0, &mut wrong).unwrap();
+        assert_eq!(
+            wrong[0], 0,
+            "{what}: reads of never-written elements were wrong"
+        );
+    }
+}
+
+/// `acquire_page` with `STRATA_READ_IN_PLACE` over a space 4x its cache, after writers left
+/// some pages dirty in frames and others written back: every page reads its current bytes
+/// (resident ones from their frames, the rest from the host copy), nothing migrates, and the
+/// pages read in place are counted as remote reads. The same pass with `STRATA_READ_MIGRATE`
+/// faults pages in and reads the same sums.
+#[test]
+fn page_reads_in_place_see_current_bytes_and_move_nothing() {
+    let Some(strata) = strata_or_skip() else {
+        return;
+    };
+    let module = strata.compile(KERNELS, "remote_kernels.cu").unwrap();
+    let sums_fn = module.function("page_sums").unwrap();
+    let writers = strata
+        .compile(include_str!("gpu_kernels.cu"), "gpu_kernels.cu")
+        .unwrap()
+        .function("rmw_owned")
+        .unwrap();
+    for (page, remote) in [
+        (4u64 << 10, RemoteAccess::Off),
+        (64 << 10, RemoteAccess::Auto),
+    ] {
+        let cache = 8 * page;
+        let bytes = 4 * cache;
+        let n = (bytes / 8) as usize;
+        let pages = (bytes / page) as usize;
+        let s = seed();
+        let mut want = random_words(n, s);
+        let mut space = strata.space(bytes, &options(page, cache, remote)).unwrap();
+        space.fill_from_slice(0, &want).unwrap();
+        let grid = Grid {
+            blocks: 4,
+            threads: 128,
+        };
+        let threads = u64::from(grid.blocks) * u64::from(grid.threads);
+        writers
+            .launch(grid, &Args::new().arg(space.handle()).arg(8u64).arg(s ^ 3))
+            .unwrap();
+        common::replay_rmw_owned(&mut want, threads, 8, s ^ 3);
+        space.check_errors().unwrap();
+        let words = (page / 8) as usize;
+        let expected: Vec<u64> = want
+            .chunks(words)
+            .map(|c| c.iter().fold(0u64, |a, w| a.wrapping_add(*w)))
+            .collect();
+        let sums = DeviceBuffer::zeroed(strata.gpu(), pages * 8).unwrap();
+        let what = format!("page {page} {remote:?} seed {s:#x}");
+        for (mode, name) in [(2u32, "in place"), (0u32, "migrate")] {
+            space.reset_stats().unwrap();
+            sums_fn
+                .launch(
+                    Grid {
+                        blocks: 8,
+                        threads: 128,
+                    },
+                    &Args::new().arg(space.handle()).arg(mode).arg(sums.ptr()),
+                )
+                .unwrap();
+            space.check_errors().unwrap();
+            let st = space.stats().unwrap();
+            let mut got = vec![0u64; pages];
+            sums.download(0, &mut got).unwrap();
+            let first = got.iter().zip(&expected).position(|(g, e)| g != e);
+            assert_eq!(first, None, "{what}, {name}: page sums differ");
+            eprintln!(
+                "{what}, {name}: faults {} hits {} remote reads {}",
+                st.faults, st.hits, st.remote_reads
+            );
+            if mode == 2 {
+                assert_eq!(st.faults, 0, "{what}: reads in place moved pages");
+                assert!(
+                    st.remote_reads >= (pages - 8) as u64,
+                    "{what}: pages not resident were not read in place: {st:?}"
+                );
+            } else {
+                assert!(st.faults > 0, "{what}: a migrating pass faulted nothing");
+            }
+        }
+    }
 }

@@ -48,6 +48,7 @@ struct PtrEdges {
     struct Cursor {};
     __device__ __forceinline__ Cursor begin() const { return Cursor{}; }
     __device__ __forceinline__ void finish(Cursor&) const {}
+    __device__ __forceinline__ void read_in_place(Cursor&, bool) const {}
     // Calls visit(id) for every id of [start, end) (start < end), 32 at a time across the warp.
     // Stops after the group in which any lane's visit returned true; returns whether it did.
     template <class Visit>
@@ -72,12 +73,19 @@ struct SpaceEdges {
         strata::PageRef ref;
         u64 page;
         bool held;
+        unsigned read_mode;  // how pages not resident are read (strata::acquire_page)
     };
     __device__ __forceinline__ Cursor begin() const {
         Cursor c;
         c.held = false;
         c.page = ~0ull;
+        c.read_mode = STRATA_READ_REMOTE_OK;
         return c;
+    }
+    // The caller knows how the next rows visit their pages: sparsely (true: pages not resident
+    // are read where they lie) or densely (false: they move into frames, one bulk copy each).
+    __device__ __forceinline__ void read_in_place(Cursor& c, bool yes) const {
+        c.read_mode = yes ? STRATA_READ_IN_PLACE : STRATA_READ_MIGRATE;
     }
     __device__ __forceinline__ void finish(Cursor& c) const {
         if (c.held) strata::release_page(s, c.ref);
@@ -95,11 +103,17 @@ struct SpaceEdges {
             if (!c.held || c.page != page) {
                 finish(c);
                 // Edge lists read once stay in the host copy until their page earns a frame.
-                c.ref = strata::acquire_page(s, page, false, false, true);
+                c.ref = strata::acquire_page(s, page, false, false, c.read_mode);
                 c.page = page;
                 c.held = true;
             }
             const u32* frame = (const u32*)c.ref.data;
+            // A frame is read through L2 only (__ldcg): it holds other pages over time, and an
+            // L1 line of an earlier page must not be read. The host copy of a page read in
+            // place is read as zero-copy reads it, through L1: the page's acquire, just before,
+            // invalidated this multiprocessor's L1, and rows of neighbouring vertices share
+            // lines, so each line crosses the bus once rather than once per row.
+            const bool host = c.ref.host;
             const u64 first = page << shift;
             const u64 lo = start > first ? start : first;
             const u64 hi = end < first + (1ull << shift) ? end : first + (1ull << shift);
@@ -107,7 +121,7 @@ struct SpaceEdges {
             for (u64 base = lo & ~31ull; base < hi && !stop; base += 32) {
                 const u64 i = base + lane();
                 bool mine = false;
-                if (i >= lo && i < hi) mine = visit(__ldcg(frame + (i - first)));
+                if (i >= lo && i < hi) mine = visit(host ? frame[i - first] : __ldcg(frame + (i - first)));
                 stop = __any_sync(FULL_MASK, mine);
             }
             if (stop) return true;
@@ -142,26 +156,54 @@ __device__ __forceinline__ void report_found(u64 found, u64 found_degree, u64* c
     }
 }
 
+// Top-down, page-ordered: a warp walks its chunks (each the vertices whose rows start in one
+// page-sized stretch) and first sums the row lengths of the chunk's frontier vertices. A chunk
+// with no frontier vertex costs one coalesced read of its levels. A chunk whose frontier rows
+// fill less than `dense_ids` ids reads them where they lie (a few rows do not pay for moving
+// the page, and in top-down BFS a row is read once per search); a denser chunk lets the page
+// move, as one bulk copy beats many small reads over the bus. Then the frontier vertices are
+// visited in order, 32 levels read at once.
 template <class Edges>
 __device__ void bfs_top_down(const Edges& edges, const u32* bounds, u64 chunks, const u64* offsets, u64 n,
                              u32* levels, u32* parents,
-                             u32 level, u64* counters) {
+                             u32 level, u64* counters, u64 dense_ids) {
     u64 found = 0, found_degree = 0;
-    for_each_vertex(edges, bounds, chunks, [&](u64 v, typename Edges::Cursor& cursor) {
-        if (levels[v] != level) return;
-        const u64 start = offsets[v], end = offsets[v + 1];
-        if (start == end) return;
-        auto visit = [&](u32 w) -> bool {
-            if (*(volatile u32*)&levels[w] == UNREACHED &&
-                atomicCAS(&parents[w], UNREACHED, (u32)v) == UNREACHED) {
-                levels[w] = level + 1;
-                found += 1;
-                found_degree += offsets[w + 1] - offsets[w];
+    typename Edges::Cursor cursor = edges.begin();
+    const u64 per_warp = (chunks + warp_total() - 1) / warp_total();
+    const u64 first_chunk = warp_index() * per_warp;
+    const u64 last_chunk = first_chunk + per_warp < chunks ? first_chunk + per_warp : chunks;
+    for (u64 c = first_chunk; c < last_chunk; ++c) {
+        const u64 lo = bounds[c], hi = bounds[c + 1];
+        u64 ids = 0;
+        for (u64 base = lo; base < hi; base += 32) {
+            const u64 v = base + lane();
+            if (v < hi && levels[v] == level) ids += offsets[v + 1] - offsets[v];
+        }
+        ids = warp_sum(ids);
+        if (ids == 0) continue;
+        edges.read_in_place(cursor, ids < dense_ids);
+        for (u64 base = lo; base < hi; base += 32) {
+            const u64 mine = base + lane();
+            unsigned frontier = __ballot_sync(FULL_MASK, mine < hi && levels[mine] == level);
+            while (frontier) {
+                const u64 v = base + (__ffs(frontier) - 1);
+                frontier &= frontier - 1;
+                const u64 start = offsets[v], end = offsets[v + 1];
+                if (start == end) continue;
+                auto visit = [&](u32 w) -> bool {
+                    if (*(volatile u32*)&levels[w] == UNREACHED &&
+                        atomicCAS(&parents[w], UNREACHED, (u32)v) == UNREACHED) {
+                        levels[w] = level + 1;
+                        found += 1;
+                        found_degree += offsets[w + 1] - offsets[w];
+                    }
+                    return false;
+                };
+                edges.row(cursor, start, end, visit);
             }
-            return false;
-        };
-        edges.row(cursor, start, end, visit);
-    });
+        }
+    }
+    edges.finish(cursor);
     report_found(found, found_degree, counters);
 }
 
@@ -288,9 +330,11 @@ __device__ void pr_pull(const Edges& edges, const u32* bounds, u64 chunks, const
 #define GRAPH_ENTRY_POINTS(SUFFIX, PARAM, MAKE)                                                    \
     extern "C" __global__ void bfs_top_down_##SUFFIX(PARAM, const u32* bounds, u64 chunks,       \
                                                      const u64* offsets, u64 n, u32* levels,     \
-                                                     u32* parents, u32 level, u64* counters) {   \
+                                                     u32* parents, u32 level, u64* counters,     \
+                                                     u64 dense_ids) {                             \
         MAKE;                                                                                     \
-        bfs_top_down(edges, bounds, chunks, offsets, n, levels, parents, level, counters);       \
+        bfs_top_down(edges, bounds, chunks, offsets, n, levels, parents, level, counters,        \
+                     dense_ids);                                                                  \
     }                                                                                             \
     extern "C" __global__ void bfs_bottom_up_##SUFFIX(PARAM, const u32* bounds, u64 chunks,      \
                                                       const u64* offsets, u64 n, u32* levels,    \

@@ -118,6 +118,11 @@ pub struct GraphArgs {
     /// BFS variant: `top-down` or `direction-optimising`.
     #[arg(long, default_value = "top-down")]
     bfs: String,
+    /// Top-down BFS reads a work chunk's frontier rows in place, without moving their page,
+    /// when they hold less than this fraction of a page (0: pages always move as the space's
+    /// policy decides; 1: always in place).
+    #[arg(long, default_value_t = strata_workloads::gpu::graph::DEFAULT_BFS_DENSE_FRACTION)]
+    bfs_dense_fraction: f64,
     /// PageRank iterations.
     #[arg(long, default_value_t = 20)]
     iterations: u32,
@@ -138,6 +143,12 @@ pub struct GraphArgs {
 }
 
 fn graph_config(args: &GraphArgs) -> anyhow::Result<GraphBenchConfig> {
+    if args.bfs_dense_fraction.is_nan() || args.bfs_dense_fraction < 0.0 {
+        anyhow::bail!(
+            "--bfs-dense-fraction {}: give a number >= 0 (0: pages always move; 1: frontier rows always read in place)",
+            args.bfs_dense_fraction
+        );
+    }
     Ok(GraphBenchConfig {
         kind: match args.graph.as_str() {
             "kron" | "kronecker" => GraphKind::Kronecker,
@@ -157,6 +168,7 @@ fn graph_config(args: &GraphArgs) -> anyhow::Result<GraphBenchConfig> {
                 anyhow::bail!("unknown BFS variant {other:?}: use top-down or direction-optimising")
             }
         },
+        bfs_dense_fraction: args.bfs_dense_fraction,
         iterations: args.iterations,
         damping: args.damping,
     })
@@ -236,7 +248,13 @@ pub fn graph(args: &GraphArgs) -> anyhow::Result<()> {
     let config = graph_config(args)?;
     if args.check {
         for (kind, scale) in [(GraphKind::Kronecker, 15), (GraphKind::Uniform, 14)] {
-            for bfs_mode in [BfsMode::TopDown, BfsMode::DirectionOptimising] {
+            // Top-down twice: with the default in-place threshold (dense chunks move, sparse
+            // ones are read in place) and with every chunk read in place.
+            for (bfs_mode, bfs_dense_fraction) in [
+                (BfsMode::TopDown, config.bfs_dense_fraction),
+                (BfsMode::TopDown, 2.0),
+                (BfsMode::DirectionOptimising, config.bfs_dense_fraction),
+            ] {
                 let small = GraphBenchConfig {
                     kind,
                     scale,
@@ -251,12 +269,13 @@ pub fn graph(args: &GraphArgs) -> anyhow::Result<()> {
                         ..config.compare.clone()
                     },
                     bfs_mode,
+                    bfs_dense_fraction,
                     ..config.clone()
                 };
                 let report = crate::workloads::graph::run(&small)?;
                 print_graph(&report);
                 println!(
-                    "CHECK PASSED: graph {kind:?} scale {scale}, BFS {bfs_mode:?}: every mode validated"
+                    "CHECK PASSED: graph {kind:?} scale {scale}, BFS {bfs_mode:?} (dense fraction {bfs_dense_fraction}): every mode validated"
                 );
             }
         }

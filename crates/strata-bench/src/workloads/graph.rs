@@ -99,6 +99,9 @@ pub struct GraphBenchConfig {
     pub compare: Comparison,
     /// BFS variant.
     pub bfs_mode: BfsMode,
+    /// Top-down BFS reads a chunk's frontier rows in place below this fraction of a page's ids
+    /// (`GraphGpu::set_bfs_dense_fraction`).
+    pub bfs_dense_fraction: f64,
     /// PageRank iterations.
     pub iterations: u32,
     /// PageRank damping.
@@ -112,6 +115,8 @@ pub struct GraphBenchReport {
     pub graph: GraphSummary,
     /// BFS variant.
     pub bfs_mode: BfsMode,
+    /// Top-down BFS's in-place threshold (fraction of a page's ids).
+    pub bfs_dense_fraction: f64,
     /// BFS source vertex.
     pub bfs_source: u32,
     /// Directions of the BFS steps (from the GPU-memory or first run).
@@ -303,7 +308,8 @@ pub fn run(config: &GraphBenchConfig) -> Result<GraphBenchReport, GpuWorkloadErr
 
     let compare = &config.compare;
     let strata = Strata::new(compare.gpu)?;
-    let runner = GraphGpu::new(&strata, &graph, compare.page_size)?;
+    let mut runner = GraphGpu::new(&strata, &graph, compare.page_size)?;
+    runner.set_bfs_dense_fraction(config.bfs_dense_fraction)?;
     let mut outcome = Outcome::new(&strata, compare);
     let mut cross_check: Option<Vec<f32>> = None;
     let mut bfs_steps = Vec::new();
@@ -409,6 +415,7 @@ pub fn run(config: &GraphBenchConfig) -> Result<GraphBenchReport, GpuWorkloadErr
     Ok(GraphBenchReport {
         graph: summary,
         bfs_mode: config.bfs_mode,
+        bfs_dense_fraction: config.bfs_dense_fraction,
         bfs_source: refs.source,
         bfs_steps,
         outcome,
@@ -516,6 +523,7 @@ mod tests {
                 store: None,
             },
             bfs_mode: BfsMode::TopDown,
+            bfs_dense_fraction: strata_workloads::gpu::graph::DEFAULT_BFS_DENSE_FRACTION,
             iterations: 20,
             damping: 0.85,
         };

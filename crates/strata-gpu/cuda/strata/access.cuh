@@ -37,12 +37,21 @@ struct PageRef {
 // the same (space, page) share one pin, which is a writing one if any of them writes. Lanes
 // may differ in space, page and write. Faults are served by this warp. `prefetch` only labels
 // the statistics. A page index past the end records STRATA_ERR_PAGE_OUT_OF_RANGE and fails.
-// `remote_ok` (reads only): a page not resident and not yet worth a frame may be served in
-// place from the host copy by remote access (remote.cuh; PageRef::host set, `data` pointing
-// into the host copy, nothing pinned), as element reads are; for kernels that read a page's
-// bytes through `data` and can take host memory's latency.
+// `read_mode` (reads only; ignored when any lane of the group writes or `prefetch` is set):
+//  - STRATA_READ_MIGRATE (0, `false`): a missing page is moved into a frame.
+//  - STRATA_READ_REMOTE_OK (1, `true`): a page not resident and not yet worth a frame may be
+//    served in place from the host copy by remote access (remote.cuh), as element reads are:
+//    the space's remote-access policy decides, counting the access.
+//  - STRATA_READ_IN_PLACE (2): the caller knows this visit does not pay for a migration (it
+//    reads a few rows of the page and will not be back soon): a page not resident is read in
+//    place from the host copy whatever its count, and left where it is. A resident page is
+//    still pinned and read from its frame.
+// Served in place means PageRef::host set, `data` pointing into the host copy, nothing pinned;
+// for kernels that read a page's bytes through `data` and can take host memory's latency. Only
+// a space whose lower tier is a full host copy serves pages in place (over a store, or with
+// remote access off for STRATA_READ_REMOTE_OK, the page migrates).
 __device__ __forceinline__ PageRef acquire_page(const StrataSpace& s, strata_u64 page, bool write,
-                                                bool prefetch = false, bool remote_ok = false) {
+                                                bool prefetch = false, unsigned read_mode = STRATA_READ_MIGRATE) {
     const unsigned mask = __activemask();
     const unsigned lane = detail::lane_id();
     const bool in_range = page < s.pages;
@@ -63,16 +72,20 @@ __device__ __forceinline__ PageRef acquire_page(const StrataSpace& s, strata_u64
     unsigned failed = 0;    // leaders that gave up (wait limit)
     strata_u64 waiting_since = 0;
     const bool read_through = !group_write && !prefetch && (s.policy & STRATA_POLICY_READ_THROUGH);
-    const bool remote_read = remote_ok && !group_write && !prefetch && detail::remote_reads_on(s);
+    const bool plain_read = !group_write && !prefetch;
+    const bool in_place = plain_read && read_mode == STRATA_READ_IN_PLACE && s.tier == STRATA_TIER_HOST_COPY;
+    const bool remote_read = plain_read && read_mode == STRATA_READ_REMOTE_OK && detail::remote_reads_on(s);
     unsigned via_remote = 0;  // leaders served in place by remote access (they hold no pin)
     while (pending) {
         int status = detail::PIN_NONE;
         bool served_remote = false;
         if (is_leader && ((pending >> lane) & 1u)) {
-            if (remote_read) {
+            if (remote_read || in_place) {
+                // The acquire load that sees the page not resident orders these reads of the
+                // host copy after its last write-back (remote.cuh's argument for reads).
                 const strata_u64 w = detail::load_acquire(&s.page_table[page]);
                 if (detail::state_of(w) == STRATA_NOT_RESIDENT &&
-                    detail::try_remote(s, page, w, false) == detail::REMOTE_SERVED) {
+                    (in_place || detail::try_remote(s, page, w, false) == detail::REMOTE_SERVED)) {
                     status = detail::PIN_HOST;
                     served_remote = true;
                 }

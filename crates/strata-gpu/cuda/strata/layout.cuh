@@ -75,6 +75,10 @@ typedef unsigned int strata_u32;
 // frames. The host copy is current for any page not resident, so this needs no write-back;
 // a kernel must not write a page it reads this way while it runs.
 #define STRATA_POLICY_READ_THROUGH 0x100u
+// How acquire_page reads a page that is not resident (access.cuh).
+#define STRATA_READ_MIGRATE 0u
+#define STRATA_READ_REMOTE_OK 1u
+#define STRATA_READ_IN_PLACE 2u
 #define STRATA_ERR_OUT_OF_RANGE 1ull       // an element index past the end (first_bad_index)
 #define STRATA_ERR_NO_FRAME 2ull           // a wait passed wait_limit_ns (no_frame_page)
 #define STRATA_ERR_PAGE_OUT_OF_RANGE 4ull  // a page index past the end (first_bad_page)

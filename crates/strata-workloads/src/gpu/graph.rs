@@ -21,6 +21,11 @@ pub const MAX_PAGERANK_ITERATIONS: u32 = 1000;
 /// the unexplored edges / ALPHA; back when the frontier holds fewer than n / BETA vertices).
 const ALPHA: u64 = 15;
 const BETA: u64 = 18;
+/// Top-down BFS reads a chunk's frontier rows in place, without moving their page, when they
+/// hold fewer ids than this fraction of a page (see `bfs_top_down` in graph.cu). In top-down
+/// BFS every row is read once per search, so a page moves for its bandwidth only: one bulk
+/// copy of the page against the frontier rows' small reads over the bus.
+pub const DEFAULT_BFS_DENSE_FRACTION: f64 = 0.5;
 
 /// A kernel in both of its variants.
 #[derive(Debug)]
@@ -100,6 +105,10 @@ pub struct GraphGpu {
     dangling: DeviceBuffer,
     counters: DeviceBuffer,
     changed: DeviceBuffer,
+    /// Ids per work chunk (one page of the neighbour array).
+    chunk_ids: u64,
+    /// Frontier ids per chunk from which top-down BFS lets the chunk's page move.
+    dense_ids: u64,
     top_down: Variants,
     bottom_up: Variants,
     hook: Variants,
@@ -111,6 +120,21 @@ pub struct GraphGpu {
     contribute: Function,
     vertex_grid: Grid,
     _module: KernelModule,
+}
+
+/// Frontier ids from which a chunk of `chunk_ids` ids is dense (`fraction` of it, rounded up;
+/// `u64::MAX` for fractions above 1: never dense).
+fn dense_ids(chunk_ids: u64, fraction: f64) -> u64 {
+    if fraction > 1.0 {
+        return u64::MAX;
+    }
+    #[allow(
+        clippy::cast_precision_loss,
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss
+    )]
+    let ids = (chunk_ids as f64 * fraction).ceil() as u64;
+    ids
 }
 
 fn elapsed_ms(start: Instant) -> f64 {
@@ -135,7 +159,8 @@ impl GraphGpu {
         )?;
         let module = strata.compile(GRAPH_CU, "graph.cu")?;
         let offsets = DeviceBuffer::zeroed(&gpu, graph.offsets.len() * 8)?;
-        let bounds = graph.chunk_bounds((chunk_bytes / 4).max(1));
+        let chunk_ids = (chunk_bytes / 4).max(1);
+        let bounds = graph.chunk_bounds(chunk_ids);
         let bounds_buffer = DeviceBuffer::zeroed(&gpu, bounds.len() * 4)?;
         context_sync(&gpu)?; // the zero fills run on the legacy stream: finish them before the copies
         offsets.upload(0, &graph.offsets)?;
@@ -160,6 +185,8 @@ impl GraphGpu {
             dangling: DeviceBuffer::zeroed(&gpu, MAX_PAGERANK_ITERATIONS as usize * 8)?,
             counters: DeviceBuffer::zeroed(&gpu, 16)?,
             changed: DeviceBuffer::zeroed(&gpu, 4)?,
+            chunk_ids,
+            dense_ids: dense_ids(chunk_ids, DEFAULT_BFS_DENSE_FRACTION),
             offsets,
             top_down: Variants::load(&module, "bfs_top_down")?,
             bottom_up: Variants::load(&module, "bfs_bottom_up")?,
@@ -183,6 +210,22 @@ impl GraphGpu {
         // wait for: let those fills (and the offsets copy) finish before any kernel runs.
         context_sync(&runner.gpu)?;
         Ok(runner)
+    }
+
+    /// Sets the fraction of a page's ids below which top-down BFS reads a chunk's frontier
+    /// rows in place rather than moving the page ([`DEFAULT_BFS_DENSE_FRACTION`]); 0 lets every
+    /// page move as the space's policy decides, 1 or more reads every chunk in place.
+    ///
+    /// # Errors
+    /// A fraction that is negative or not a number.
+    pub fn set_bfs_dense_fraction(&mut self, fraction: f64) -> Result<(), GpuWorkloadError> {
+        if fraction.is_nan() || fraction < 0.0 {
+            return Err(GpuWorkloadError::Invalid(format!(
+                "BFS dense fraction {fraction} must be a number >= 0 (0: pages always move; 1: frontier rows always read in place)"
+            )));
+        }
+        self.dense_ids = dense_ids(self.chunk_ids, fraction);
+        Ok(())
     }
 
     fn fill_u32(
@@ -276,7 +319,7 @@ impl GraphGpu {
                 Direction::BottomUp => self.bottom_up.pick(edges),
             };
             self.zero_u64(&self.counters, 2)?;
-            let args = edges
+            let mut args = edges
                 .first_arg()
                 .arg(self.bounds.ptr())
                 .arg(self.chunks)
@@ -286,6 +329,9 @@ impl GraphGpu {
                 .arg(self.parents.ptr())
                 .arg(level)
                 .arg(self.counters.ptr());
+            if direction == Direction::TopDown {
+                args = args.arg(self.dense_ids);
+            }
             kernel.0.launch(kernel.1, &args)?;
             steps.push(direction);
             let [found, found_edges] = self.read_counters()?;
@@ -410,5 +456,19 @@ impl GraphGpu {
         let mut ranks = vec![0f32; usize::try_from(self.n).expect("vertex count fits")];
         current.download(0, &mut ranks)?;
         Ok((ranks, ms))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::dense_ids;
+
+    #[test]
+    fn dense_threshold_scales_with_the_chunk_and_saturates_above_one() {
+        assert_eq!(dense_ids(16384, 0.0), 0, "0: every chunk with a frontier moves");
+        assert_eq!(dense_ids(16384, 0.5), 8192);
+        assert_eq!(dense_ids(1024, 0.001), 2, "rounded up");
+        assert_eq!(dense_ids(16384, 1.0), 16384);
+        assert_eq!(dense_ids(16384, 1.5), u64::MAX, "above 1: never dense");
     }
 }
