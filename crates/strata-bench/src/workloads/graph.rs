@@ -514,6 +514,7 @@ mod tests {
                 gpu: 0,
                 pcie_read_gbps: None,
                 store: None,
+                peers: Vec::new(),
             },
             bfs_mode: BfsMode::TopDown,
             iterations: 20,
