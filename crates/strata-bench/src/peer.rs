@@ -460,6 +460,14 @@ pub struct WorkloadPair {
     pub peer_loads: u64,
     /// Faults in that run.
     pub faults: u64,
+    /// Host-only timed runs, ms.
+    pub host_only_times_ms: Vec<f64>,
+    /// Peer timed runs, ms.
+    pub peer_times_ms: Vec<f64>,
+    /// Host-only statistics (median run).
+    pub host_only_stats: Option<crate::workloads::report::StrataStats>,
+    /// Peer statistics (median run).
+    pub peer_stats: Option<crate::workloads::report::StrataStats>,
     /// How the results were checked.
     pub validated: String,
 }
@@ -484,6 +492,12 @@ pub struct PeerReport {
     pub workloads: Vec<WorkloadPair>,
     /// Seed of the data and touch orders.
     pub seed: u64,
+    /// Blocks of 256 threads of the touch kernel resident per SM (its grid has as many per
+    /// SM): with a fault served by one warp, the faults in flight are at most its warps.
+    pub touch_blocks_per_sm: u32,
+    /// `STRATA_GPU_REMOTE_ACCESS` as set for this run (`auto` when unset): element and page
+    /// reads served in place from the host copy never reach the peer tier.
+    pub remote_access: String,
 }
 
 /// The entry of `runs` with the median time.
@@ -583,6 +597,33 @@ impl Bench<'_> {
                 gbps: gbps(count * page, ms),
                 note: "a warp per random page pulls it into local frames (no bookkeeping)".into(),
             });
+            // The fault kernels' grid (fewer resident warps than these plain kernels get):
+            // the same copies at the concurrency a fault path has.
+            let fault_grid = self.grid;
+            for (f, what) in [(&gather, "gather"), (&exchange, "exchange")] {
+                let ms = crate::gpu_micro::time_ms(
+                    &gpu,
+                    reps,
+                    || Ok(()),
+                    || Ok(f.launch(fault_grid, &args().arg(2i32))?),
+                )?;
+                out.push(PeerCeiling {
+                    name: format!("peer-{what}-{kib}k-fault-grid"),
+                    page_size: page,
+                    mpages: per_s_millions(count, ms),
+                    gbps: gbps(count * page, ms),
+                    note: format!(
+                        "{what} on the fault kernels' grid ({} blocks of {} threads){}",
+                        fault_grid.blocks,
+                        fault_grid.threads,
+                        if what == "exchange" {
+                            ", system fence per page"
+                        } else {
+                            ""
+                        }
+                    ),
+                });
+            }
             for (fence, what) in [(0i32, "no fence"), (1, "gpu fence"), (2, "system fence")] {
                 let ms = time(&exchange, &args().arg(fence))?;
                 out.push(PeerCeiling {
@@ -808,6 +849,10 @@ pub fn pair_workloads(
                 gpu_memory_ms: gpu_memory(&h.workload),
                 peer_loads: p.strata.as_ref().map_or(0, |s| s.peer_loads),
                 faults: p.strata.as_ref().map_or(0, |s| s.faults),
+                host_only_times_ms: h.times_ms.clone(),
+                peer_times_ms: p.times_ms.clone(),
+                host_only_stats: h.strata.clone(),
+                peer_stats: p.strata.clone(),
                 validated: p.validated.clone(),
             })
         })
@@ -928,12 +973,22 @@ fn workloads(
         opts.lenders.borrowed(table_bytes),
     ));
     for p in &out {
+        let hit = |s: &Option<crate::workloads::report::StrataStats>| {
+            s.as_ref().map_or_else(
+                || "-".into(),
+                |s| format!("hits {:.1}% in {}", s.hit_rate * 100.0, s.bytes_in),
+            )
+        };
         log(format!(
-            "workload {:<9} {}x: host-only {:>9.2} ms, peer {:>9.2} ms: {:.2}x (peer loads {} of {} faults; {})",
+            "workload {:<9} {}x: host-only {:>9.2} ms {:?} ({}), peer {:>9.2} ms {:?} ({}): {:.2}x (peer loads {} of {} faults; {})",
             p.workload,
             p.oversubscription,
             p.host_only_ms,
+            p.host_only_times_ms,
+            hit(&p.host_only_stats),
             p.peer_ms,
+            p.peer_times_ms,
+            hit(&p.peer_stats),
             p.speedup,
             p.peer_loads,
             p.faults,
@@ -967,6 +1022,8 @@ pub fn run(opts: &PeerOptions, log: &mut dyn FnMut(String)) -> Result<PeerReport
         micro: Vec::new(),
         workloads: Vec::new(),
         seed,
+        touch_blocks_per_sm: grid.blocks / strata.gpu().multiprocessors.max(1),
+        remote_access: std::env::var("STRATA_GPU_REMOTE_ACCESS").unwrap_or_else(|_| "auto".into()),
     };
     {
         let mut bench = Bench {
@@ -1384,6 +1441,8 @@ mod tests {
             micro,
             workloads: Vec::new(),
             seed: 1,
+            touch_blocks_per_sm: 1,
+            remote_access: "auto".into(),
         }
     }
 

@@ -88,11 +88,13 @@ fn size(b: u64) -> String {
 
 fn print(report: &PeerReport) {
     println!(
-        "strata bench peer on {}: cache {}, ratios {:?}, lenders {:?}",
+        "strata bench peer on {}: cache {}, ratios {:?}, lenders {:?}, remote access {}, touch kernel {} block(s) of 256 threads per SM",
         report.gpu,
         size(report.options.cache_bytes),
         report.options.ratios,
-        report.options.lenders
+        report.options.lenders,
+        report.remote_access,
+        report.touch_blocks_per_sm
     );
     if !report.ceilings.is_empty() {
         println!("\nNVLink ceilings measured now (plain kernels over borrowed memory):");
