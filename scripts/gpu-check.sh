@@ -2,6 +2,7 @@
 # scripts/gpu-check.sh: the one script that checks Strata on a GPU.
 #
 #   scripts/gpu-check.sh build    # here (no GPU needed): build release binaries into .carry/
+#   scripts/gpu-check.sh build-cli  # here: only the `strata` binary into .carry/ (for bench steps)
 #   scripts/gpu-check.sh run      # on the GPU machine: run every step, logs to $OUT (or ./gpu-logs)
 #
 # Typical use from the development machine: `scripts/gpu-check.sh build`, then run
@@ -26,14 +27,22 @@ GPU_EXAMPLES=(oversubscribed_kernel)
 # Arguments of `strata bench gpu-micro` (override with GPU_MICRO_ARGS).
 GPU_MICRO_ARGS="${GPU_MICRO_ARGS:-}"
 
-build() {
+# Only the `strata` binary (the benchmark steps need nothing else): faster than `build`.
+build_cli() {
     set -e
     cd "$ROOT"
     export CARGO_TARGET_DIR="$TARGET"
-    mkdir -p "$CARRY/tests"
+    mkdir -p "$CARRY"
     cargo build --release -p strata-cli
     cp "$TARGET/release/strata" "$CARRY/strata"
-    mkdir -p "$CARRY/examples"
+    strip --strip-debug "$CARRY/strata"
+    ls -la "$CARRY/strata"
+}
+
+build() {
+    set -e
+    build_cli
+    mkdir -p "$CARRY/tests" "$CARRY/examples"
     for ex in "${GPU_EXAMPLES[@]}"; do
         cargo build --release -p strata-gpu --example "$ex"
         cp "$TARGET/release/examples/$ex" "$CARRY/examples/$ex"
@@ -228,6 +237,21 @@ step_remote_workloads() {
     return $rc
 }
 
+# Issue 13's peer tier (two GPUs: the device kind nvidia-h200-x2): `strata bench peer --check`
+# (the graph and embedding checks with every space borrowing GPU 1's memory), then the
+# benchmark (NVLink ceilings, peer fault rates, gpu-micro patterns, PageRank and embeddings
+# against host-only eviction). Five files: peer-check.log, peer-bench.log, peer.json, peer.svg,
+# peer.png. Not in the default STEPS (one GPU refuses); name it: `run peer_bench`.
+# PEER_BENCH_ARGS adds arguments (e.g. --quick, --peer 1:16GiB, --sections faults).
+step_peer_bench() {
+    local rc=0
+    log peer-check timeout 150 "$CARRY/strata" bench peer --check || rc=1
+    # shellcheck disable=SC2086
+    log peer-bench timeout "${PEER_BENCH_TIMEOUT:-300}" "$CARRY/strata" bench peer \
+        --json "$OUT/peer.json" --plot "$OUT/peer" ${PEER_BENCH_ARGS:-} || rc=1
+    return $rc
+}
+
 run() {
     mkdir -p "$OUT"
     export STRATA_KERNEL_CACHE="${STRATA_KERNEL_CACHE:-/tmp/strata-kernel-cache}"
@@ -248,6 +272,7 @@ run() {
 
 case "${1:-}" in
     build) build ;;
+    build-cli) build_cli ;;
     run) shift; run "$@" ;;
-    *) echo "usage: $0 build | run [step...]   (steps: ${STEPS[*]})" >&2; exit 2 ;;
+    *) echo "usage: $0 build | build-cli | run [step...]   (steps: ${STEPS[*]}; also before_after write_back remote remote_workloads peer_bench)" >&2; exit 2 ;;
 esac

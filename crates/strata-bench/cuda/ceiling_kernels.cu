@@ -1,5 +1,5 @@
-// Kernels of `strata bench ceilings`: the rates the hardware gives plain code, against which
-// every benchmark reports its fraction. Sums go to `sink` so no load is optimised away.
+// Kernels of `strata bench ceilings` (and the NVLink probes of `strata bench peer`): the rates
+// the hardware gives plain code, against which every benchmark reports its fraction. Sums go to `sink` so no load is optimised away.
 typedef unsigned long long u64;
 
 __device__ __forceinline__ u64 mix(u64 x) {
@@ -55,4 +55,45 @@ extern "C" __global__ void ceiling_random_gather(const u64* src, u64 elements, u
         acc += __ldcg(src + mix(seed ^ k) % elements);
     }
     sink_add(sink, acc);
+}
+
+// Each warp serves `count` page exchanges the way a fault with a peer tier does: a random page
+// of `peer` (borrowed memory of `peer_pages` pages) comes into local frame k % frames while the
+// frame's old bytes go out to peer slot k % peer_pages (round robin, as victims do), four
+// 16-byte vectors per lane in flight each way. `fence`: 0 none; 1 a GPU-scope fence by lane 0
+// after each page; 2 a system-scope fence by lane 0 after each page (the fault path's
+// ordering points over another GPU's memory). The spread between the three shows what a
+// per-fault fence costs.
+extern "C" __global__ void peer_page_exchange(uint4* peer, u64 peer_pages, uint4* frames, u64 frame_count,
+                                              u64 page, u64 count, u64 seed, int fence) {
+    const u64 warp = (blockIdx.x * (u64)blockDim.x + threadIdx.x) / 32;
+    const u64 warps = (u64)gridDim.x * (blockDim.x / 32);
+    const unsigned lane = threadIdx.x & 31;
+    const u64 vecs = page / 16;
+    for (u64 k = warp; k < count; k += warps) {
+        const uint4* in = peer + (mix(seed ^ k) % peer_pages) * vecs;
+        uint4* out = peer + (k % peer_pages) * vecs;
+        uint4* f = frames + (k % frame_count) * vecs;
+        for (u64 i = lane; i < vecs; i += 4 * 32) {
+            uint4 old[4], fresh[4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+                if (i + j * 32 < vecs) {
+                    old[j] = __ldcg(f + i + j * 32);
+                    fresh[j] = __ldcg(in + i + j * 32);
+                }
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+                if (i + j * 32 < vecs) {
+                    __stcg(out + i + j * 32, old[j]);
+                    __stcg(f + i + j * 32, fresh[j]);
+                }
+        }
+        __syncwarp();
+        if (lane == 0) {
+            if (fence == 1) __threadfence();
+            if (fence == 2) __threadfence_system();
+        }
+        __syncwarp();
+    }
 }

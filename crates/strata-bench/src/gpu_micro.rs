@@ -217,11 +217,25 @@ fn median(mut v: Vec<f64>) -> f64 {
 pub(crate) fn time_ms(
     gpu: &Arc<Gpu>,
     reps: usize,
+    before: impl FnMut() -> Result<(), SpaceError>,
+    run: impl FnMut() -> Result<(), SpaceError>,
+) -> Result<f64, SpaceError> {
+    let runs = timed_runs(gpu, reps, before, run, || Ok(()))?;
+    Ok(median(runs.into_iter().map(|(ms, ())| ms).collect()))
+}
+
+/// Times `run` `reps` times after one warm-up, calling `before` first each time (outside the
+/// timed region) and `after` once each run has finished; returns (ms, what `after` said) per
+/// timed run.
+pub(crate) fn timed_runs<T>(
+    gpu: &Arc<Gpu>,
+    reps: usize,
     mut before: impl FnMut() -> Result<(), SpaceError>,
     mut run: impl FnMut() -> Result<(), SpaceError>,
-) -> Result<f64, SpaceError> {
+    mut after: impl FnMut() -> Result<T, SpaceError>,
+) -> Result<Vec<(f64, T)>, SpaceError> {
     let (a, b) = (Event::new(gpu)?, Event::new(gpu)?);
-    let mut times = Vec::with_capacity(reps);
+    let mut out = Vec::with_capacity(reps);
     for i in 0..=reps {
         before()?;
         gpu.synchronize()?;
@@ -229,11 +243,12 @@ pub(crate) fn time_ms(
         run()?;
         b.record(None)?;
         let ms = f64::from(a.elapsed_ms(&b)?);
+        let t = after()?;
         if i > 0 {
-            times.push(ms);
+            out.push((ms, t));
         }
     }
-    Ok(median(times))
+    Ok(out)
 }
 
 fn splitmix(x: &mut u64) -> u64 {
@@ -1138,6 +1153,32 @@ pub fn chart(rows: &[ChartRow], record: &crate::record::Record) -> crate::plot::
     }
 }
 
+/// Statistics with every counter zero (for tests that build rows by hand).
+#[cfg(test)]
+pub(crate) fn empty_stats() -> GpuStats {
+    GpuStats {
+        remote_reads: 0,
+        remote_writes: 0,
+        fault_hist: strata_gpu::space::FaultHistogram::default(),
+        hits: 0,
+        faults: 0,
+        evictions: 0,
+        writebacks: 0,
+        prefetched: 0,
+        bytes_in: 0,
+        bytes_out: 0,
+        fault_ns_total: 0,
+        fault_ns_max: 0,
+        no_frame_retries: 0,
+        protected_frames: 0,
+        optimistic_retries: 0,
+        read_through: 0,
+        host_cache_loads: 0,
+        background_writebacks: 0,
+        peer: None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1185,27 +1226,7 @@ mod tests {
             uvm: None,
             ceiling: 50.0,
             ceiling_name: "x".into(),
-            stats: GpuStats {
-                remote_reads: 0,
-                remote_writes: 0,
-                fault_hist: strata_gpu::space::FaultHistogram::default(),
-                hits: 0,
-                faults: 0,
-                evictions: 0,
-                writebacks: 0,
-                prefetched: 0,
-                bytes_in: 0,
-                bytes_out: 0,
-                fault_ns_total: 0,
-                fault_ns_max: 0,
-                no_frame_retries: 0,
-                protected_frames: 0,
-                optimistic_retries: 0,
-                read_through: 0,
-                host_cache_loads: 0,
-                background_writebacks: 0,
-                peer: None,
-            },
+            stats: empty_stats(),
         };
         let record = crate::record::Record::new(
             "gpu-micro",

@@ -5,7 +5,8 @@
 //!   [`net`] (raw store throughput, the loopback TCP ceiling), [`gpu_micro`] (GPU paging
 //!   against zero-copy, chunked copies and UVM), [`gpu_store`] (GPU spaces over stores against
 //!   each target's baseline), [`workloads`] (graph and embedding workloads), [`kernel_swap`]
-//!   (the kernel's zram and swap-file swap as the baseline of `strata bench run`).
+//!   (the kernel's zram and swap-file swap as the baseline of `strata bench run`), [`peer`]
+//!   (the peer tier, borrowed neighbour-GPU memory, against host-only eviction).
 //! - Reporting: [`ceilings`] (the machine's own limits, probed and cached per device and
 //!   driver), [`record`] (the JSON every benchmark writes: machine, device, driver, commit,
 //!   arguments, ceilings, figures), [`plot`] (one plotting module, PNG and SVG), [`compare`]
@@ -26,6 +27,7 @@ pub mod gpu_store;
 pub mod kernel_swap;
 pub mod net;
 pub mod pager;
+pub mod peer;
 pub mod plot;
 pub mod record;
 pub mod store_spec;

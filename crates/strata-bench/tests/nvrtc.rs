@@ -48,6 +48,7 @@ fn benchmark_and_probe_kernels_compile_for_sm90() {
                 "ceiling_stream_read",
                 "ceiling_page_gather",
                 "ceiling_random_gather",
+                "peer_page_exchange",
             ][..],
         ),
     ] {

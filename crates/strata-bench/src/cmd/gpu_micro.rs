@@ -54,7 +54,7 @@ fn parse_remote(s: &str) -> Result<strata_gpu::space::RemoteAccess, String> {
     strata_gpu::space::parse_remote_access(s).map_err(|e| e.to_string())
 }
 
-fn parse_peer(s: &str) -> Result<strata_gpu::space::PeerBorrow, String> {
+pub(crate) fn parse_peer(s: &str) -> Result<strata_gpu::space::PeerBorrow, String> {
     let (gpu, size) = s
         .split_once(':')
         .ok_or_else(|| format!("--peer {s:?}: give GPU:SIZE, e.g. 1:8GiB"))?;

@@ -6,6 +6,7 @@ pub mod gpu_micro;
 pub mod gpu_store;
 pub mod measure;
 pub mod pager;
+pub mod peer;
 pub mod remote;
 pub mod run;
 pub mod unified;
@@ -30,6 +31,10 @@ pub enum BenchCommand {
     Graph(workloads::GraphArgs),
     /// Zipf-skewed embedding lookups on GPU paging against the alternatives.
     Embed(workloads::EmbedArgs),
+    /// The peer tier (memory borrowed from a neighbour GPU over NVLink) against host-only
+    /// eviction: peer fault rates against NVLink ceilings measured now, gpu-micro patterns,
+    /// PageRank and embeddings at 2-4x the local cache (needs two GPUs).
+    Peer(peer::PeerBenchArgs),
     /// Small CPU<->GPU copies (copylat, copybw, pplat, apiperf) against cudaMemcpy.
     Copy(copy::CopyBenchArgs),
     /// Unmodified programs under `strata run` against the kernel swapping to zram and to a
@@ -80,6 +85,7 @@ pub fn run(command: &BenchCommand) -> anyhow::Result<()> {
         BenchCommand::GpuStore(args) => gpu_store::gpu_store(args),
         BenchCommand::Graph(args) => workloads::graph(args),
         BenchCommand::Embed(args) => workloads::embed(args),
+        BenchCommand::Peer(args) => peer::bench(args),
         BenchCommand::Copy(args) => copy::bench(args),
         BenchCommand::Run(args) => run::run(args),
         BenchCommand::Unified(args) => unified::bench(args),

@@ -88,6 +88,7 @@ impl CompareArgs {
             gpu: self.gpu,
             pcie_read_gbps: None,
             store: self.store.backing(&strata_core::config::process_env()?)?,
+            peers: Vec::new(),
         })
     }
 }
@@ -247,39 +248,7 @@ fn write_outputs<T: serde::Serialize>(
 pub fn graph(args: &GraphArgs) -> anyhow::Result<()> {
     let config = graph_config(args)?;
     if args.check {
-        for (kind, scale) in [(GraphKind::Kronecker, 15), (GraphKind::Uniform, 14)] {
-            // Top-down twice: with the default in-place threshold (dense chunks move, sparse
-            // ones are read in place) and with every chunk read in place.
-            for (bfs_mode, bfs_dense_fraction) in [
-                (BfsMode::TopDown, config.bfs_dense_fraction),
-                (BfsMode::TopDown, 2.0),
-                (BfsMode::DirectionOptimising, config.bfs_dense_fraction),
-            ] {
-                let small = GraphBenchConfig {
-                    kind,
-                    scale,
-                    edge_factor: 16,
-                    graph_file: None,
-                    algorithms: vec![Algorithm::Bfs, Algorithm::Cc, Algorithm::PageRank],
-                    compare: Comparison {
-                        oversubscription: vec![4.0],
-                        modes: Modes::all(),
-                        page_size: 4096,
-                        reps: 1,
-                        ..config.compare.clone()
-                    },
-                    bfs_mode,
-                    bfs_dense_fraction,
-                    ..config.clone()
-                };
-                let report = crate::workloads::graph::run(&small)?;
-                print_graph(&report);
-                println!(
-                    "CHECK PASSED: graph {kind:?} scale {scale}, BFS {bfs_mode:?} (dense fraction {bfs_dense_fraction}): every mode validated"
-                );
-            }
-        }
-        return Ok(());
+        return graph_check(&config);
     }
     let (ceilings, config) = with_ceilings(config, |c| &mut c.compare);
     let report = crate::workloads::graph::run(&config)?;
@@ -298,6 +267,49 @@ pub fn graph(args: &GraphArgs) -> anyhow::Result<()> {
         ceilings,
         config.compare.gpu,
     )?;
+    Ok(())
+}
+
+/// `strata bench graph --check`: small Kronecker and uniform graphs, every algorithm and both
+/// BFS variants, Strata at 4x oversubscription with 4 KiB pages and every baseline, all
+/// validated against the CPU references, with `config`'s other settings (its GPU, policy,
+/// store or peer tier).
+///
+/// # Errors
+/// GPU failures, or any wrong result.
+pub fn graph_check(config: &GraphBenchConfig) -> anyhow::Result<()> {
+    for (kind, scale) in [(GraphKind::Kronecker, 15), (GraphKind::Uniform, 14)] {
+        // Top-down twice: with the configured in-place threshold (dense chunks move, sparse
+        // ones are read in place) and with every chunk read in place.
+        for (bfs_mode, bfs_dense_fraction) in [
+            (BfsMode::TopDown, config.bfs_dense_fraction),
+            (BfsMode::TopDown, 2.0),
+            (BfsMode::DirectionOptimising, config.bfs_dense_fraction),
+        ] {
+            let small = GraphBenchConfig {
+                kind,
+                scale,
+                edge_factor: 16,
+                graph_file: None,
+                algorithms: vec![Algorithm::Bfs, Algorithm::Cc, Algorithm::PageRank],
+                compare: Comparison {
+                    oversubscription: vec![4.0],
+                    modes: Modes::all(),
+                    page_size: 4096,
+                    reps: 1,
+                    ..config.compare.clone()
+                },
+                bfs_mode,
+                bfs_dense_fraction,
+                ..config.clone()
+            };
+            let report = crate::workloads::graph::run(&small)?;
+            print_graph(&report);
+            println!(
+                "CHECK PASSED: graph {kind:?} scale {scale}, BFS {bfs_mode:?} (dense fraction {bfs_dense_fraction}): every mode validated"
+            );
+        }
+    }
     Ok(())
 }
 
@@ -379,24 +391,7 @@ pub fn embed(args: &EmbedArgs) -> anyhow::Result<()> {
         compare: args.compare.comparison("4KiB", "warm")?,
     };
     if args.check {
-        for skew in [0.8, 0.99, 1.2] {
-            let small = EmbedBenchConfig {
-                rows: 1 << 16,
-                lookups: 1 << 18,
-                skew,
-                compare: Comparison {
-                    oversubscription: vec![4.0],
-                    modes: Modes::all(),
-                    reps: 1,
-                    ..config.compare.clone()
-                },
-                ..config.clone()
-            };
-            let report = crate::workloads::embed::run(&small)?;
-            print_embed(&report);
-            println!("CHECK PASSED: embedding Zipf {skew}: every mode bit-exact");
-        }
-        return Ok(());
+        return embed_check(&config);
     }
     let (ceilings, config) = with_ceilings(config, |c| &mut c.compare);
     let report = crate::workloads::embed::run(&config)?;
@@ -417,5 +412,32 @@ pub fn embed(args: &EmbedArgs) -> anyhow::Result<()> {
         ceilings,
         config.compare.gpu,
     )?;
+    Ok(())
+}
+
+/// `strata bench embed --check`: a small table at skews 0.8, 0.99 and 1.2, Strata at 4x
+/// oversubscription and every baseline, every output compared bit for bit with the CPU, with
+/// `config`'s other settings (its GPU, page size, policy, store or peer tier).
+///
+/// # Errors
+/// GPU failures, or any output that differs.
+pub fn embed_check(config: &EmbedBenchConfig) -> anyhow::Result<()> {
+    for skew in [0.8, 0.99, 1.2] {
+        let small = EmbedBenchConfig {
+            rows: 1 << 16,
+            lookups: 1 << 18,
+            skew,
+            compare: Comparison {
+                oversubscription: vec![4.0],
+                modes: Modes::all(),
+                reps: 1,
+                ..config.compare.clone()
+            },
+            ..config.clone()
+        };
+        let report = crate::workloads::embed::run(&small)?;
+        print_embed(&report);
+        println!("CHECK PASSED: embedding Zipf {skew}: every mode bit-exact");
+    }
     Ok(())
 }

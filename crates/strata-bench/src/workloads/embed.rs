@@ -255,6 +255,7 @@ mod tests {
                 gpu: 0,
                 pcie_read_gbps: None,
                 store: None,
+                peers: Vec::new(),
             },
         };
         validate_config(&ok).unwrap();

@@ -521,6 +521,7 @@ mod tests {
                 gpu: 0,
                 pcie_read_gbps: None,
                 store: None,
+                peers: Vec::new(),
             },
             bfs_mode: BfsMode::TopDown,
             bfs_dense_fraction: strata_workloads::gpu::graph::DEFAULT_BFS_DENSE_FRACTION,

@@ -63,6 +63,9 @@ pub struct Comparison {
     pub pcie_read_gbps: Option<f64>,
     /// Strata's spaces over a store (`--store`), or `None` for a pinned host copy.
     pub store: Option<crate::store_spec::SpaceBacking>,
+    /// Neighbour GPUs' memory Strata's spaces borrow as their peer tier (`strata bench
+    /// peer`; empty: host only). Spaces over a pinned host copy only.
+    pub peers: Vec<strata_gpu::space::PeerBorrow>,
 }
 
 impl Comparison {
@@ -140,7 +143,17 @@ pub fn place_or_skip<T: Element>(
         Mode::Strata(factor) => {
             let cache = cache_for(data.len() as u64 * 4, factor, compare.page_size);
             match &compare.store {
-                None => Placed::space(strata, data, cache, compare.page_size, compare.policy),
+                None => Placed::space_with_peers(
+                    strata,
+                    data,
+                    cache,
+                    compare.page_size,
+                    compare.policy,
+                    &compare.peers,
+                ),
+                Some(_) if !compare.peers.is_empty() => Err(GpuWorkloadError::Invalid(
+                    "a peer tier needs spaces over a pinned host copy: leave out --store".into(),
+                )),
                 Some(backing) => space_over_store(strata, backing, data, cache, compare),
             }
         }

@@ -30,6 +30,9 @@ pub struct StrataStats {
     pub read_through: u64,
     /// Optimistic (pin-free) reads that found their page moved and fell back to a pin.
     pub optimistic_retries: u64,
+    /// Faults served from the peer tier (over NVLink); 0 without one (and in older files).
+    #[serde(default)]
+    pub peer_loads: u64,
 }
 
 impl From<&GpuStats> for StrataStats {
@@ -52,6 +55,7 @@ impl From<&GpuStats> for StrataStats {
             protected_frames: s.protected_frames,
             read_through: s.read_through,
             optimistic_retries: s.optimistic_retries,
+            peer_loads: s.peer.as_ref().map_or(0, |p| p.loads),
         }
     }
 }

@@ -465,7 +465,11 @@ mod tests {
 
     #[test]
     fn dense_threshold_scales_with_the_chunk_and_saturates_above_one() {
-        assert_eq!(dense_ids(16384, 0.0), 0, "0: every chunk with a frontier moves");
+        assert_eq!(
+            dense_ids(16384, 0.0),
+            0,
+            "0: every chunk with a frontier moves"
+        );
         assert_eq!(dense_ids(16384, 0.5), 8192);
         assert_eq!(dense_ids(1024, 0.001), 2, "rounded up");
         assert_eq!(dense_ids(16384, 1.0), 16384);

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use strata_gpu::driver::{Args, DeviceBuffer, Gpu, ManagedBuffer, MappedHostBuffer};
+use strata_gpu::space::PeerBorrow;
 use strata_gpu::{ElementType, EvictionPolicy, GpuStats, Space, SpaceOptions, Strata};
 
 use super::device::{GpuWorkloadError, HEADROOM, context_sync, ensure_fits};
@@ -69,6 +70,23 @@ impl Placed {
         page_size: u64,
         policy: EvictionPolicy,
     ) -> Result<Self, GpuWorkloadError> {
+        Self::space_with_peers(strata, data, cache_bytes, page_size, policy, &[])
+    }
+
+    /// `data` in a Strata space with a cache of `cache_bytes` and a peer tier in the
+    /// neighbour GPUs' memory `peers` names ([`SpaceOptions::peers`]; empty: host only).
+    ///
+    /// # Errors
+    /// Invalid options, a cache that does not fit in free GPU memory, or a lender that cannot
+    /// lend (missing, the space's own GPU, unreachable, short of memory).
+    pub fn space_with_peers<T: Element>(
+        strata: &Strata,
+        data: &[T],
+        cache_bytes: u64,
+        page_size: u64,
+        policy: EvictionPolicy,
+        peers: &[PeerBorrow],
+    ) -> Result<Self, GpuWorkloadError> {
         let options = SpaceOptions {
             page_size,
             cache_bytes,
@@ -78,7 +96,7 @@ impl Placed {
             read_through: strata_gpu::space::read_through_from_env()?.unwrap_or(false),
             host_cache_bytes: None,
             background_write_back: strata_gpu::space::default_write_back(),
-            peers: Vec::new(),
+            peers: peers.to_vec(),
             // STRATA_GPU_REMOTE_ACCESS=off|auto|N; auto (the default) when unset.
             remote_access: strata_gpu::space::remote_access_from_env()?.unwrap_or_default(),
         };
