@@ -255,11 +255,11 @@ impl Shared {
         for page in first..last {
             let w = self.settled(page);
             match word::state(w) {
+                // evict_page returns the frame to the free list itself: pushing it here too
+                // would list it twice, and two pages would then share one frame, the second
+                // invisible to flush and eviction (its writes never reached the store).
                 State::Clean | State::Dirty => match self.evict_page(page, w) {
-                    Ok(true) => {
-                        self.frames.push(word::frame(w));
-                        dropped += 1;
-                    }
+                    Ok(true) => dropped += 1,
                     Ok(false) => {}
                     Err(e) => {
                         self.stats.add_error();
