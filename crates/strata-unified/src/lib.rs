@@ -47,7 +47,9 @@ pub mod cpu_tracker;
 mod error;
 mod options;
 pub mod page_state;
+mod sys;
 mod unified;
+pub mod write_watch;
 
 pub use cpu_tracker::DirtyTracking;
 pub use error::UnifiedError;

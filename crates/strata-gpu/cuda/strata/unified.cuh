@@ -18,13 +18,19 @@
 #pragma once
 #include "strata.cuh"
 
-// The value kernels take: the space's handle and the CPU address of byte 0 (104 bytes; Rust's
-// strata_unified::UnifiedHandle, C's strata_unified_handle_t).
+// The value kernels take: the space's handle, the CPU address of byte 0 and the read-mostly
+// replica (128 bytes; Rust's strata_unified::UnifiedHandle, C's strata_unified_handle_t).
+// The replica is a copy in GPU memory of bytes [replica_begin, replica_end) that the host keeps
+// equal to the host copy at each sync to the GPU (read-mostly data: never written back), so
+// element reads there are plain loads with no page-table lookup.
 struct StrataUnified {
     StrataSpace space;
-    strata_u64 cpu_base;  // the CPU address of byte 0
+    strata_u64 cpu_base;       // the CPU address of byte 0
+    strata_u64 replica;        // device address of the replica, 0 when there is none
+    strata_u64 replica_begin;  // first byte the replica holds
+    strata_u64 replica_end;    // one past the last
 };
-static_assert(sizeof(StrataUnified) == 104, "StrataUnified must match the host's layout");
+static_assert(sizeof(StrataUnified) == 128, "StrataUnified must match the host's layout");
 
 // A null or foreign CPU address translated: no offset.
 #define STRATA_UNIFIED_NULL 0xFFFFFFFFFFFFFFFFull
@@ -44,10 +50,26 @@ __device__ __forceinline__ strata_u64 unified_address(const StrataUnified& u, st
 }
 
 // Elements of type T over a unified allocation: Array<T> (read, write, atomic_add; same rules
-// as strata.cuh) plus translation of CPU pointers to element indices.
+// as strata.cuh) plus translation of CPU pointers to element indices. Reads of elements the
+// read-mostly replica holds are plain (read-only cached) loads from it; writes always go
+// through the page cache (a write to read-mostly data is an error the host reports at the
+// next sync; the kernel's own later reads from the replica do not see it).
 template <typename T> struct Unified : Array<T> {
     strata_u64 cpu_base;
-    __device__ explicit Unified(const StrataUnified& u) : Array<T>(u.space), cpu_base(u.cpu_base) {}
+    const unsigned char* replica;
+    strata_u64 replica_begin;
+    strata_u64 replica_len;
+    __device__ explicit Unified(const StrataUnified& u)
+        : Array<T>(u.space), cpu_base(u.cpu_base), replica((const unsigned char*)u.replica),
+          replica_begin(u.replica_begin),
+          replica_len(u.replica ? u.replica_end - u.replica_begin : 0) {}
+
+    __device__ __forceinline__ T read(strata_u64 i) const {
+        const strata_u64 rel = i * sizeof(T) - replica_begin;  // wraps below the replica
+        if (i < this->size() && rel < replica_len && rel + sizeof(T) <= replica_len)
+            return *(const T*)(replica + rel);
+        return Array<T>::read(i);
+    }
 
     // The element index of a CPU pointer into the allocation; an index past the end (reported
     // as an out-of-range access if used) for null or foreign pointers or misaligned ones.
