@@ -25,12 +25,23 @@
 //! * Read-mostly pages ([`Advice::ReadMostly`]) are never written back; a kernel write to one
 //!   is dropped and reported ([`UnifiedError::ReadMostlyWritten`]; if the GPU cache was
 //!   oversubscribed, eviction may have written it down already, and the error says so).
+//!   The longest run of read-mostly pages is **replicated** whole in GPU memory at the next
+//!   sync to the GPU when it fits (with 512 MiB to spare): kernels' element reads there are
+//!   plain loads from the replica, no page-table lookup ([`Unified::replica`]); CPU reads go to
+//!   the host copy; a sync copies up only the replica's pages the CPU wrote; changing the
+//!   advice drops it at once. Take the handle again after each sync to the GPU.
 //! * Page states and transitions: [`page_state`].
 //!
 //! # Costs
-//! Only pages that changed move, in both directions. Finding the CPU's writes costs one hash
-//! pass over the synced range per sync with [`DirtyTracking::Hash`] (about 16 ms per GiB on 16
-//! cores); [`DirtyTracking::Declared`] costs nothing but counts only writes named through
+//! Only pages that changed move, in both directions. Finding the CPU's writes
+//! ([`cpu_tracker`]): by default ([`DirtyTracking::WriteProtect`]) the host copy is
+//! write-protected between syncs (userfaultfd, asynchronous mode), so the first CPU write to
+//! each 4 KiB costs a minor fault (about 0.7 us) and a sync reads no data, only the kernel's
+//! list of written pages (0.3 ms per GiB); pages rewritten wholesale become "hot" and are
+//! hashed instead. DMA writes into the pointer are not seen (declare them). Where the kernel
+//! lacks it (before Linux 6.7) it falls back to [`DirtyTracking::Hash`]: one hash pass over
+//! the synced range per sync (about 16 ms per GiB on 16 cores).
+//! [`DirtyTracking::Declared`] costs nothing but counts only writes named through
 //! [`Unified::cpu_mut`] / [`Unified::mark_cpu_written`]. An allocation the GPU cache holds
 //! whole runs without the space's background write-back (nothing is ever evicted, so it would
 //! only copy pages down during kernels); a larger one keeps it. Measured against CUDA managed
@@ -38,7 +49,14 @@
 //!
 //! # Limits of this version
 //! The data must fit host memory (pinned); larger allocations are refused with
-//! [`UnifiedError::BeyondHostMemory`]. One GPU per allocation.
+//! [`UnifiedError::BeyondHostMemory`]. A version beyond host memory would put the CPU side on
+//! a pager region and the GPU side on a space over the same store; the two keep separate
+//! caches of the store's pages (host frames of the region, host-cache slots and GPU frames of
+//! the space), and a sync would have to flush and invalidate the other side's copies of every
+//! page one side wrote. The space over a store cannot drop its copies without write-back
+//! (`drop_pages` refuses it: its host-cache slots are out of reach), so that coherence cannot
+//! be built on the public APIs as they are; it is left out rather than served wrongly. One GPU
+//! per allocation.
 //!
 //! The benchmark against CUDA managed memory is `strata bench unified` (crate strata-bench).
 #![warn(missing_docs)]
@@ -46,6 +64,7 @@
 pub mod cpu_tracker;
 mod error;
 mod options;
+pub mod over_store;
 pub mod page_state;
 mod sys;
 mod unified;
@@ -54,6 +73,7 @@ pub mod write_watch;
 pub use cpu_tracker::DirtyTracking;
 pub use error::UnifiedError;
 pub use options::{Advice, Location, UnifiedOptions, host_available};
+pub use over_store::{LoggingStore, UnifiedOverStore};
 pub use unified::{SyncReport, Unified, UnifiedHandle, UnifiedStats};
 
 /// The device header for unified allocations (`strata/unified.cuh`), to write out beside

@@ -68,7 +68,7 @@ pub struct UnifiedStats {
 }
 
 impl SyncReport {
-    fn add(&mut self, o: &SyncReport) {
+    pub(crate) fn add(&mut self, o: &SyncReport) {
         self.cpu_written += o.cpu_written;
         self.gpu_copies_dropped += o.gpu_copies_dropped;
         self.written_down += o.written_down;
@@ -113,8 +113,26 @@ fn to_usize(v: u64) -> usize {
     usize::try_from(v).unwrap_or(usize::MAX)
 }
 
+/// Launches `function` with `args`, waits for the whole context and surfaces the access errors
+/// kernels reported on `space`: the GPU phase of a launch helper.
+pub(crate) fn run_kernel(
+    function: &Function,
+    grid: Grid,
+    args: Args,
+    space: &Space,
+) -> Result<(), UnifiedError> {
+    function
+        .launch(grid, &args)
+        .map_err(strata_gpu::SpaceError::from)?;
+    space
+        .gpu()
+        .synchronize_context()
+        .map_err(strata_gpu::SpaceError::from)?;
+    Ok(space.check_errors()?)
+}
+
 /// Runs of consecutive page indices.
-fn runs(pages: &[u64]) -> Vec<Range<u64>> {
+pub(crate) fn runs(pages: &[u64]) -> Vec<Range<u64>> {
     let mut out: Vec<Range<u64>> = Vec::new();
     for &p in pages {
         match out.last_mut() {
@@ -615,15 +633,7 @@ impl Unified {
         args: impl FnOnce(UnifiedHandle<'_>) -> Args,
     ) -> Result<SyncReport, UnifiedError> {
         let mut report = self.sync_to_gpu(self.all())?;
-        let a = args(self.handle());
-        function
-            .launch(grid, &a)
-            .map_err(strata_gpu::SpaceError::from)?;
-        self.space
-            .gpu()
-            .synchronize_context()
-            .map_err(strata_gpu::SpaceError::from)?;
-        self.space.check_errors()?;
+        run_kernel(function, grid, args(self.handle()), &self.space)?;
         report.add(&self.sync_to_cpu(self.all())?);
         Ok(report)
     }

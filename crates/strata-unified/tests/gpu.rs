@@ -50,7 +50,12 @@ fn grid(f: &Function) -> Grid {
 
 /// A kernel sum of words [a, b) (the GPU's view), through a sync to the GPU.
 fn gpu_sum(u: &mut Unified, m: &KernelModule, a: u64, b: u64) -> u64 {
-    let f = m.function("sum").unwrap();
+    gpu_sum_with(u, m, "sum", a, b)
+}
+
+/// [`gpu_sum`] with the kernel named `kernel` (`sum` or `sum_read_mostly`).
+fn gpu_sum_with(u: &mut Unified, m: &KernelModule, kernel: &str, a: u64, b: u64) -> u64 {
+    let f = m.function(kernel).unwrap();
     let out = DeviceBuffer::zeroed(u.space().gpu(), 8).unwrap();
     u.launch(&f, grid(&f), |h| {
         Args::new().arg(h).arg(a).arg(b).arg(out.ptr())
@@ -306,6 +311,11 @@ fn read_mostly_pages_are_never_written_back() {
     assert_eq!(u.replica(), None);
     assert_eq!(gpu_sum(&mut u, &m, 0, 4 * page / 8), want.wrapping_add(5));
     assert_eq!(u.replica(), Some(2..4));
+    // The lean reader: pages 2..4 from the replica, 0 and 1 from the host copy.
+    assert_eq!(
+        gpu_sum_with(&mut u, &m, "sum_read_mostly", 0, 4 * page / 8),
+        want.wrapping_add(5)
+    );
     rng_page = 3;
     let j = (rng_page * page / 8) as usize;
     words_mut(&mut u)[j] = words(&u)[j].wrapping_add(1);
@@ -466,4 +476,111 @@ fn bad_ranges_are_refused_with_a_gpu() {
         Unified::new(&strata, 1 << 60, &UnifiedOptions::default()),
         Err(UnifiedError::BeyondHostMemory { .. })
     ));
+}
+
+/// An allocation over a store, with a CPU cache (pager buffer, host cache) a quarter of the
+/// data and a GPU cache a quarter of it: alternating CPU writes and GPU read-modify-writes,
+/// every word checked against a replay; only the pages one side wrote are dropped on the
+/// other; syncs out of order are refused with nothing moved.
+#[test]
+fn over_a_store_larger_than_both_caches() {
+    use std::sync::Arc;
+    use strata_unified::UnifiedOverStore;
+    let Some((strata, m)) = setup() else { return };
+    let mut rng = rng();
+    let page: u64 = 64 << 10;
+    let bytes: u64 = 32 << 20;
+    let n = bytes / 8;
+    let store: Arc<dyn strata_core::Store> = Arc::new(strata_core::MemoryStore::new(bytes));
+    let opts = UnifiedOptions {
+        page_size: page,
+        cache_bytes: bytes / 4,
+        ..UnifiedOptions::default()
+    };
+    let mut u = UnifiedOverStore::new(&strata, store.clone(), bytes, &opts, bytes / 4).unwrap();
+    let mut replay: Vec<u64> = (0..n).map(|_| rng.random()).collect();
+    for (i, &v) in replay.iter().enumerate() {
+        u.as_mut_slice()[i * 8..i * 8 + 8].copy_from_slice(&v.to_ne_bytes());
+    }
+    let update = m.function("update").unwrap();
+    let pages = bytes / page;
+    for round in 0..5u64 {
+        let touched = if round == 0 {
+            0
+        } else {
+            rng.random_range(1..pages / 2)
+        };
+        let mut cpu_pages = std::collections::BTreeSet::new();
+        for _ in 0..touched {
+            let p = rng.random_range(0..pages);
+            cpu_pages.insert(p);
+            let i = (p * page / 8 + rng.random_range(0..page / 8)) as usize;
+            let v: u64 = rng.random();
+            replay[i] = v;
+            u.as_mut_slice()[i * 8..i * 8 + 8].copy_from_slice(&v.to_ne_bytes());
+        }
+        let salt = mix(round ^ 0xfeed);
+        let every = 1 + round % 3;
+        let r = u
+            .launch(&update, grid(&update), |h| {
+                Args::new().arg(h).arg(n).arg(salt).arg(every)
+            })
+            .unwrap();
+        if round > 0 {
+            assert_eq!(
+                r.cpu_written,
+                cpu_pages.len() as u64,
+                "round {round}: {r:?}"
+            );
+        }
+        for (i, w) in replay.iter_mut().enumerate() {
+            if mix(i as u64 ^ salt).is_multiple_of(every) {
+                *w = mix(*w ^ salt);
+            }
+        }
+        let got: &[u64] = bytemuck::cast_slice(u.as_slice());
+        let bad = (0..n as usize).find(|&i| got[i] != replay[i]);
+        assert!(
+            bad.is_none(),
+            "round {round}: word {} is {:#x}, replay says {:#x}",
+            bad.unwrap(),
+            got[bad.unwrap()],
+            replay[bad.unwrap()]
+        );
+    }
+    // The store holds the same bytes once synced.
+    let mut b = vec![0u8; 8];
+    let i = rng.random_range(0..n);
+    store.read_at(i * 8, &mut b).unwrap();
+    assert_eq!(
+        u64::from_ne_bytes(b.try_into().unwrap()),
+        replay[i as usize]
+    );
+    // Out of order: a kernel's writes not synced before the next sync to the GPU.
+    u.sync_to_gpu().unwrap();
+    let h = u.handle();
+    update
+        .launch(
+            grid(&update),
+            &Args::new().arg(h).arg(n).arg(1u64).arg(1u64),
+        )
+        .unwrap();
+    u.space().check_errors().unwrap();
+    let e = u.sync_to_gpu().unwrap_err();
+    assert!(matches!(e, UnifiedError::PhaseOrder(_)), "{e}");
+    u.sync_to_cpu().unwrap();
+    for w in &mut replay {
+        *w = mix(*w ^ 1); // every = 1: each word
+    }
+    // The CPU writing during a GPU phase: refused at the sync to the CPU.
+    u.sync_to_gpu().unwrap();
+    u.as_mut_slice()[0] ^= 1;
+    replay[0] ^= 1;
+    let e = u.sync_to_cpu().unwrap_err();
+    assert!(matches!(e, UnifiedError::PhaseOrder(_)), "{e}");
+    u.sync_to_gpu().unwrap();
+    u.sync_to_cpu().unwrap();
+    let got: &[u64] = bytemuck::cast_slice(u.as_slice());
+    assert!(got == &replay[..], "nothing was lost by the refused syncs");
+    eprintln!("over a store: {:?}", u.stats());
 }

@@ -81,4 +81,32 @@ template <typename T> struct Unified : Array<T> {
     }
 };
 
+// Lean reads of data advised read-mostly (Advice::ReadMostly, STRATA_ADVISE_READ_MOSTLY): from
+// the replica where it holds the element, otherwise straight from the pinned host copy over the
+// bus, never through the page cache. Correct because read-mostly data is never written by
+// kernels, so between syncs the host copy is its truth (CPU writes land there directly). A
+// kernel that reads only through this type needs few registers (a random gather runs at full
+// occupancy, as over a plain pointer); Unified<T>::read inlines the page-cache path and its
+// registers. Reading pages not advised read-mostly through it may miss the GPU's own writes
+// in the same phase. An allocation over a store has no host copy: there every read outside
+// the replica is reported as out of range and returns 0.
+template <typename T> struct ReadMostly {
+    const StrataUnified& u;
+    __device__ explicit ReadMostly(const StrataUnified& unified) : u(unified) {}
+
+    __device__ __forceinline__ strata_u64 size() const { return u.space.size_bytes / sizeof(T); }
+
+    __device__ __forceinline__ T read(strata_u64 i) const {
+        const strata_u64 byte = i * sizeof(T);
+        const strata_u64 rel = byte - u.replica_begin;  // wraps below the replica
+        if (i < size() && u.replica != 0 && rel + sizeof(T) <= u.replica_end - u.replica_begin &&
+            rel < u.replica_end - u.replica_begin)
+            return *(const T*)((const unsigned char*)u.replica + rel);
+        if (i < size() && u.space.tier == STRATA_TIER_HOST_COPY)
+            return detail::load_cg((const T*)(u.space.host + byte));
+        detail::report_error(u.space, STRATA_ERR_OUT_OF_RANGE, i);
+        return T(0);
+    }
+};
+
 }  // namespace strata
