@@ -47,16 +47,14 @@
 //! only copy pages down during kernels); a larger one keeps it. Measured against CUDA managed
 //! memory in `results/README.md`.
 //!
-//! # Limits of this version
-//! The data must fit host memory (pinned); larger allocations are refused with
-//! [`UnifiedError::BeyondHostMemory`]. A version beyond host memory would put the CPU side on
-//! a pager region and the GPU side on a space over the same store; the two keep separate
-//! caches of the store's pages (host frames of the region, host-cache slots and GPU frames of
-//! the space), and a sync would have to flush and invalidate the other side's copies of every
-//! page one side wrote. The space over a store cannot drop its copies without write-back
-//! (`drop_pages` refuses it: its host-cache slots are out of reach), so that coherence cannot
-//! be built on the public APIs as they are; it is left out rather than served wrongly. One GPU
-//! per allocation.
+//! # Data larger than host memory
+//! A [`Unified`] keeps its data in pinned host memory and refuses sizes beyond it
+//! ([`UnifiedError::BeyondHostMemory`]). [`UnifiedOverStore`] keeps the data in a store (a
+//! file, a memory node): the CPU side is a pager region over the store, the GPU side a space
+//! over the same store, and each side's writes to the store are logged so a sync drops exactly
+//! the other side's stale copies. Its rules are stricter (whole-allocation syncs in strict
+//! alternation, out-of-order syncs refused with nothing moved; no hints, replicas or discard);
+//! see [`over_store`]. One GPU per allocation.
 //!
 //! The benchmark against CUDA managed memory is `strata bench unified` (crate strata-bench).
 #![warn(missing_docs)]
