@@ -89,9 +89,6 @@ impl Error {
                     U::BeyondHostMemory { .. } => Status::Unsupported,
                     U::Conflict { .. } => Status::Conflict,
                     U::ReadMostlyWritten { .. } => Status::ReadMostly,
-                    // Allocations over a store (not offered through C yet).
-                    U::PhaseOrder(_) => Status::Invalid,
-                    U::Region(_) => Status::Region,
                 }
             }
             Error::Space(e) => Error::space_status(e),

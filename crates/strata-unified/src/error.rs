@@ -25,7 +25,7 @@ pub enum UnifiedError {
     },
     /// The allocation does not fit in host memory.
     #[error(
-        "{size} bytes do not fit in the host's available memory ({available} bytes): a Unified keeps its data in pinned host memory; for data larger than host memory put it in a store (a file, a memory node) and use UnifiedOverStore::new, or allocate less"
+        "{size} bytes do not fit in the host's available memory ({available} bytes): this version keeps the data of a unified allocation in pinned host memory, and allocations larger than host memory (over a store or pager region) are not supported yet; allocate less, or use a GPU space over a store (strata_gpu::Strata::space_over_store) for such data"
     )]
     BeyondHostMemory {
         /// Requested size.
@@ -44,12 +44,6 @@ pub enum UnifiedError {
         /// Page size in bytes.
         page_size: u64,
     },
-    /// A sync out of the phase order an allocation over a store needs (nothing was moved).
-    #[error("sync out of order on a unified allocation over a store: {0}")]
-    PhaseOrder(String),
-    /// The CPU side (pager region) of an allocation over a store failed.
-    #[error("the CPU side (pager region) of a unified allocation over a store failed: {0}")]
-    Region(strata_pager::RegionError),
     /// A kernel wrote pages advised read-mostly.
     #[error(
         "a kernel wrote {} page(s) advised read-mostly (first pages {:?}, {page_size}-byte pages); {}: clear the advice (Advice::ReadMostly(false)) on data kernels write",

@@ -394,17 +394,36 @@ impl Ctx<'_> {
             u.advise(0..bytes, Advice::ReadMostly(true))?;
             u.prefetch(0..bytes, Location::Gpu)?;
             let (f, grid) = (&self.k.u_gather, Self::grid(&self.k.u_gather)?);
+            // What the launch helper does, step by step, timed: sync to the GPU, kernel (with
+            // the wait and the error check), sync to the CPU, then the CPU's reads (ms).
+            let mut parts = [0.0f64; 4];
             let (times, check) = timed_rounds(rounds, |r| {
-                u.launch(f, grid, |h| {
-                    Args::new()
-                        .arg(h)
+                let t = Instant::now();
+                u.sync_to_gpu(0..bytes)?;
+                let t1 = Instant::now();
+                f.launch(
+                    grid,
+                    &Args::new()
+                        .arg(u.handle())
                         .arg(n)
                         .arg(lookups)
                         .arg(seed ^ r)
-                        .arg(sink.ptr())
-                })?;
-                Ok(read_sink(&sink)?.wrapping_add(cpu_reads(u.as_slice(), r)))
+                        .arg(sink.ptr()),
+                )?;
+                u.space().gpu().synchronize_context()?;
+                u.space().check_errors()?;
+                let t2 = Instant::now();
+                u.sync_to_cpu(0..bytes)?;
+                let t3 = Instant::now();
+                let out = read_sink(&sink)?.wrapping_add(cpu_reads(u.as_slice(), r));
+                let t4 = Instant::now();
+                for (p, d) in parts.iter_mut().zip([t1 - t, t2 - t1, t3 - t2, t4 - t3]) {
+                    *p += d.as_secs_f64() * 1e3;
+                }
+                Ok(out)
             })?;
+            #[allow(clippy::cast_precision_loss)]
+            let per = (rounds + 1) as f64;
             self.push(
                 "table",
                 "strata",
@@ -412,9 +431,13 @@ impl Ctx<'_> {
                 times,
                 check,
                 &format!(
-                    "read-mostly (GPU replica of pages {:?}), prefetched, {} tracking (the CPU only reads)",
+                    "read-mostly (GPU replica of pages {:?}, kernel reads through strata::ReadMostly), prefetched, {} tracking (the CPU only reads); per round {:.3} ms sync to GPU, {:.3} ms kernel, {:.3} ms sync to CPU, {:.3} ms sink and CPU reads",
                     u.replica(),
-                    tracking_name(&u)
+                    tracking_name(&u),
+                    parts[0] / per,
+                    parts[1] / per,
+                    parts[2] / per,
+                    parts[3] / per
                 ),
             );
         }

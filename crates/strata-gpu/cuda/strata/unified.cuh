@@ -91,20 +91,26 @@ template <typename T> struct Unified : Array<T> {
 // in the same phase. An allocation over a store has no host copy: there every read outside
 // the replica is reported as out of range and returns 0.
 template <typename T> struct ReadMostly {
-    const StrataUnified& u;
-    __device__ explicit ReadMostly(const StrataUnified& unified) : u(unified) {}
+    StrataSpace s;  // by value, as Array<T>: the fields a read uses stay in registers
+    const unsigned char* replica;
+    strata_u64 replica_begin;
+    strata_u64 replica_len;
+    __device__ explicit ReadMostly(const StrataUnified& u)
+        : s(u.space), replica((const unsigned char*)u.replica), replica_begin(u.replica_begin),
+          replica_len(u.replica ? u.replica_end - u.replica_begin : 0) {}
 
-    __device__ __forceinline__ strata_u64 size() const { return u.space.size_bytes / sizeof(T); }
+    __device__ __forceinline__ strata_u64 size() const { return s.size_bytes / sizeof(T); }
 
     __device__ __forceinline__ T read(strata_u64 i) const {
+        if (i >= size()) {
+            detail::report_error(s, STRATA_ERR_OUT_OF_RANGE, i);
+            return T(0);
+        }
         const strata_u64 byte = i * sizeof(T);
-        const strata_u64 rel = byte - u.replica_begin;  // wraps below the replica
-        if (i < size() && u.replica != 0 && rel + sizeof(T) <= u.replica_end - u.replica_begin &&
-            rel < u.replica_end - u.replica_begin)
-            return *(const T*)((const unsigned char*)u.replica + rel);
-        if (i < size() && u.space.tier == STRATA_TIER_HOST_COPY)
-            return detail::load_cg((const T*)(u.space.host + byte));
-        detail::report_error(u.space, STRATA_ERR_OUT_OF_RANGE, i);
+        const strata_u64 rel = byte - replica_begin;  // wraps below the replica
+        if (rel < replica_len && rel + sizeof(T) <= replica_len) return *(const T*)(replica + rel);
+        if (s.tier == STRATA_TIER_HOST_COPY) return detail::load_cg((const T*)(s.host + byte));
+        detail::report_error(s, STRATA_ERR_OUT_OF_RANGE, i);
         return T(0);
     }
 };
