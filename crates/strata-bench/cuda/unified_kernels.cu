@@ -29,8 +29,9 @@ extern "C" __global__ void r_consume(const u64* in, u64* out, u64 n_out, u64 gro
 }
 
 // Random lookups into a table of n words: `count` lookups, their sum into *sink.
+// (Strata's reads go through the read-mostly reader: the replica, else the host copy.)
 extern "C" __global__ void u_gather(StrataUnified u, u64 n, u64 count, u64 seed, u64* sink) {
-    strata::Unified<u64> a(u);
+    strata::ReadMostly<u64> a(u);
     u64 s = 0;
     for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < count; i += (u64)gridDim.x * blockDim.x)
         s += a.read(umix(i ^ seed) % n);

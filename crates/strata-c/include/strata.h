@@ -178,6 +178,11 @@ typedef uint64_t strata_unified_t; /* 0 is never a valid handle */
 
 #define STRATA_TRACK_HASH 0u     /* CPU writes found by page hashes at each sync (any write) */
 #define STRATA_TRACK_DECLARED 1u /* only ranges passed to strata_mark_written count */
+/* The default: the pointer's memory is write-protected between syncs and the kernel lists the
+ * written pages (Linux 6.7+, else page hashes). CPU stores and system calls (read(2) into the
+ * pointer) are seen; DMA into it (cudaMemcpy to the pointer, RDMA) is not: pass such ranges to
+ * strata_mark_written, or choose STRATA_TRACK_HASH. */
+#define STRATA_TRACK_WRITE_PROTECT 2u
 
 typedef struct strata_unified_options_t {
     uint64_t page_size;      /* coherence and paging unit: power of two, 4 KiB to 2 MiB */
@@ -186,10 +191,16 @@ typedef struct strata_unified_options_t {
     uint32_t reserved;       /* 0 */
 } strata_unified_options_t;
 
-/* The value kernels take: the space's handle and the CPU address of byte 0 (104 bytes). */
+/* The value kernels take: the space's handle, the CPU address of byte 0 and the read-mostly
+ * replica (a copy of bytes [replica_begin, replica_end) in GPU memory, 0 when none) that
+ * strata/unified.cuh reads with plain loads (128 bytes). Take it again after each
+ * STRATA_SYNC_TO_GPU: the replica may be built, moved or dropped there. */
 typedef struct strata_unified_handle_t {
     strata_space_handle_t space;
     uint64_t cpu_base;
+    uint64_t replica;
+    uint64_t replica_begin;
+    uint64_t replica_end;
 } strata_unified_handle_t;
 
 #define STRATA_LOCATION_NONE 0
@@ -225,10 +236,10 @@ int strata_mark_written(strata_unified_t a, uint64_t offset, uint64_t len);
 
 #ifdef __cplusplus
 static_assert(sizeof(strata_space_handle_t) == 96, "strata_space_handle_t must match StrataSpace");
-static_assert(sizeof(strata_unified_handle_t) == 104, "strata_unified_handle_t must match StrataUnified");
+static_assert(sizeof(strata_unified_handle_t) == 128, "strata_unified_handle_t must match StrataUnified");
 #else
 _Static_assert(sizeof(strata_space_handle_t) == 96, "strata_space_handle_t must match StrataSpace");
-_Static_assert(sizeof(strata_unified_handle_t) == 104, "strata_unified_handle_t must match StrataUnified");
+_Static_assert(sizeof(strata_unified_handle_t) == 128, "strata_unified_handle_t must match StrataUnified");
 #endif
 
 #endif /* STRATA_H */

@@ -24,7 +24,8 @@ pub struct CUnifiedOptions {
     pub page_size: u64,
     /// GPU memory for the allocation's page cache in bytes.
     pub cache_bytes: u64,
-    /// `STRATA_TRACK_HASH` (0) or `STRATA_TRACK_DECLARED` (1).
+    /// `STRATA_TRACK_WRITE_PROTECT` (2, the default), `STRATA_TRACK_HASH` (0) or
+    /// `STRATA_TRACK_DECLARED` (1).
     pub dirty_tracking: u32,
     /// Must be 0.
     pub reserved: u32,
@@ -36,7 +37,7 @@ impl Default for CUnifiedOptions {
         CUnifiedOptions {
             page_size: d.page_size,
             cache_bytes: d.cache_bytes,
-            dirty_tracking: 0,
+            dirty_tracking: 2,
             reserved: 0,
         }
     }
@@ -47,9 +48,10 @@ fn options(o: &CUnifiedOptions) -> Result<UnifiedOptions, Error> {
     let dirty_tracking = match o.dirty_tracking {
         0 => DirtyTracking::Hash,
         1 => DirtyTracking::Declared,
+        2 => DirtyTracking::WriteProtect,
         t => {
             return Err(Error::Invalid(format!(
-                "dirty tracking {t} is unknown: use STRATA_TRACK_HASH (0) or STRATA_TRACK_DECLARED (1)"
+                "dirty tracking {t} is unknown: use STRATA_TRACK_WRITE_PROTECT (2), STRATA_TRACK_HASH (0) or STRATA_TRACK_DECLARED (1)"
             )));
         }
     };

@@ -25,12 +25,23 @@
 //! * Read-mostly pages ([`Advice::ReadMostly`]) are never written back; a kernel write to one
 //!   is dropped and reported ([`UnifiedError::ReadMostlyWritten`]; if the GPU cache was
 //!   oversubscribed, eviction may have written it down already, and the error says so).
+//!   The longest run of read-mostly pages is **replicated** whole in GPU memory at the next
+//!   sync to the GPU when it fits (with 512 MiB to spare): kernels' element reads there are
+//!   plain loads from the replica, no page-table lookup ([`Unified::replica`]); CPU reads go to
+//!   the host copy; a sync copies up only the replica's pages the CPU wrote; changing the
+//!   advice drops it at once. Take the handle again after each sync to the GPU.
 //! * Page states and transitions: [`page_state`].
 //!
 //! # Costs
-//! Only pages that changed move, in both directions. Finding the CPU's writes costs one hash
-//! pass over the synced range per sync with [`DirtyTracking::Hash`] (about 16 ms per GiB on 16
-//! cores); [`DirtyTracking::Declared`] costs nothing but counts only writes named through
+//! Only pages that changed move, in both directions. Finding the CPU's writes
+//! ([`cpu_tracker`]): by default ([`DirtyTracking::WriteProtect`]) the host copy is
+//! write-protected between syncs (userfaultfd, asynchronous mode), so the first CPU write to
+//! each 4 KiB costs a minor fault (about 0.7 us) and a sync reads no data, only the kernel's
+//! list of written pages (0.3 ms per GiB); pages rewritten wholesale become "hot" and are
+//! hashed instead. DMA writes into the pointer are not seen (declare them). Where the kernel
+//! lacks it (before Linux 6.7) it falls back to [`DirtyTracking::Hash`]: one hash pass over
+//! the synced range per sync (about 16 ms per GiB on 16 cores).
+//! [`DirtyTracking::Declared`] costs nothing but counts only writes named through
 //! [`Unified::cpu_mut`] / [`Unified::mark_cpu_written`]. An allocation the GPU cache holds
 //! whole runs without the space's background write-back (nothing is ever evicted, so it would
 //! only copy pages down during kernels); a larger one keeps it. Measured against CUDA managed
@@ -38,7 +49,12 @@
 //!
 //! # Limits of this version
 //! The data must fit host memory (pinned); larger allocations are refused with
-//! [`UnifiedError::BeyondHostMemory`]. One GPU per allocation.
+//! [`UnifiedError::BeyondHostMemory`]. The design for larger data (a pager region over a store
+//! for the CPU, a space over the same store for kernels, each side's store writes logged so a
+//! sync drops exactly the other side's stale copies) was built and withdrawn: the pager's
+//! `Region::flush` misses pages rewritten after `Region::evict`, so a sync to the GPU would
+//! leave kernels reading stale pages (see the crate's results README). One GPU per
+//! allocation.
 //!
 //! The benchmark against CUDA managed memory is `strata bench unified` (crate strata-bench).
 #![warn(missing_docs)]
@@ -47,7 +63,9 @@ pub mod cpu_tracker;
 mod error;
 mod options;
 pub mod page_state;
+mod sys;
 mod unified;
+pub mod write_watch;
 
 pub use cpu_tracker::DirtyTracking;
 pub use error::UnifiedError;

@@ -3,7 +3,7 @@
 
 use std::ops::Range;
 
-use strata_gpu::driver::{Args, Function, Grid, KernelParam};
+use strata_gpu::driver::{Args, DeviceBuffer, Function, Grid, KernelParam};
 use strata_gpu::layout::SpaceHandle;
 use strata_gpu::{Space, Strata};
 
@@ -13,8 +13,9 @@ use crate::options::{Advice, Location, UnifiedOptions};
 use crate::page_state::{Action, Event, PageState, Violation, step};
 
 /// The value kernels take for a unified allocation (`StrataUnified` in `strata/unified.cuh`):
-/// the space's handle and the CPU address of byte 0, so that CPU addresses stored in the data
-/// translate to offsets on the device (`strata::unified_offset`).
+/// the space's handle, the CPU address of byte 0, so that CPU addresses stored in the data
+/// translate to offsets on the device (`strata::unified_offset`), and the read-mostly replica
+/// (element reads in its byte range are plain loads from it).
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct UnifiedHandle<'a> {
@@ -22,12 +23,20 @@ pub struct UnifiedHandle<'a> {
     pub space: SpaceHandle<'a>,
     /// The CPU address of byte 0 of the allocation.
     pub cpu_base: u64,
+    /// Device address of the read-mostly replica (0: none); it holds bytes
+    /// `replica_begin..replica_end` of the allocation.
+    pub replica: u64,
+    /// First byte the replica holds.
+    pub replica_begin: u64,
+    /// One past the last byte the replica holds.
+    pub replica_end: u64,
 }
 
-const _: () = assert!(std::mem::size_of::<UnifiedHandle<'_>>() == 104);
+const _: () = assert!(std::mem::size_of::<UnifiedHandle<'_>>() == 128);
 
 // SAFETY: #[repr(C)] and Copy: a StrataSpace (itself a KernelParam laid out as the header's
-// struct) followed by a u64, exactly `StrataUnified` in unified.cuh; no host references.
+// struct) followed by four u64, exactly `StrataUnified` in unified.cuh; no host references
+// (the replica is a device address owned by the allocation the handle borrows).
 unsafe impl KernelParam for UnifiedHandle<'_> {
     fn companion_key(&self) -> Option<u64> {
         self.space.companion_key()
@@ -67,9 +76,25 @@ impl SyncReport {
     }
 }
 
+/// A run of read-mostly pages kept whole in GPU memory, read by kernels with plain loads
+/// (no page-table lookup): equal to the host copy after each sync to the GPU, never written
+/// back.
+#[derive(Debug)]
+struct Replica {
+    buffer: DeviceBuffer,
+    pages: Range<u64>,
+}
+
+/// GPU memory left free beside a replica (other allocations, the driver's own needs).
+const REPLICA_HEADROOM: u64 = 512 << 20;
+
 /// One allocation for CPU and GPU. See the crate docs for the rules.
 #[derive(Debug)]
 pub struct Unified {
+    /// First field, so it is dropped first: its write protection ends before the space frees
+    /// the host copy it covers.
+    tracker: CpuTracker,
+    replica: Option<Replica>,
     space: Space,
     size: u64,
     page: u64,
@@ -77,7 +102,6 @@ pub struct Unified {
     read_mostly: Vec<bool>,
     preferred: Vec<Option<Location>>,
     accessed_by: Vec<(Range<u64>, Location)>,
-    tracker: CpuTracker,
     /// The space's device write-back count when this side last accounted for them: a
     /// different count means pages were written down into the host copy behind our back
     /// (evictions during a kernel), so their hashes must be taken again.
@@ -87,6 +111,24 @@ pub struct Unified {
 
 fn to_usize(v: u64) -> usize {
     usize::try_from(v).unwrap_or(usize::MAX)
+}
+
+/// Launches `function` with `args`, waits for the whole context and surfaces the access errors
+/// kernels reported on `space`: the GPU phase of a launch helper.
+fn run_kernel(
+    function: &Function,
+    grid: Grid,
+    args: Args,
+    space: &Space,
+) -> Result<(), UnifiedError> {
+    function
+        .launch(grid, &args)
+        .map_err(strata_gpu::SpaceError::from)?;
+    space
+        .gpu()
+        .synchronize_context()
+        .map_err(strata_gpu::SpaceError::from)?;
+    Ok(space.check_errors()?)
 }
 
 /// Runs of consecutive page indices.
@@ -114,6 +156,8 @@ impl Unified {
         let writebacks_seen = space.stats()?.writebacks;
         let n = to_usize(pages);
         Ok(Unified {
+            tracker,
+            replica: None,
             space,
             size,
             page,
@@ -121,7 +165,6 @@ impl Unified {
             read_mostly: vec![false; n],
             preferred: vec![None; n],
             accessed_by: Vec::new(),
-            tracker,
             writebacks_seen,
             stats: UnifiedStats::default(),
         })
@@ -212,10 +255,133 @@ impl Unified {
     /// the last [`Unified::sync_to_gpu`]; call [`Unified::sync_to_cpu`] after the kernels
     /// before the CPU reads or writes (or use [`Unified::launch`], which does both).
     pub fn handle(&mut self) -> UnifiedHandle<'_> {
+        let (replica, replica_begin, replica_end) = match &self.replica {
+            Some(r) => (
+                r.buffer.ptr(),
+                r.pages.start * self.page,
+                (r.pages.end * self.page).min(self.size),
+            ),
+            None => (0, 0, 0),
+        };
         UnifiedHandle {
             space: self.space.handle(),
             cpu_base: self.space.host_raw_ptr() as u64,
+            replica,
+            replica_begin,
+            replica_end,
         }
+    }
+
+    /// The pages the read-mostly replica holds now (kernels' element reads there are plain
+    /// loads from GPU memory), if there is one. Built at a sync to the GPU for the longest run
+    /// of read-mostly pages when GPU memory holds it (with headroom), dropped when the advice
+    /// changes.
+    pub fn replica(&self) -> Option<Range<u64>> {
+        self.replica.as_ref().map(|r| r.pages.clone())
+    }
+
+    /// How CPU writes are found (`WriteProtect` falls back to `Hash` where the kernel lacks
+    /// it), and how many pages are tracked by hash now.
+    pub fn dirty_tracking(&self) -> (DirtyTracking, usize) {
+        (self.tracker.mode(), self.tracker.hot_pages())
+    }
+
+    /// The longest run of read-mostly pages (the first of equal ones).
+    fn wanted_replica(&self) -> Option<Range<u64>> {
+        let mut best: Option<Range<u64>> = None;
+        let mut start = None;
+        for (p, &rm) in self
+            .read_mostly
+            .iter()
+            .chain(std::iter::once(&false))
+            .enumerate()
+        {
+            match (rm, start) {
+                (true, None) => start = Some(p as u64),
+                (false, Some(a)) => {
+                    let run = a..p as u64;
+                    if best
+                        .as_ref()
+                        .is_none_or(|b| run.end - run.start > b.end - b.start)
+                    {
+                        best = Some(run);
+                    }
+                    start = None;
+                }
+                _ => {}
+            }
+        }
+        best
+    }
+
+    /// Brings the replica in line with the advice after a sync to the GPU: built (whole) when
+    /// wanted and missing, otherwise only the pages the CPU wrote are copied up.
+    fn refresh_replica(&mut self, cpu_written: &[usize]) -> Result<(), UnifiedError> {
+        let Some(want) = self.wanted_replica() else {
+            self.replica = None;
+            return Ok(());
+        };
+        let bytes_of = |pages: &Range<u64>, page: u64, size: u64| {
+            pages.start * page..(pages.end * page).min(size)
+        };
+        if let Some(r) = &self.replica
+            && r.pages == want
+        {
+            let inside: Vec<u64> = cpu_written
+                .iter()
+                .map(|&p| p as u64)
+                .filter(|p| want.contains(p))
+                .collect();
+            let host = self.space.host_bytes();
+            for run in runs(&inside) {
+                let b = bytes_of(&run, self.page, self.size);
+                r.buffer
+                    .upload(
+                        to_usize(b.start - want.start * self.page),
+                        &host[to_usize(b.start)..to_usize(b.end)],
+                    )
+                    .map_err(strata_gpu::SpaceError::from)?;
+            }
+            return Ok(());
+        }
+        self.replica = None;
+        let b = bytes_of(&want, self.page, self.size);
+        let len = b.end - b.start;
+        let (free, _) = self
+            .space
+            .gpu()
+            .mem_info()
+            .map_err(strata_gpu::SpaceError::from)?;
+        if len + REPLICA_HEADROOM > free {
+            tracing::debug!("no read-mostly replica: {len} bytes do not fit beside {free} free");
+            return Ok(());
+        }
+        let Ok(buffer) = DeviceBuffer::zeroed(self.space.gpu(), to_usize(len)) else {
+            return Ok(()); // the frames serve the pages instead
+        };
+        buffer
+            .upload(
+                0,
+                &self.space.host_bytes()[to_usize(b.start)..to_usize(b.end)],
+            )
+            .map_err(strata_gpu::SpaceError::from)?;
+        self.replica = Some(Replica {
+            buffer,
+            pages: want,
+        });
+        Ok(())
+    }
+
+    /// The parts of byte range `r` the replica does not hold.
+    fn outside_replica(&self, r: Range<u64>) -> Vec<Range<u64>> {
+        let Some(rep) = &self.replica else {
+            return vec![r];
+        };
+        let (a, b) = (rep.pages.start * self.page, rep.pages.end * self.page);
+        [r.start..r.end.min(a), r.start.max(b)..r.end]
+            .into_iter()
+            .filter(|x| x.start < x.end)
+            .collect()
     }
 
     fn check_range(&self, r: &Range<u64>) -> Result<(), UnifiedError> {
@@ -262,13 +428,11 @@ impl Unified {
         // taken long before (C code keeps it), and evictions during them changed the host copy.
         self.account_gpu_write_downs()?;
         let mut report = SyncReport::default();
-        if self.tracker.mode() == DirtyTracking::Hash {
-            report.hashed_bytes = (pages.end - pages.start) * self.page;
-        }
-        let written = self.tracker.written(
-            self.space.host_bytes(),
-            to_usize(pages.start)..to_usize(pages.end),
-        );
+        let synced = to_usize(pages.start)..to_usize(pages.end);
+        let written = self
+            .tracker
+            .written(self.space.host_bytes(), synced.clone());
+        report.hashed_bytes = self.tracker.hashed_bytes();
         let gpu_dirty = if written.is_empty() {
             Vec::new()
         } else {
@@ -317,11 +481,16 @@ impl Unified {
         for (&(p, _), s) in written.iter().zip(next) {
             self.state[p] = s;
         }
-        self.tracker.record(&written);
-        // Pages the GPU holds dirty from earlier kernels stay the GPU's.
-        for p in self.space.gpu_dirty_pages(pages.clone())? {
+        self.tracker
+            .record(self.space.host_bytes(), synced, &written);
+        // Pages the GPU holds dirty from earlier kernels stay the GPU's (none of them was
+        // written by the CPU: that was a conflict). Read only when there were CPU writes; the
+        // state of the others is settled at the next sync to the CPU.
+        for &p in &gpu_dirty {
             self.state[to_usize(p)] = PageState::GpuOwned;
         }
+        let cpu_written: Vec<usize> = written.iter().map(|&(p, _)| p).collect();
+        self.refresh_replica(&cpu_written)?;
         let wanted: Vec<u64> = drop
             .iter()
             .copied()
@@ -329,10 +498,12 @@ impl Unified {
             .collect();
         // One prefetch over the span of the wanted pages, not a launch per run of them: pages
         // between that are resident already are hits, and the others are loaded too (the
-        // advice asked for the range on the GPU).
+        // advice asked for the range on the GPU). Pages the replica holds need no frames.
         if let (Some(&a), Some(&b)) = (wanted.first(), wanted.last()) {
-            self.space
-                .prefetch(a * self.page..((b + 1) * self.page).min(self.space.size()))?;
+            let span = a * self.page..((b + 1) * self.page).min(self.space.size());
+            for r in self.outside_replica(span) {
+                self.space.prefetch(r)?;
+            }
         }
         self.stats.syncs_to_gpu += 1;
         self.stats.total.add(&report);
@@ -365,7 +536,8 @@ impl Unified {
         gpu_wins: bool,
     ) -> Result<SyncReport, UnifiedError> {
         let pages = self.pages_outward(&range)?;
-        let behind_our_back = self.space.stats()?.writebacks != self.writebacks_seen;
+        let writebacks_now = self.space.stats()?.writebacks;
+        let behind_our_back = writebacks_now != self.writebacks_seen;
         let dirty = self.space.gpu_dirty_pages(pages.clone())?;
         let mut report = SyncReport::default();
         // Conflicts, where cheap: the host copy changed only by CPU writes (no write-down during
@@ -378,9 +550,7 @@ impl Unified {
                 .into_iter()
                 .map(|p| p as u64)
                 .collect();
-            if self.tracker.mode() == DirtyTracking::Hash {
-                report.hashed_bytes = dirty.len() as u64 * self.page;
-            }
+            report.hashed_bytes = self.tracker.hashed_bytes();
             if !cpu.is_empty() {
                 return Err(UnifiedError::Conflict {
                     pages: cpu,
@@ -427,7 +597,13 @@ impl Unified {
             let idx: Vec<usize> = down.iter().map(|&p| to_usize(p)).collect();
             self.tracker.rehash(self.space.host_bytes(), &idx);
         }
-        self.writebacks_seen = self.space.stats()?.writebacks;
+        // The write-downs above count as write-backs on the device; read the count again only
+        // when there were some (one host round trip less per sync otherwise).
+        self.writebacks_seen = if down.is_empty() {
+            writebacks_now
+        } else {
+            self.space.stats()?.writebacks
+        };
         let leave: Vec<u64> = (pages.start..pages.end)
             .filter(|&p| self.preferred[to_usize(p)] == Some(Location::Cpu))
             .collect();
@@ -457,15 +633,7 @@ impl Unified {
         args: impl FnOnce(UnifiedHandle<'_>) -> Args,
     ) -> Result<SyncReport, UnifiedError> {
         let mut report = self.sync_to_gpu(self.all())?;
-        let a = args(self.handle());
-        function
-            .launch(grid, &a)
-            .map_err(strata_gpu::SpaceError::from)?;
-        self.space
-            .gpu()
-            .synchronize_context()
-            .map_err(strata_gpu::SpaceError::from)?;
-        self.space.check_errors()?;
+        run_kernel(function, grid, args(self.handle()), &self.space)?;
         report.add(&self.sync_to_cpu(self.all())?);
         Ok(report)
     }
@@ -494,6 +662,15 @@ impl Unified {
                     }
                 }
                 self.read_mostly[a..b].fill(on);
+                // A replica no longer matching the advice goes at once: a kernel launched
+                // before the next sync must not read pages it may now write from it.
+                if self
+                    .replica
+                    .as_ref()
+                    .is_some_and(|r| Some(&r.pages) != self.wanted_replica().as_ref())
+                {
+                    self.replica = None;
+                }
             }
             Advice::PreferredLocation(l) => self.preferred[a..b].fill(l),
             Advice::AccessedBy(l) => self.accessed_by.push((range, l)),
@@ -514,7 +691,9 @@ impl Unified {
         match to {
             Location::Gpu => {
                 let r = self.sync_to_gpu(range)?;
-                self.space.prefetch(bytes)?;
+                for part in self.outside_replica(bytes) {
+                    self.space.prefetch(part)?;
+                }
                 Ok(r)
             }
             Location::Cpu => {
@@ -550,7 +729,7 @@ impl Unified {
         self.space.drop_pages(&pages)?;
         let (a, b) = (to_usize(first), to_usize(last));
         let now = self.tracker.written(self.space.host_bytes(), a..b);
-        self.tracker.record(&now);
+        self.tracker.record(self.space.host_bytes(), a..b, &now);
         Ok(last - first)
     }
 }

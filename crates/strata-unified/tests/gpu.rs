@@ -50,7 +50,12 @@ fn grid(f: &Function) -> Grid {
 
 /// A kernel sum of words [a, b) (the GPU's view), through a sync to the GPU.
 fn gpu_sum(u: &mut Unified, m: &KernelModule, a: u64, b: u64) -> u64 {
-    let f = m.function("sum").unwrap();
+    gpu_sum_with(u, m, "sum", a, b)
+}
+
+/// [`gpu_sum`] with the kernel named `kernel` (`sum` or `sum_read_mostly`).
+fn gpu_sum_with(u: &mut Unified, m: &KernelModule, kernel: &str, a: u64, b: u64) -> u64 {
+    let f = m.function(kernel).unwrap();
     let out = DeviceBuffer::zeroed(u.space().gpu(), 8).unwrap();
     u.launch(&f, grid(&f), |h| {
         Args::new().arg(h).arg(a).arg(b).arg(out.ptr())
@@ -81,6 +86,11 @@ fn phases(cache_divisor: u64, tracking: DirtyTracking) {
         ..UnifiedOptions::default()
     };
     let mut u = Unified::new(&strata, bytes, &opts).unwrap();
+    assert_eq!(
+        u.dirty_tracking().0,
+        tracking,
+        "tracking fell back (this kernel lacks asynchronous write protection?)"
+    );
     let mut replay: Vec<u64> = (0..n).map(|_| rng.random()).collect();
     words_mut(&mut u).copy_from_slice(&replay);
     let update = m.function("update").unwrap();
@@ -148,8 +158,9 @@ fn phases(cache_divisor: u64, tracking: DirtyTracking) {
     assert_eq!(gpu_sum(&mut u, &m, 0, n), want);
     let st = u.stats();
     eprintln!(
-        "cache 1/{cache_divisor} {tracking:?}: {st:?} gpu {:?}",
-        u.space().stats().unwrap().writebacks
+        "cache 1/{cache_divisor} {tracking:?}: {st:?} gpu {:?}, (mode, hot pages) now {:?}",
+        u.space().stats().unwrap().writebacks,
+        u.dirty_tracking()
     );
     assert!(st.total.cpu_written > 0 && st.total.written_down > 0);
 }
@@ -157,6 +168,18 @@ fn phases(cache_divisor: u64, tracking: DirtyTracking) {
 #[test]
 fn phases_fit_the_cache() {
     phases(1, DirtyTracking::Hash);
+}
+
+#[test]
+fn phases_fit_the_cache_write_protected() {
+    phases(1, DirtyTracking::WriteProtect);
+}
+
+/// Evictions during kernels write pages down into the host copy by DMA: write protection
+/// must not take them for CPU writes (a false conflict) nor miss the CPU's own.
+#[test]
+fn phases_at_eight_times_the_cache_write_protected() {
+    phases(8, DirtyTracking::WriteProtect);
 }
 
 #[test]
@@ -220,11 +243,18 @@ fn read_mostly_pages_are_never_written_back() {
     let table: Vec<u64> = (0..bytes / 8).map(|_| rng.random()).collect();
     words_mut(&mut u).copy_from_slice(&table);
     u.advise(0..4 * page, Advice::ReadMostly(true)).unwrap();
-    // Readers are fine, and write nothing down.
+    // Readers are fine, and write nothing down; they read the replica the sync built.
     let want = table[..(4 * page / 8) as usize]
         .iter()
         .fold(0u64, |s, &w| s.wrapping_add(w));
     assert_eq!(gpu_sum(&mut u, &m, 0, 4 * page / 8), want);
+    assert_eq!(
+        u.replica(),
+        Some(0..4),
+        "the read-mostly pages have a replica"
+    );
+    let loads = u.space().stats().unwrap();
+    eprintln!("GPU paging after the replica read: {loads:?}");
     // A writer over read-mostly and ordinary pages: the read-mostly ones are dropped and
     // reported, the others synced.
     let fill = m.function("fill").unwrap();
@@ -262,9 +292,37 @@ fn read_mostly_pages_are_never_written_back() {
     );
     // And the GPU's view of them is the host's again.
     assert_eq!(gpu_sum(&mut u, &m, 0, 4 * page / 8), want);
-    // CPU writes to read-mostly pages reach the GPU (its replica dropped).
+    // CPU writes to read-mostly pages reach the GPU (the replica's page copied up again).
     words_mut(&mut u)[0] = table[0].wrapping_add(5);
     assert_eq!(gpu_sum(&mut u, &m, 0, 4 * page / 8), want.wrapping_add(5));
+    let mut rng_page = rng.random_range(0..4u64);
+    let i = (rng_page * page / 8 + rng.random_range(0..page / 8)) as usize;
+    let before = words(&u)[i];
+    words_mut(&mut u)[i] = before.wrapping_add(11);
+    assert_eq!(
+        gpu_sum(&mut u, &m, 0, 4 * page / 8),
+        want.wrapping_add(5).wrapping_add(11),
+        "a CPU write to replica page {rng_page} reached the kernels"
+    );
+    words_mut(&mut u)[i] = before;
+    // Clearing the advice on page 1 drops the replica at once; the next sync builds one for
+    // the longest read-mostly run left (pages 2..4), and the sums stay right.
+    u.advise(page..2 * page, Advice::ReadMostly(false)).unwrap();
+    assert_eq!(u.replica(), None);
+    assert_eq!(gpu_sum(&mut u, &m, 0, 4 * page / 8), want.wrapping_add(5));
+    assert_eq!(u.replica(), Some(2..4));
+    // The lean reader: pages 2..4 from the replica, 0 and 1 from the host copy.
+    assert_eq!(
+        gpu_sum_with(&mut u, &m, "sum_read_mostly", 0, 4 * page / 8),
+        want.wrapping_add(5)
+    );
+    rng_page = 3;
+    let j = (rng_page * page / 8) as usize;
+    words_mut(&mut u)[j] = words(&u)[j].wrapping_add(1);
+    assert_eq!(gpu_sum(&mut u, &m, 0, 4 * page / 8), want.wrapping_add(6));
+    u.advise(0..bytes, Advice::ReadMostly(false)).unwrap();
+    assert_eq!(gpu_sum(&mut u, &m, 0, 4 * page / 8), want.wrapping_add(6));
+    assert_eq!(u.replica(), None, "no read-mostly pages, no replica");
 }
 
 #[test]

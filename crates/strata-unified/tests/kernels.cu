@@ -31,6 +31,17 @@ extern "C" __global__ void sum(StrataUnified u, unsigned long long first, unsign
     atomicAdd(out, s);
 }
 
+// The same sum through the lean read-mostly reader (replica, else the host copy).
+extern "C" __global__ void sum_read_mostly(StrataUnified u, unsigned long long first, unsigned long long last,
+                                           unsigned long long* out) {
+    strata::ReadMostly<unsigned long long> a(u);
+    unsigned long long s = 0;
+    for (unsigned long long i = first + blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < last;
+         i += (unsigned long long)gridDim.x * blockDim.x)
+        s += a.read(i);
+    atomicAdd(out, s);
+}
+
 // Walks a list the CPU built (node: next as a CPU address, value), one thread: out = {sum, count}.
 extern "C" __global__ void walk(StrataUnified u, unsigned long long head, unsigned long long limit,
                                 unsigned long long* out) {

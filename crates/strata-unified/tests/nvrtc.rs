@@ -36,7 +36,7 @@ fn unified_header_and_kernels_compile_for_sm90() {
 fn handle_has_the_header_layout() {
     assert_eq!(
         std::mem::size_of::<strata_unified::UnifiedHandle<'_>>(),
-        104
+        128
     );
-    assert!(strata_unified::UNIFIED_CUH.contains("sizeof(StrataUnified) == 104"));
+    assert!(strata_unified::UNIFIED_CUH.contains("sizeof(StrataUnified) == 128"));
 }

@@ -10,7 +10,7 @@
 //! * `handoff-partial`: the same, but the CPU rewrites one word in 1/32 of the input's pages
 //!   per round (only those pages should move).
 //! * `table`: a read-mostly table; per round a kernel does random lookups and the CPU reads a
-//!   few entries (Strata with declared CPU writes, since the CPU writes none).
+//!   few entries (Strata reads its GPU replica of the table; the CPU writes none).
 //! * `sweep`: eight in-place kernel sweeps over data that stays on the GPU, then the CPU reads.
 //! * `layers-Nx`: weights N times the GPU cache swept in order (GMEM's training case), timed
 //!   per sweep on the GPU: Strata paging vs zero-copy vs 64 MiB double-buffered copies.
@@ -58,7 +58,8 @@ pub struct UnifiedBenchOptions {
 pub struct Row {
     /// The case.
     pub case: String,
-    /// `strata`, `strata+hints`, `managed+hints`, `managed`, `zero-copy`, `explicit copies`.
+    /// `strata` (write-protect tracking), `strata-hash`, `strata+hints`, `strata-declared`,
+    /// `managed+hints`, `managed`, `zero-copy`, `explicit copies`.
     pub contestant: String,
     /// Bytes of the case's data.
     pub bytes: u64,
@@ -80,6 +81,15 @@ struct K {
     r_gather: Function,
     u_sweep: Function,
     r_sweep: Function,
+}
+
+/// How an allocation found CPU writes, for the notes (write protection may have fallen back).
+fn tracking_name(u: &Unified) -> String {
+    match u.dirty_tracking() {
+        (DirtyTracking::WriteProtect, hot) => format!("write-protect ({hot} pages hot now)"),
+        (DirtyTracking::Hash, _) => "hash".into(),
+        (DirtyTracking::Declared, _) => "declared".into(),
+    }
 }
 
 fn median(v: &[f64]) -> f64 {
@@ -265,8 +275,9 @@ impl Ctx<'_> {
         let page = usize::try_from(self.opts.page_size)?;
         let (seed, rounds) = (self.opts.seed, self.opts.rounds);
         for (name, hints, tracking) in [
-            ("strata", false, DirtyTracking::Hash),
-            ("strata+hints", true, DirtyTracking::Hash),
+            ("strata", false, DirtyTracking::WriteProtect),
+            ("strata-hash", false, DirtyTracking::Hash),
+            ("strata+hints", true, DirtyTracking::WriteProtect),
             ("strata-declared", false, DirtyTracking::Declared),
         ] {
             let mut u = self.unified(total, total + self.opts.page_size, tracking)?;
@@ -289,11 +300,7 @@ impl Ctx<'_> {
             let st = u.stats().total;
             let note = format!(
                 "{} tracking{}; in all {} CPU pages synced, {} GPU copies dropped, {} pages written down",
-                if tracking == DirtyTracking::Hash {
-                    "hash"
-                } else {
-                    "declared"
-                },
+                tracking_name(&u),
                 if hints {
                     ", input advised preferred on the GPU"
                 } else {
@@ -378,30 +385,60 @@ impl Ctx<'_> {
             Ok(s[0])
         };
         {
-            let mut u =
-                self.unified(bytes, bytes + self.opts.page_size, DirtyTracking::Declared)?;
+            let mut u = self.unified(
+                bytes,
+                bytes + self.opts.page_size,
+                DirtyTracking::WriteProtect,
+            )?;
             random_fill(u.as_mut_slice(), seed);
             u.advise(0..bytes, Advice::ReadMostly(true))?;
             u.prefetch(0..bytes, Location::Gpu)?;
             let (f, grid) = (&self.k.u_gather, Self::grid(&self.k.u_gather)?);
+            // What the launch helper does, step by step, timed: sync to the GPU, kernel (with
+            // the wait and the error check), sync to the CPU, then the CPU's reads (ms).
+            let mut parts = [0.0f64; 4];
             let (times, check) = timed_rounds(rounds, |r| {
-                u.launch(f, grid, |h| {
-                    Args::new()
-                        .arg(h)
+                let t = Instant::now();
+                u.sync_to_gpu(0..bytes)?;
+                let t1 = Instant::now();
+                f.launch(
+                    grid,
+                    &Args::new()
+                        .arg(u.handle())
                         .arg(n)
                         .arg(lookups)
                         .arg(seed ^ r)
-                        .arg(sink.ptr())
-                })?;
-                Ok(read_sink(&sink)?.wrapping_add(cpu_reads(u.as_slice(), r)))
+                        .arg(sink.ptr()),
+                )?;
+                u.space().gpu().synchronize_context()?;
+                u.space().check_errors()?;
+                let t2 = Instant::now();
+                u.sync_to_cpu(0..bytes)?;
+                let t3 = Instant::now();
+                let out = read_sink(&sink)?.wrapping_add(cpu_reads(u.as_slice(), r));
+                let t4 = Instant::now();
+                for (p, d) in parts.iter_mut().zip([t1 - t, t2 - t1, t3 - t2, t4 - t3]) {
+                    *p += d.as_secs_f64() * 1e3;
+                }
+                Ok(out)
             })?;
+            #[allow(clippy::cast_precision_loss)]
+            let per = (rounds + 1) as f64;
             self.push(
                 "table",
                 "strata",
                 bytes,
                 times,
                 check,
-                "read-mostly, prefetched, declared CPU writes (none)",
+                &format!(
+                    "read-mostly (GPU replica of pages {:?}, kernel reads through strata::ReadMostly), prefetched, {} tracking (the CPU only reads); per round {:.3} ms sync to GPU, {:.3} ms kernel, {:.3} ms sync to CPU, {:.3} ms sink and CPU reads",
+                    u.replica(),
+                    tracking_name(&u),
+                    parts[0] / per,
+                    parts[1] / per,
+                    parts[2] / per,
+                    parts[3] / per
+                ),
             );
         }
         for hints in [true, false] {
@@ -460,7 +497,8 @@ impl Ctx<'_> {
         let n = bytes / 8;
         let (seed, rounds) = (self.opts.seed, self.opts.rounds);
         for (name, tracking) in [
-            ("strata", DirtyTracking::Hash),
+            ("strata", DirtyTracking::WriteProtect),
+            ("strata-hash", DirtyTracking::Hash),
             ("strata-declared", DirtyTracking::Declared),
         ] {
             let mut u = self.unified(bytes, bytes + self.opts.page_size, tracking)?;
@@ -489,11 +527,7 @@ impl Ctx<'_> {
             let per = (rounds + 1) as f64;
             let note = format!(
                 "one GPU phase of 8 kernels per round ({} tracking); per round {:.1} ms sync to GPU, {:.1} ms kernels, {:.1} ms sync to CPU",
-                if tracking == DirtyTracking::Hash {
-                    "hash"
-                } else {
-                    "declared"
-                },
+                tracking_name(&u),
                 parts[0] / per,
                 parts[1] / per,
                 parts[2] / per
@@ -696,7 +730,7 @@ pub fn chart(rows: &[Row], record: &crate::record::Record) -> crate::plot::Chart
     let mut cases: Vec<&str> = rows.iter().map(|r| r.case.as_str()).collect();
     cases.dedup();
     for case in cases {
-        for variant in ["strata", "strata+hints", "strata-declared"] {
+        for variant in ["strata", "strata-hash", "strata+hints", "strata-declared"] {
             let Some(s) = rows
                 .iter()
                 .find(|r| r.case == case && r.contestant == variant)

@@ -6,7 +6,7 @@
 #include "check.h"
 
 _Static_assert(sizeof(strata_unified_options_t) == 24, "strata_unified_options_t layout");
-_Static_assert(sizeof(strata_unified_handle_t) == 104, "strata_unified_handle_t layout");
+_Static_assert(sizeof(strata_unified_handle_t) == 128, "strata_unified_handle_t layout");
 
 static void expect_error(int rc, int want, const char* needle, const char* what) {
     const char* msg = strata_last_error();
@@ -32,7 +32,7 @@ static void cpu_paths(void) {
     strata_unified_options_t o;
     strata_unified_t h = 0;
     OK(strata_unified_options_default(&o));
-    CHECK(o.page_size == 65536 && o.dirty_tracking == STRATA_TRACK_HASH, "defaults");
+    CHECK(o.page_size == 65536 && o.dirty_tracking == STRATA_TRACK_WRITE_PROTECT, "defaults");
     expect_error(strata_unified_options_default(NULL), STRATA_E_INVALID, "NULL", "options NULL");
     CHECK(strcmp(strata_status_name(STRATA_E_HANDLE), "STRATA_E_HANDLE") == 0, "name 12");
     CHECK(strcmp(strata_status_name(STRATA_E_CONFLICT), "STRATA_E_CONFLICT") == 0, "name 13");
@@ -91,7 +91,7 @@ static void gpu_paths(void) {
     OK(strata_advise(h, 0, 1 << 20, STRATA_ADVISE_PREFERRED_LOCATION, STRATA_LOCATION_GPU));
     OK(strata_advise(h, 0, 1 << 20, STRATA_ADVISE_ACCESSED_BY, STRATA_LOCATION_GPU));
     expect_error(strata_advise(h, 5, 0, STRATA_ADVISE_READ_MOSTLY, 0), STRATA_E_INVALID, "empty range", "empty");
-    p[12345] ^= 0xff; /* a CPU write found by the hash at the next sync */
+    p[12345] ^= 0xff; /* a CPU write found by write protection at the next sync */
     copy[12345] ^= 0xff;
     OK(strata_sync(h, 0, size, STRATA_SYNC_TO_GPU));
     uint64_t pages = 0;
@@ -103,6 +103,8 @@ static void gpu_paths(void) {
     strata_unified_handle_t kh;
     OK(strata_unified_handle(h, &kh));
     CHECK(kh.cpu_base == (uint64_t)(uintptr_t)p && kh.space.size_bytes >= size, "kernel handle");
+    CHECK(kh.replica != 0 && kh.replica_begin == 0 && kh.replica_end == (1u << 20),
+          "the read-mostly megabyte has a GPU replica (%" PRIu64 "..%" PRIu64 ")", kh.replica_begin, kh.replica_end);
     OK(strata_sync(h, 0, size, STRATA_SYNC_TO_CPU));
     uint64_t got_size = 0, page = 0;
     OK(strata_unified_info(h, NULL, &got_size, &page));
