@@ -16,6 +16,8 @@ pub mod borrower;
 pub mod broker;
 pub mod client;
 pub mod fake;
+#[cfg(feature = "gpu")]
+pub mod gpu;
 pub mod ledger;
 pub mod lender;
 pub mod message;

@@ -2,14 +2,11 @@
 //! reclaim, deadlines, hostile clients, dead borrowers (child processes), a dead broker.
 //! Every wait is bounded.
 
-use std::io::{BufRead, BufReader};
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use strata_broker::fake::{MemfdSink, MemfdSource};
 use strata_broker::message::{ErrorCode, FreeReason, Message, Role};
@@ -17,25 +14,13 @@ use strata_broker::socket::Conn;
 use strata_broker::wire;
 use strata_broker::{Borrower, Broker, BrokerConfig, Enforcer, Lender, LenderEvent, Sigkill};
 
+mod common;
+
+use common::{
+    CHILD_ENV, READY, WAIT, freed, seed, socket_path, spawn_child, start_broker, wait_exit,
+};
+
 const CHUNK: u64 = 64 * 1024;
-const WAIT: Duration = Duration::from_secs(10);
-
-fn seed() -> u64 {
-    let s = rand::random::<u64>();
-    println!("seed {s:#x}");
-    s
-}
-
-fn socket_path(tag: &str) -> PathBuf {
-    static N: AtomicU64 = AtomicU64::new(0);
-    let dir = std::env::temp_dir().join(format!(
-        "strata-broker-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
-    dir.join(format!("{tag}.sock"))
-}
-
 /// Records kills instead of doing them (the borrower is this very process).
 #[derive(Clone, Default)]
 struct Recorder(Arc<Mutex<Vec<u32>>>);
@@ -45,52 +30,6 @@ impl Enforcer for Recorder {
         self.0.lock().unwrap().push(pid);
         Ok(())
     }
-}
-
-struct Running {
-    path: PathBuf,
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            t.join().unwrap();
-        }
-        let _ = std::fs::remove_dir_all(self.path.parent().unwrap());
-    }
-}
-
-fn start_broker(enforcer: Box<dyn Enforcer>) -> Running {
-    let path = socket_path("broker");
-    let mut broker = Broker::bind(&path, BrokerConfig::default(), enforcer).unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
-    let s = stop.clone();
-    let thread = std::thread::spawn(move || broker.run(&s).unwrap());
-    Running {
-        path,
-        stop,
-        thread: Some(thread),
-    }
-}
-
-fn freed(lender: &Lender, reason: FreeReason, want: usize) -> bool {
-    let count = |l: &Lender| -> usize {
-        l.events()
-            .iter()
-            .map(|e| match e {
-                LenderEvent::Freed { chunks, reason: r } if *r == reason => chunks.len(),
-                _ => 0,
-            })
-            .sum()
-    };
-    let end = Instant::now() + WAIT;
-    while count(lender) < want && Instant::now() < end {
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    count(lender) == want
 }
 
 #[test]
@@ -406,8 +345,6 @@ fn a_borrower_that_never_acks_is_killed_at_the_deadline() {
 
 // ---- child processes -------------------------------------------------------------------
 
-const CHILD_ENV: &str = "STRATA_BROKER_TEST_CHILD";
-
 /// Runs only in a child started by `spawn_child`: plays the role named in the environment
 /// and never returns.
 #[test]
@@ -424,7 +361,7 @@ fn child_entry() {
             sink.stubborn = parts[0] == "stubborn";
             let mut b = Borrower::start(&path, 0, sink).unwrap();
             b.borrow(3 * CHUNK, &[], WAIT).unwrap();
-            println!("STRATA-CHILD-READY");
+            println!("{READY}");
             // Hold the chunks until killed (bounded: the parent kills within seconds).
             std::thread::sleep(Duration::from_secs(60));
             drop(b);
@@ -432,7 +369,7 @@ fn child_entry() {
         "broker" => {
             let mut broker =
                 Broker::bind(&path, BrokerConfig::default(), Box::new(Sigkill)).unwrap();
-            println!("STRATA-CHILD-READY");
+            println!("{READY}");
             broker.run(&Arc::new(AtomicBool::new(false))).unwrap();
         }
         other => panic!("unknown child role {other}"),
@@ -440,48 +377,6 @@ fn child_entry() {
     // Stay alive until killed (bounded: the parent kills within seconds; 60 s at most).
     std::thread::sleep(Duration::from_secs(60));
     std::process::exit(3);
-}
-
-struct ChildGuard(Child);
-
-impl Drop for ChildGuard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn spawn_child(spec: &str) -> ChildGuard {
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "child_entry", "--nocapture", "--test-threads=1"])
-        .env(CHILD_ENV, spec)
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let out = child.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(out).lines() {
-            let Ok(line) = line else { break };
-            if line.contains("STRATA-CHILD-READY") {
-                let _ = tx.send(());
-            }
-        }
-    });
-    let guard = ChildGuard(child);
-    rx.recv_timeout(WAIT).expect("the child got ready in time");
-    guard
-}
-
-fn wait_exit(child: &mut ChildGuard) -> std::process::ExitStatus {
-    let end = Instant::now() + WAIT;
-    loop {
-        if let Some(s) = child.0.try_wait().unwrap() {
-            return s;
-        }
-        assert!(Instant::now() < end, "child did not exit");
-        std::thread::sleep(Duration::from_millis(10));
-    }
 }
 
 #[test]

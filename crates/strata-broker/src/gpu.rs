@@ -1,0 +1,239 @@
+//! The real GPU behind [`ChunkSource`] and [`ChunkSink`] (feature `gpu`): a lender's chunks
+//! are CUDA VMM allocations exported as POSIX descriptors ([`GpuSource`]); a borrower imports
+//! each into a slot of a [`PeerWindow`] with access for its own GPU only ([`GpuSink`]).
+//!
+//! A chunk can be filled by the lender with a word derived from a seed and its id, and a
+//! borrower given the same seed checks it after import: proof that the right memory crossed
+//! processes and GPUs, used by the GPU tests.
+
+use std::collections::BTreeMap;
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::Arc;
+use std::time::Instant;
+
+use strata_gpu::driver::{DriverError, Gpu, LendableChunk, PeerWindow};
+
+use crate::borrower::{ChunkSink, Grant};
+use crate::fake::pattern;
+use crate::ledger::{ChunkId, LeaseId};
+use crate::lender::ChunkSource;
+
+/// The 32-bit word a chunk is filled with for `seed` (see the module docs).
+pub fn fill_word(seed: u64, chunk: ChunkId) -> u32 {
+    // The low half of a mixed 64-bit value.
+    let [a, b, c, d, ..] = pattern(seed, chunk, 0).to_le_bytes();
+    u32::from_le_bytes([a, b, c, d])
+}
+
+/// Lends chunks of one GPU.
+#[derive(Debug)]
+pub struct GpuSource {
+    gpu: Arc<Gpu>,
+    chunk_bytes: usize,
+    chunks: BTreeMap<ChunkId, LendableChunk>,
+    next: ChunkId,
+    fill: Option<u64>,
+}
+
+impl GpuSource {
+    /// A source on GPU `ordinal` with chunks of the allocation granularity (2 MiB), each
+    /// filled from `fill` when given.
+    ///
+    /// # Errors
+    /// No such GPU or no driver.
+    pub fn open(ordinal: usize, fill: Option<u64>) -> Result<Self, DriverError> {
+        let gpu = Gpu::open(ordinal)?;
+        let chunk_bytes = LendableChunk::granularity(&gpu)?;
+        Ok(GpuSource {
+            gpu,
+            chunk_bytes,
+            chunks: BTreeMap::new(),
+            next: 1,
+            fill,
+        })
+    }
+
+    /// The GPU.
+    pub fn gpu_handle(&self) -> &Arc<Gpu> {
+        &self.gpu
+    }
+
+    /// Chunks created and not released.
+    pub fn live(&self) -> usize {
+        self.chunks.len()
+    }
+
+    fn make(&mut self) -> Result<(ChunkId, OwnedFd), DriverError> {
+        let chunk = LendableChunk::create(&self.gpu, self.chunk_bytes)?;
+        let id = self.next;
+        self.next += 1;
+        if let Some(seed) = self.fill {
+            chunk.fill_u32(fill_word(seed, id))?;
+        }
+        let fd = chunk.export_fd()?;
+        self.chunks.insert(id, chunk);
+        Ok((id, fd))
+    }
+}
+
+impl ChunkSource for GpuSource {
+    fn gpu(&self) -> u32 {
+        u32::try_from(self.gpu.ordinal()).unwrap_or(u32::MAX)
+    }
+
+    fn chunk_bytes(&self) -> u64 {
+        self.chunk_bytes as u64
+    }
+
+    fn create(&mut self, count: u32) -> Result<Vec<(ChunkId, OwnedFd)>, String> {
+        let mut out = Vec::new();
+        for _ in 0..count {
+            match self.make() {
+                Ok(c) => out.push(c),
+                Err(e) => {
+                    // Nothing half-made is kept: the chunks of this call go again.
+                    for (id, _) in &out {
+                        self.chunks.remove(id);
+                    }
+                    return Err(format!("GPU {}: {e}", self.gpu.ordinal()));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn release(&mut self, chunks: &[ChunkId]) {
+        for c in chunks {
+            self.chunks.remove(c);
+        }
+    }
+}
+
+/// Maps borrowed chunks for one GPU's kernels.
+#[derive(Debug)]
+pub struct GpuSink {
+    window: PeerWindow,
+    slots: BTreeMap<(LeaseId, ChunkId), usize>,
+    verify: Option<u64>,
+    /// Chunks whose contents were checked on arrival.
+    pub checked: u64,
+}
+
+impl GpuSink {
+    /// A sink on `gpu` with room for `capacity` chunks of `chunk_bytes`, checking each
+    /// chunk's fill word on arrival when `verify` is given.
+    ///
+    /// # Errors
+    /// The window could not be reserved.
+    pub fn new(
+        gpu: &Arc<Gpu>,
+        capacity: usize,
+        chunk_bytes: usize,
+        verify: Option<u64>,
+    ) -> Result<Self, DriverError> {
+        Ok(GpuSink {
+            window: PeerWindow::reserve(gpu, capacity, chunk_bytes)?,
+            slots: BTreeMap::new(),
+            verify,
+            checked: 0,
+        })
+    }
+
+    /// The window the chunks are mapped into.
+    pub fn window(&self) -> &PeerWindow {
+        &self.window
+    }
+
+    /// Slot of a held chunk.
+    pub fn slot(&self, lease: LeaseId, chunk: ChunkId) -> Option<usize> {
+        self.slots.get(&(lease, chunk)).copied()
+    }
+
+    fn check(&self, slot: usize, seed: u64, chunk: ChunkId) -> Result<(), String> {
+        let want = fill_word(seed, chunk);
+        let chunk_bytes = self.window.chunk_bytes();
+        let mut buf = vec![0u8; 4096];
+        for offset in [0, chunk_bytes / 2, chunk_bytes - buf.len()] {
+            self.window
+                .read(slot, offset, &mut buf)
+                .map_err(|e| e.to_string())?;
+            if let Some(i) = buf
+                .chunks_exact(4)
+                .position(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]]) != want)
+            {
+                return Err(format!(
+                    "chunk {chunk}: byte {} differs from what the lender wrote",
+                    offset + 4 * i
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl ChunkSink for GpuSink {
+    fn attach(&mut self, grant: &Grant, fds: Vec<OwnedFd>) -> Result<(), String> {
+        if grant.chunk_bytes != self.window.chunk_bytes() as u64 {
+            return Err(format!(
+                "chunks of {} bytes do not fit this window's {}-byte slots",
+                grant.chunk_bytes,
+                self.window.chunk_bytes()
+            ));
+        }
+        let mut mapped = Vec::new();
+        let mut failure = None;
+        for (&id, fd) in grant.chunks.iter().zip(&fds) {
+            let slot = match self.window.map(fd.as_fd()) {
+                Ok(s) => s,
+                Err(e) => {
+                    failure = Some(e.to_string());
+                    break;
+                }
+            };
+            mapped.push((id, slot));
+            if let Some(seed) = self.verify
+                && let Err(e) = self.check(slot, seed, id)
+            {
+                failure = Some(e);
+                break;
+            }
+        }
+        // Imported: the descriptors are no longer needed (and would pin the memory).
+        drop(fds);
+        if let Some(why) = failure {
+            for (_, slot) in mapped {
+                let _ = self.window.unmap(slot);
+            }
+            return Err(why);
+        }
+        self.checked += if self.verify.is_some() {
+            mapped.len() as u64
+        } else {
+            0
+        };
+        for (id, slot) in mapped {
+            self.slots.insert((grant.lease, id), slot);
+        }
+        Ok(())
+    }
+
+    fn revoke(
+        &mut self,
+        lease: LeaseId,
+        chunks: &[ChunkId],
+        _deadline: Instant,
+    ) -> Result<(), String> {
+        for &c in chunks {
+            if let Some(slot) = self.slots.remove(&(lease, c)) {
+                self.window.unmap(slot).map_err(|e| e.to_string())?;
+            }
+        }
+        Ok(())
+    }
+
+    fn broker_lost(&mut self) {
+        for (_, slot) in std::mem::take(&mut self.slots) {
+            let _ = self.window.unmap(slot);
+        }
+    }
+}

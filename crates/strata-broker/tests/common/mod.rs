@@ -1,0 +1,125 @@
+//! Helpers shared by the broker's test binaries: a broker on a thread, child processes that
+//! re-run the test binary in a role (bounded: killed on drop), bounded waits.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use strata_broker::message::FreeReason;
+use strata_broker::{Broker, BrokerConfig, Enforcer, Lender, LenderEvent};
+
+/// Longest any single wait in a test lasts.
+pub const WAIT: Duration = Duration::from_secs(10);
+/// Names a child's role (set by `spawn_child`, read by each binary's `child_entry`).
+pub const CHILD_ENV: &str = "STRATA_BROKER_TEST_CHILD";
+/// What a child prints once it is ready.
+pub const READY: &str = "STRATA-CHILD-READY";
+
+pub fn seed() -> u64 {
+    let s = rand::random::<u64>();
+    println!("seed {s:#x}");
+    s
+}
+
+pub fn socket_path(tag: &str) -> PathBuf {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "strata-broker-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    dir.join(format!("{tag}.sock"))
+}
+
+pub struct Running {
+    pub path: PathBuf,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            t.join().unwrap();
+        }
+        let _ = std::fs::remove_dir_all(self.path.parent().unwrap());
+    }
+}
+
+pub fn start_broker(enforcer: Box<dyn Enforcer>) -> Running {
+    let path = socket_path("broker");
+    let mut broker = Broker::bind(&path, BrokerConfig::default(), enforcer).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let s = stop.clone();
+    let thread = std::thread::spawn(move || broker.run(&s).unwrap());
+    Running {
+        path,
+        stop,
+        thread: Some(thread),
+    }
+}
+
+pub fn freed(lender: &Lender, reason: FreeReason, want: usize) -> bool {
+    let count = |l: &Lender| -> usize {
+        l.events()
+            .iter()
+            .map(|e| match e {
+                LenderEvent::Freed { chunks, reason: r } if *r == reason => chunks.len(),
+                _ => 0,
+            })
+            .sum()
+    };
+    let end = Instant::now() + WAIT;
+    while count(lender) < want && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    count(lender) == want
+}
+
+pub struct ChildGuard(pub Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+pub fn spawn_child(spec: &str) -> ChildGuard {
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_entry", "--nocapture", "--test-threads=1"])
+        .env(CHILD_ENV, spec)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines() {
+            let Ok(line) = line else { break };
+            if line.contains(READY) {
+                let _ = tx.send(());
+            }
+        }
+    });
+    let guard = ChildGuard(child);
+    rx.recv_timeout(WAIT).expect("the child got ready in time");
+    guard
+}
+
+pub fn wait_exit(child: &mut ChildGuard) -> std::process::ExitStatus {
+    let end = Instant::now() + WAIT;
+    loop {
+        if let Some(s) = child.0.try_wait().unwrap() {
+            return s;
+        }
+        assert!(Instant::now() < end, "child did not exit");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
