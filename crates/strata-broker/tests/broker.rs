@@ -3,8 +3,7 @@
 //! Every wait is bounded.
 
 use std::os::fd::AsFd;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicBool;
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -16,9 +15,7 @@ use strata_broker::{Borrower, Broker, BrokerConfig, Enforcer, Lender, LenderEven
 
 mod common;
 
-use common::{
-    CHILD_ENV, READY, WAIT, freed, seed, socket_path, spawn_child, start_broker, wait_exit,
-};
+use common::{WAIT, freed, seed, socket_path, spawn_child, start_broker, wait_exit};
 
 const CHUNK: u64 = 64 * 1024;
 /// Records kills instead of doing them (the borrower is this very process).
@@ -349,34 +346,21 @@ fn a_borrower_that_never_acks_is_killed_at_the_deadline() {
 /// and never returns.
 #[test]
 fn child_entry() {
-    let Ok(spec) = std::env::var(CHILD_ENV) else {
+    let Some((role, path, args)) = common::child_spec() else {
         return;
     };
-    let parts: Vec<&str> = spec.split('|').collect();
-    let path = PathBuf::from(parts[1]);
-    match parts[0] {
+    match role.as_str() {
         "borrower" | "stubborn" => {
-            let seed: u64 = parts[2].parse().unwrap();
+            let seed: u64 = args[0].parse().unwrap();
             let mut sink = MemfdSink::new(seed);
-            sink.stubborn = parts[0] == "stubborn";
+            sink.stubborn = role == "stubborn";
             let mut b = Borrower::start(&path, 0, sink).unwrap();
             b.borrow(3 * CHUNK, &[], WAIT).unwrap();
-            println!("{READY}");
-            // Hold the chunks until killed (bounded: the parent kills within seconds).
-            std::thread::sleep(Duration::from_secs(60));
-            drop(b);
+            common::ready_and_hold(b, "");
         }
-        "broker" => {
-            let mut broker =
-                Broker::bind(&path, BrokerConfig::default(), Box::new(Sigkill)).unwrap();
-            println!("{READY}");
-            broker.run(&Arc::new(AtomicBool::new(false))).unwrap();
-        }
+        "broker" => common::run_broker_child(&path),
         other => panic!("unknown child role {other}"),
     }
-    // Stay alive until killed (bounded: the parent kills within seconds; 60 s at most).
-    std::thread::sleep(Duration::from_secs(60));
-    std::process::exit(3);
 }
 
 #[test]

@@ -8,15 +8,12 @@
 mod common;
 
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
-use common::{
-    CHILD_ENV, READY, WAIT, freed, seed, socket_path, spawn_child, start_broker, wait_exit,
-};
+use common::{WAIT, freed, seed, socket_path, spawn_child, start_broker, wait_exit};
 use strata_broker::gpu::{GpuSink, GpuSource};
 use strata_broker::message::FreeReason;
-use strata_broker::{Borrower, Broker, BrokerConfig, Lender, LenderEvent, Sigkill};
+use strata_broker::{Borrower, Lender, LenderEvent, Sigkill};
 use strata_gpu::driver::Gpu;
 
 const MIB: u64 = 1 << 20;
@@ -58,15 +55,13 @@ fn median(mut v: Vec<f64>) -> f64 {
 /// Runs only in a child started by `spawn_child`.
 #[test]
 fn child_entry() {
-    let Ok(spec) = std::env::var(CHILD_ENV) else {
+    let Some((role, path, args)) = common::child_spec() else {
         return;
     };
-    let parts: Vec<&str> = spec.split('|').collect();
-    let path = std::path::PathBuf::from(parts[1]);
-    match parts[0] {
+    match role.as_str() {
         "gpu-borrower" => {
-            let seed: u64 = parts[2].parse().unwrap();
-            let bytes: u64 = parts[3].parse().unwrap();
+            let seed: u64 = args[0].parse().unwrap();
+            let bytes: u64 = args[1].parse().unwrap();
             let gpu = Gpu::open(0).unwrap();
             let sink = GpuSink::new(&gpu, 1024, 2 << 20, Some(seed)).unwrap();
             let mut b = Borrower::start(&path, 0, sink).unwrap();
@@ -74,19 +69,11 @@ fn child_entry() {
             assert_eq!(got.granted_bytes, bytes);
             let checked = b.sink().lock().unwrap().checked;
             assert_eq!(checked, bytes / (2 << 20));
-            println!("{READY} checked {checked}");
-            std::thread::sleep(Duration::from_secs(60));
-            drop(b);
+            common::ready_and_hold(b, &format!("checked {checked}"));
         }
-        "broker" => {
-            let mut broker =
-                Broker::bind(&path, BrokerConfig::default(), Box::new(Sigkill)).unwrap();
-            println!("{READY}");
-            broker.run(&Arc::new(AtomicBool::new(false))).unwrap();
-        }
+        "broker" => common::run_broker_child(&path),
         other => panic!("unknown child role {other}"),
     }
-    std::process::exit(3);
 }
 
 #[test]

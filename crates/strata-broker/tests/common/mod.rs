@@ -123,3 +123,34 @@ pub fn wait_exit(child: &mut ChildGuard) -> std::process::ExitStatus {
         std::thread::sleep(Duration::from_millis(10));
     }
 }
+
+/// This process's role, socket path and further arguments, when it is a child started by
+/// `spawn_child` (`role|path|args...`).
+pub fn child_spec() -> Option<(String, PathBuf, Vec<String>)> {
+    let spec = std::env::var(CHILD_ENV).ok()?;
+    let mut parts = spec.split('|').map(str::to_string);
+    let role = parts.next()?;
+    let path = PathBuf::from(parts.next()?);
+    Some((role, path, parts.collect()))
+}
+
+/// Child role `broker`: serves at `path` until killed.
+pub fn run_broker_child(path: &std::path::Path) -> ! {
+    let mut broker = Broker::bind(
+        path,
+        BrokerConfig::default(),
+        Box::new(strata_broker::Sigkill),
+    )
+    .unwrap();
+    println!("{READY}");
+    broker.run(&Arc::new(AtomicBool::new(false))).unwrap();
+    std::process::exit(4);
+}
+
+/// Says the child is ready (with `note`), then keeps `held` alive until killed (60 s at most).
+pub fn ready_and_hold<T>(held: T, note: &str) -> ! {
+    println!("{READY} {note}");
+    std::thread::sleep(Duration::from_secs(60));
+    drop(held);
+    std::process::exit(3);
+}
