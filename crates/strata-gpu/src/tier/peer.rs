@@ -4,23 +4,82 @@
 //! NVLink instead of PCIe. Slot copies are always clean (the host copy is written at the same
 //! eviction), so the host never writes anything back from them, and dropping them (host
 //! writes to the space, the space's end) loses nothing.
+//!
+//! The memory comes either from this process ([`PeerBorrow`]: neighbour GPUs' memory
+//! allocated here, kept for the space's life) or from other processes through the lending
+//! broker (leased chunks: [`PeerTier::leased`]). Leased chunks arrive and leave while kernels
+//! run: the slot table is reserved for the most chunks at creation, slots of absent chunks are
+//! unusable, and a revoke marks the chunk revoked on the device, waits (on a stream of its own,
+//! while the user's kernels run) until no warp is copying from or to it, invalidates its slot
+//! words and unmaps it. Device side: `StrataPeerLeases` in `tier_peer.cuh`.
 
-use std::sync::Arc;
+use std::os::fd::BorrowedFd;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
-use crate::driver::{BorrowedMemory, DeviceBuffer, Gpu};
+use crate::driver::{BorrowedMemory, DeviceBuffer, Gpu, PeerWindow, Stream};
 use crate::layout::PeerDescriptor;
 use crate::space::{PEER_CHUNK_BYTES, PeerBorrow, SpaceError};
+
+/// `STRATA_PEER_GEN_SHIFT`: where a slot word's generation starts.
+const GEN_SHIFT: u32 = 40;
+
+/// Per-chunk lease state (`StrataPeerLeases`), in the descriptor buffer right after the
+/// `StrataPeer`; all zero for memory of this process (never revoked).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct PeerLeases {
+    /// `[chunks]` u32, nonzero: absent or revoked (device address).
+    pub revoked: u64,
+    /// `[chunks]` u32, warps copying from or to the chunk now (device address).
+    pub inflight: u64,
+    /// log2(slots per chunk).
+    pub chunk_shift: u32,
+    /// Chunks (0: not leased).
+    pub chunks: u32,
+    /// Zero.
+    pub reserved: u64,
+    /// Chunk entries refused because the chunk was absent or revoked.
+    pub refused: u64,
+}
+
+const _: () = assert!(std::mem::size_of::<PeerLeases>() == 40);
+/// Bytes of the descriptor buffer: `StrataPeer` then `StrataPeerLeases`.
+const DESCRIPTOR_BYTES: usize =
+    std::mem::size_of::<PeerDescriptor>() + std::mem::size_of::<PeerLeases>();
+
+/// Where the slots' memory comes from.
+#[derive(Debug)]
+enum SlotMemory {
+    /// Neighbour GPUs' memory allocated by this process.
+    Own(BorrowedMemory),
+    /// Chunks lent by other processes, mapped into a window as they arrive.
+    Leased(Mutex<Leased>),
+}
+
+/// Leased chunks and the device words that guard them.
+#[derive(Debug)]
+struct Leased {
+    window: PeerWindow,
+    revoked: DeviceBuffer,
+    inflight: DeviceBuffer,
+    /// Host writes and polls while the user's kernels run (non-blocking: it waits for no
+    /// other stream, and none waits for it).
+    side: Stream,
+    slots_per_chunk: u64,
+    slot_words: u64,
+}
 
 /// A space's borrowed slots and their bookkeeping (in the borrower's memory).
 #[derive(Debug)]
 pub(crate) struct PeerTier {
-    /// The borrowed chunks, mapped for the space's GPU.
-    memory: BorrowedMemory,
-    /// `StrataPeer`.
+    /// The borrowed memory, mapped for the space's GPU.
+    memory: SlotMemory,
+    /// `StrataPeer` followed by `StrataPeerLeases`.
     pub(crate) descriptor: DeviceBuffer,
     _slot_words: DeviceBuffer,
     _page_slots: DeviceBuffer,
-    /// Slots (pages the borrowed memory holds).
+    /// Slots (pages the borrowed memory can hold).
     pub(crate) slots: u64,
 }
 
@@ -45,22 +104,87 @@ impl PeerTier {
             .collect();
         let memory = BorrowedMemory::new(gpu, &lenders, chunk)?;
         let slots = memory.len() as u64 / page_size;
+        let base = memory.ptr();
+        Self::assemble(
+            gpu,
+            SlotMemory::Own(memory),
+            base,
+            slots,
+            pages,
+            PeerLeases::default(),
+        )
+    }
+
+    /// Room for up to `max_chunks` 2 MiB chunks lent by other processes (none mapped yet), for
+    /// a space of `pages` pages of `page_size` bytes on `gpu`.
+    pub(crate) fn leased(
+        gpu: &Arc<Gpu>,
+        max_chunks: usize,
+        page_size: u64,
+        pages: u64,
+    ) -> Result<Self, SpaceError> {
+        if page_size > PEER_CHUNK_BYTES || max_chunks == 0 {
+            return Err(SpaceError::Invalid(format!(
+                "leased peer chunks need pages of at most 2 MiB and room for at least one chunk (pages {page_size}, chunks {max_chunks})"
+            )));
+        }
+        let chunks = u32::try_from(max_chunks)
+            .map_err(|_| SpaceError::Invalid(format!("{max_chunks} chunks is too many")))?;
+        let chunk = usize::try_from(PEER_CHUNK_BYTES).unwrap_or(usize::MAX);
+        let window = PeerWindow::reserve(gpu, max_chunks, chunk)?;
+        let slots_per_chunk = PEER_CHUNK_BYTES / page_size;
+        let revoked = DeviceBuffer::zeroed(gpu, max_chunks * 4)?;
+        revoked.upload(0, &vec![1u32; max_chunks])?;
+        let inflight = DeviceBuffer::zeroed(gpu, max_chunks * 4)?;
+        let leases = PeerLeases {
+            revoked: revoked.ptr(),
+            inflight: inflight.ptr(),
+            chunk_shift: slots_per_chunk.trailing_zeros(),
+            chunks,
+            ..PeerLeases::default()
+        };
+        let base = window.ptr();
+        let slots = max_chunks as u64 * slots_per_chunk;
+        let memory = SlotMemory::Leased(Mutex::new(Leased {
+            window,
+            revoked,
+            inflight,
+            side: Stream::new(gpu)?,
+            slots_per_chunk,
+            slot_words: 0,
+        }));
+        let tier = Self::assemble(gpu, memory, base, slots, pages, leases)?;
+        if let SlotMemory::Leased(l) = &tier.memory {
+            l.lock().unwrap_or_else(PoisonError::into_inner).slot_words = tier._slot_words.ptr();
+        }
+        Ok(tier)
+    }
+
+    fn assemble(
+        gpu: &Arc<Gpu>,
+        memory: SlotMemory,
+        base: u64,
+        slots: u64,
+        pages: u64,
+        leases: PeerLeases,
+    ) -> Result<Self, SpaceError> {
         let to_usize = |v: u64| {
             usize::try_from(v).map_err(|_| SpaceError::Invalid(format!("{v} bytes is too large")))
         };
         let slot_words = DeviceBuffer::zeroed(gpu, to_usize(slots * 8)?)?;
         let page_slots = DeviceBuffer::zeroed(gpu, to_usize(pages * 4)?)?;
-        let descriptor = DeviceBuffer::zeroed(gpu, std::mem::size_of::<PeerDescriptor>())?;
+        let descriptor = DeviceBuffer::zeroed(gpu, DESCRIPTOR_BYTES)?;
         descriptor.upload(
             0,
             &[PeerDescriptor {
-                slots: memory.ptr(),
+                slots: base,
                 slot_words: slot_words.ptr(),
                 page_slots: page_slots.ptr(),
                 slot_count: slots,
                 ..PeerDescriptor::default()
             }],
         )?;
+        descriptor.upload(std::mem::size_of::<PeerDescriptor>(), &[leases])?;
         Ok(PeerTier {
             memory,
             descriptor,
@@ -68,6 +192,99 @@ impl PeerTier {
             _page_slots: page_slots,
             slots,
         })
+    }
+
+    fn leased_state(&self) -> Result<std::sync::MutexGuard<'_, Leased>, SpaceError> {
+        match &self.memory {
+            SlotMemory::Leased(l) => Ok(l.lock().unwrap_or_else(PoisonError::into_inner)),
+            SlotMemory::Own(_) => Err(SpaceError::Invalid(
+                "this space's peer memory is its own (SpaceOptions::peers), not leased: create it with Space::enable_peer_leases".into(),
+            )),
+        }
+    }
+
+    /// Maps the chunk behind `fd` (exported by a lender) into a free chunk slot and makes its
+    /// slots usable; returns the chunk's index. Safe while kernels run.
+    pub(crate) fn attach(&self, fd: BorrowedFd<'_>) -> Result<usize, SpaceError> {
+        let mut l = self.leased_state()?;
+        let chunk = l.window.map(fd)?;
+        // Its slot words are invalid already (zero at creation, invalidated at revoke).
+        let zero = 0u32;
+        // SAFETY: `zero` lives until the stream is synchronised below; the destination is
+        // word `chunk` of our `revoked` buffer.
+        unsafe {
+            l.side.copy_htod(
+                l.revoked.ptr() + 4 * chunk as u64,
+                (&raw const zero).cast(),
+                4,
+            )?
+        };
+        l.side.synchronize()?;
+        Ok(chunk)
+    }
+
+    /// Revokes chunk `chunk`: no warp enters it any more, the ones inside leave (waited for
+    /// until `deadline`), its slot words are invalidated (faults of its pages load from the
+    /// host copy) and it is unmapped. Safe while kernels run. Returns how long warps were
+    /// waited for.
+    pub(crate) fn revoke(&self, chunk: usize, deadline: Instant) -> Result<Duration, SpaceError> {
+        let mut l = self.leased_state()?;
+        if chunk >= l.window.capacity() {
+            return Err(SpaceError::Invalid(format!(
+                "peer chunk {chunk} does not exist"
+            )));
+        }
+        let one = 1u32;
+        // SAFETY: `one` lives until the synchronisation below; word `chunk` of `revoked`.
+        unsafe {
+            l.side.copy_htod(
+                l.revoked.ptr() + 4 * chunk as u64,
+                (&raw const one).cast(),
+                4,
+            )?
+        };
+        l.side.synchronize()?;
+        let start = Instant::now();
+        loop {
+            let mut inside = 0u32;
+            // SAFETY: `inside` lives until the synchronisation below; word `chunk` of `inflight`.
+            unsafe {
+                l.side.copy_dtoh(
+                    (&raw mut inside).cast(),
+                    l.inflight.ptr() + 4 * chunk as u64,
+                    4,
+                )?
+            };
+            l.side.synchronize()?;
+            if inside == 0 {
+                break;
+            }
+            if Instant::now() >= deadline {
+                return Err(SpaceError::Invalid(format!(
+                    "{inside} warps still copy from or to peer chunk {chunk} at the deadline: it stays revoked and mapped; revoke it again"
+                )));
+            }
+            std::hint::spin_loop();
+        }
+        let waited = start.elapsed();
+        // No warp can touch the chunk's slot words now (a warp writes them only inside the
+        // chunk): bump each word's generation and clear it, so a fault that read a word
+        // before the revocation finds it changed and loads from the host copy.
+        let spc = usize::try_from(l.slots_per_chunk).unwrap_or(usize::MAX);
+        let at = l.slot_words + 8 * (chunk * spc) as u64;
+        let mut words = vec![0u64; spc];
+        // SAFETY: `words` (spc words) lives until the synchronisation; the range is this
+        // chunk's slot words inside our slot-word buffer.
+        unsafe { l.side.copy_dtoh(words.as_mut_ptr().cast(), at, spc * 8)? };
+        l.side.synchronize()?;
+        for w in &mut words {
+            *w = ((*w >> GEN_SHIFT) + 1) << GEN_SHIFT;
+        }
+        // SAFETY: as above, the other direction.
+        unsafe { l.side.copy_htod(at, words.as_ptr().cast(), spc * 8)? };
+        l.side.synchronize()?;
+        l.window.unmap(chunk)?;
+        Ok(waited)
     }
 
     /// The descriptor as the device left it (counters included); no kernel may run.
@@ -87,8 +304,22 @@ impl PeerTier {
         Ok(())
     }
 
-    /// Bytes borrowed.
+    /// Bytes borrowed (mapped now).
     pub(crate) fn borrowed_bytes(&self) -> u64 {
-        self.memory.len() as u64
+        match &self.memory {
+            SlotMemory::Own(m) => m.len() as u64,
+            SlotMemory::Leased(l) => {
+                let l = l.lock().unwrap_or_else(PoisonError::into_inner);
+                (l.window.mapped() * l.window.chunk_bytes()) as u64
+            }
+        }
+    }
+
+    /// Chunk entries refused because the chunk was absent or revoked; no kernel may run.
+    pub(crate) fn refused(&self) -> Result<u64, SpaceError> {
+        let mut d = [PeerLeases::default()];
+        self.descriptor
+            .download(std::mem::size_of::<PeerDescriptor>(), &mut d)?;
+        Ok(d[0].refused)
     }
 }
