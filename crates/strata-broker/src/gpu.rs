@@ -11,6 +11,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 use std::time::Instant;
 
+use strata_gpu::Space;
 use strata_gpu::driver::{DriverError, Gpu, LendableChunk, PeerWindow};
 
 use crate::borrower::{ChunkSink, Grant};
@@ -234,6 +235,85 @@ impl ChunkSink for GpuSink {
     fn broker_lost(&mut self) {
         for (_, slot) in std::mem::take(&mut self.slots) {
             let _ = self.window.unmap(slot);
+        }
+    }
+}
+
+/// Borrowed chunks go into a space's peer tier ([`Space::enable_peer_leases`]): attached as
+/// they arrive, revoked on the broker's word even while kernels run (pages in a revoked chunk
+/// are loaded from the space's host copy, so nothing is lost: the peer tier only ever holds
+/// clean copies).
+#[derive(Debug)]
+pub struct SpaceSink {
+    space: Arc<Space>,
+    chunks: BTreeMap<(LeaseId, ChunkId), usize>,
+    /// How long each revoke waited for warps to leave its chunk.
+    pub revoke_waits: Vec<std::time::Duration>,
+}
+
+impl SpaceSink {
+    /// A sink feeding `space` (whose peer leases are enabled).
+    pub fn new(space: Arc<Space>) -> Self {
+        SpaceSink {
+            space,
+            chunks: BTreeMap::new(),
+            revoke_waits: Vec::new(),
+        }
+    }
+
+    /// Chunks attached now.
+    pub fn attached(&self) -> usize {
+        self.chunks.len()
+    }
+}
+
+impl ChunkSink for SpaceSink {
+    fn attach(&mut self, grant: &Grant, fds: Vec<OwnedFd>) -> Result<(), String> {
+        let mut done = Vec::new();
+        for (&id, fd) in grant.chunks.iter().zip(&fds) {
+            match self.space.attach_peer_chunk(fd.as_fd()) {
+                Ok(index) => done.push((id, index)),
+                Err(e) => {
+                    let deadline = Instant::now() + std::time::Duration::from_secs(1);
+                    for (_, index) in done {
+                        let _ = self.space.revoke_peer_chunk(index, deadline);
+                    }
+                    return Err(e.to_string());
+                }
+            }
+        }
+        drop(fds);
+        for (id, index) in done {
+            self.chunks.insert((grant.lease, id), index);
+        }
+        Ok(())
+    }
+
+    fn revoke(
+        &mut self,
+        lease: LeaseId,
+        chunks: &[ChunkId],
+        deadline: Instant,
+    ) -> Result<(), String> {
+        for &c in chunks {
+            if let Some(&index) = self.chunks.get(&(lease, c)) {
+                let waited = self
+                    .space
+                    .revoke_peer_chunk(index, deadline)
+                    .map_err(|e| e.to_string())?;
+                self.revoke_waits.push(waited);
+                self.chunks.remove(&(lease, c));
+            }
+        }
+        Ok(())
+    }
+
+    fn broker_lost(&mut self) {
+        let deadline = Instant::now() + std::time::Duration::from_secs(5);
+        for (_, index) in std::mem::take(&mut self.chunks) {
+            if let Err(e) = self.space.revoke_peer_chunk(index, deadline) {
+                tracing::error!("dropping a borrowed chunk after the broker left: {e}");
+            }
         }
     }
 }

@@ -11,10 +11,17 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{WAIT, freed, seed, socket_path, spawn_child, start_broker, wait_exit};
-use strata_broker::gpu::{GpuSink, GpuSource};
+use gpu_common::replay_rmw_owned;
+use strata_broker::gpu::{GpuSink, GpuSource, SpaceSink};
 use strata_broker::message::FreeReason;
 use strata_broker::{Borrower, Lender, LenderEvent, Sigkill};
-use strata_gpu::driver::Gpu;
+use strata_gpu::driver::{Args, Gpu};
+use strata_gpu::{EvictionPolicy, Strata};
+
+#[path = "../../strata-gpu/tests/common/mod.rs"]
+mod gpu_common;
+
+const KERNELS: &str = include_str!("../../strata-gpu/tests/gpu_kernels.cu");
 
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
@@ -70,6 +77,28 @@ fn child_entry() {
             let checked = b.sink().lock().unwrap().checked;
             assert_eq!(checked, bytes / (2 << 20));
             common::ready_and_hold(b, &format!("checked {checked}"));
+        }
+        "gpu-lender" => {
+            let max: u64 = args[0].parse().unwrap();
+            let mut lender = Lender::start(&path, GpuSource::open(1, None).unwrap(), max).unwrap();
+            println!("{}", common::READY);
+            // Commands on stdin: `reclaim BYTES DEADLINE_MS`.
+            for line in std::io::stdin().lines() {
+                let line = line.unwrap();
+                let words: Vec<&str> = line.split_whitespace().collect();
+                if let ["reclaim", bytes, ms] = words[..] {
+                    let deadline = Duration::from_millis(ms.parse().unwrap());
+                    let (r, took) = lender.reclaim(bytes.parse().unwrap(), deadline).unwrap();
+                    println!(
+                        "RECLAIMED {} {} {} {:?}",
+                        r.freed_bytes,
+                        took.as_micros(),
+                        r.outstanding_bytes,
+                        r.killed_pids
+                    );
+                }
+            }
+            std::process::exit(0);
         }
         "broker" => common::run_broker_child(&path),
         other => panic!("unknown child role {other}"),
@@ -176,4 +205,99 @@ fn gpu_broker_killed_borrower_and_lender_carry_on() {
         back.as_secs_f64() * 1e3
     );
     let _ = std::fs::remove_dir_all(path.parent().unwrap());
+}
+
+/// A space on GPU 0 whose peer tier is memory of GPU 1 lent by a lender process through a real
+/// broker: random read-modify-writes from every SM against a host replay, 2x and 4x the local
+/// cache, with the lender taking a quarter of the chunks back in the middle of each of two
+/// kernels (no wrong value, no hang), then random reads and a full read-back.
+#[test]
+fn space_with_leased_chunks_survives_reclaims_mid_kernel() {
+    let Some((gpu0, _gpu1)) = two_gpus() else {
+        return;
+    };
+    drop(gpu0);
+    let strata = Strata::new(0).unwrap();
+    let module = strata.compile(KERNELS, "gpu_kernels.cu").unwrap();
+    let rmw = module.function("rmw_owned").unwrap();
+    let read = module.function("read_random").unwrap();
+    let grid = rmw.full_grid(256).unwrap();
+    let threads = u64::from(grid.blocks) * u64::from(grid.threads);
+    let b = start_broker(Box::new(Sigkill));
+    let mut lender = spawn_child(&format!("gpu-lender|{}|{GIB}", b.path.display()));
+    let cache = 32 * MIB;
+    for (page, ratio) in [(64u64 << 10, 4u64), (4 << 10, 2)] {
+        let s = seed();
+        let bytes = cache * ratio;
+        let n = usize::try_from(bytes / 8).unwrap();
+        let mut space = strata
+            .space(bytes, &gpu_common::opts(page, cache, EvictionPolicy::Clock))
+            .unwrap();
+        let mut reference = gpu_common::random_words(n, s);
+        space.fill_from_slice(0, &reference).unwrap();
+        space.enable_peer_leases(64).unwrap();
+        let space = Arc::new(space);
+        let mut borrower = Borrower::start(&b.path, 0, SpaceSink::new(space.clone())).unwrap();
+        let borrowed = bytes - cache;
+        assert_eq!(
+            borrower.borrow(borrowed, &[1], WAIT).unwrap().granted_bytes,
+            borrowed
+        );
+        let ops = 24u64;
+        let mut timings = Vec::new();
+        for round in 0..3u64 {
+            let rs = s ^ round;
+            let launched = Instant::now();
+            rmw.launch(grid, &Args::new().arg(space.handle()).arg(ops).arg(rs))
+                .unwrap();
+            let mut reclaim = None;
+            if round < 2 {
+                lender.send(&format!("reclaim {} 2000", borrowed / 4));
+                reclaim = Some((lender.expect_line("RECLAIMED"), launched.elapsed()));
+            }
+            space.check_errors().unwrap();
+            let kernel = launched.elapsed();
+            replay_rmw_owned(&mut reference, threads, ops, rs);
+            println!(
+                "page {page} ratio {ratio} round {round}: kernel done after {kernel:?}, reclaim {reclaim:?}"
+            );
+            if let Some((line, at)) = reclaim {
+                timings.push(format!(
+                    "{{\"reclaim\":\"{line}\",\"reclaimed_at_ms\":{:.3},\"kernel_ms\":{:.3}}}",
+                    at.as_secs_f64() * 1e3,
+                    kernel.as_secs_f64() * 1e3
+                ));
+            }
+        }
+        let what = format!("page {page} ratio {ratio}");
+        gpu_common::check_read_random(&read, &space, grid, &reference, 4, s ^ 0x5555, &what);
+        let mut back = vec![0u64; n];
+        space.read_back(0, &mut back).unwrap();
+        let bad = back.iter().zip(&reference).filter(|(a, b)| a != b).count();
+        assert_eq!(bad, 0, "{what}: {bad} words differ from the host replay");
+        let st = space.stats().unwrap();
+        let peer = st.peer.expect("a leased peer tier reports itself");
+        let refused = space.peer_refused().unwrap();
+        let waits = borrower.sink().lock().unwrap().revoke_waits.clone();
+        assert_eq!(
+            peer.borrowed_bytes,
+            borrowed / 2,
+            "two quarters were reclaimed"
+        );
+        assert!(
+            peer.stores > 0 && peer.loads > 0,
+            "the peer tier was not used: {peer:?}"
+        );
+        let max_wait = waits.iter().max().copied().unwrap_or_default();
+        println!(
+            "RESULT {{\"test\":\"space_reclaim_mid_kernel\",\"page\":{page},\"ratio\":{ratio},\"faults\":{},\"peer_loads\":{},\"peer_stores\":{},\"refused_entries\":{refused},\"revokes\":{},\"max_revoke_wait_us\":{},\"rounds\":[{}]}}",
+            st.faults,
+            peer.loads,
+            peer.stores,
+            waits.len(),
+            max_wait.as_micros(),
+            timings.join(",")
+        );
+        drop(borrower);
+    }
 }

@@ -82,7 +82,9 @@ pub fn freed(lender: &Lender, reason: FreeReason, want: usize) -> bool {
     count(lender) == want
 }
 
-pub struct ChildGuard(pub Child);
+/// A child process, killed and reaped on drop; its stdout lines after the ready line arrive on
+/// `lines`, and `send` writes a line to its stdin.
+pub struct ChildGuard(pub Child, pub std::sync::mpsc::Receiver<String>);
 
 impl Drop for ChildGuard {
     fn drop(&mut self) {
@@ -91,25 +93,56 @@ impl Drop for ChildGuard {
     }
 }
 
+impl ChildGuard {
+    /// Writes `line` to the child's stdin.
+    pub fn send(&mut self, line: &str) {
+        use std::io::Write;
+        let stdin = self.0.stdin.as_mut().expect("stdin is piped");
+        writeln!(stdin, "{line}").unwrap();
+        stdin.flush().unwrap();
+    }
+
+    /// The child's next stdout line starting with `prefix` (within WAIT).
+    pub fn expect_line(&self, prefix: &str) -> String {
+        let end = Instant::now() + WAIT;
+        loop {
+            let left = end.saturating_duration_since(Instant::now());
+            let line = self
+                .1
+                .recv_timeout(left)
+                .unwrap_or_else(|_| panic!("no `{prefix}` line from the child in time"));
+            if let Some(rest) = line.strip_prefix(prefix) {
+                return rest.trim().to_string();
+            }
+        }
+    }
+}
+
 pub fn spawn_child(spec: &str) -> ChildGuard {
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "child_entry", "--nocapture", "--test-threads=1"])
         .env(CHILD_ENV, spec)
         .stdout(Stdio::piped())
+        .stdin(Stdio::piped())
         .spawn()
         .unwrap();
     let out = child.stdout.take().unwrap();
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         for line in BufReader::new(out).lines() {
             let Ok(line) = line else { break };
             if line.contains(READY) {
-                let _ = tx.send(());
+                let _ = ready_tx.send(());
+            } else {
+                let _ = tx.send(line);
             }
         }
     });
-    let guard = ChildGuard(child);
-    rx.recv_timeout(WAIT).expect("the child got ready in time");
+    let guard = ChildGuard(child, rx);
+    ready_rx
+        .recv_timeout(WAIT)
+        .expect("the child got ready in time");
     guard
 }
 
