@@ -202,9 +202,8 @@ impl ChunkSink for GpuSink {
         // Imported: the descriptors are no longer needed (and would pin the memory).
         drop(fds);
         if let Some(why) = failure {
-            for (_, slot) in mapped {
-                let _ = self.window.unmap(slot);
-            }
+            let slots: Vec<usize> = mapped.iter().map(|&(_, slot)| slot).collect();
+            let _ = self.window.unmap_many(&slots);
             return Err(why);
         }
         self.checked += if self.verify.is_some() {
@@ -224,18 +223,16 @@ impl ChunkSink for GpuSink {
         chunks: &[ChunkId],
         _deadline: Instant,
     ) -> Result<(), String> {
-        for &c in chunks {
-            if let Some(slot) = self.slots.remove(&(lease, c)) {
-                self.window.unmap(slot).map_err(|e| e.to_string())?;
-            }
-        }
-        Ok(())
+        let slots: Vec<usize> = chunks
+            .iter()
+            .filter_map(|&c| self.slots.remove(&(lease, c)))
+            .collect();
+        self.window.unmap_many(&slots).map_err(|e| e.to_string())
     }
 
     fn broker_lost(&mut self) {
-        for (_, slot) in std::mem::take(&mut self.slots) {
-            let _ = self.window.unmap(slot);
-        }
+        let slots: Vec<usize> = std::mem::take(&mut self.slots).into_values().collect();
+        let _ = self.window.unmap_many(&slots);
     }
 }
 
@@ -275,9 +272,8 @@ impl ChunkSink for SpaceSink {
                 Ok(index) => done.push((id, index)),
                 Err(e) => {
                     let deadline = Instant::now() + std::time::Duration::from_secs(1);
-                    for (_, index) in done {
-                        let _ = self.space.revoke_peer_chunk(index, deadline);
-                    }
+                    let indices: Vec<usize> = done.iter().map(|&(_, i)| i).collect();
+                    let _ = self.space.revoke_peer_chunks(&indices, deadline);
                     return Err(e.to_string());
                 }
             }
@@ -295,25 +291,31 @@ impl ChunkSink for SpaceSink {
         chunks: &[ChunkId],
         deadline: Instant,
     ) -> Result<(), String> {
-        for &c in chunks {
-            if let Some(&index) = self.chunks.get(&(lease, c)) {
-                let waited = self
-                    .space
-                    .revoke_peer_chunk(index, deadline)
-                    .map_err(|e| e.to_string())?;
-                self.revoke_waits.push(waited);
-                self.chunks.remove(&(lease, c));
-            }
+        let held: Vec<ChunkId> = chunks
+            .iter()
+            .copied()
+            .filter(|&c| self.chunks.contains_key(&(lease, c)))
+            .collect();
+        if held.is_empty() {
+            return Ok(());
+        }
+        let indices: Vec<usize> = held.iter().map(|&c| self.chunks[&(lease, c)]).collect();
+        let waited = self
+            .space
+            .revoke_peer_chunks(&indices, deadline)
+            .map_err(|e| e.to_string())?;
+        self.revoke_waits.push(waited);
+        for c in held {
+            self.chunks.remove(&(lease, c));
         }
         Ok(())
     }
 
     fn broker_lost(&mut self) {
         let deadline = Instant::now() + std::time::Duration::from_secs(5);
-        for (_, index) in std::mem::take(&mut self.chunks) {
-            if let Err(e) = self.space.revoke_peer_chunk(index, deadline) {
-                tracing::error!("dropping a borrowed chunk after the broker left: {e}");
-            }
+        let indices: Vec<usize> = std::mem::take(&mut self.chunks).into_values().collect();
+        if let Err(e) = self.space.revoke_peer_chunks(&indices, deadline) {
+            tracing::error!("dropping borrowed chunks after the broker left: {e}");
         }
     }
 }

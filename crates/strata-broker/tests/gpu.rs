@@ -224,9 +224,14 @@ fn space_with_leased_chunks_survives_reclaims_mid_kernel() {
     let grid = rmw.full_grid(256).unwrap();
     let threads = u64::from(grid.blocks) * u64::from(grid.threads);
     let b = start_broker(Box::new(Sigkill));
-    let mut lender = spawn_child(&format!("gpu-lender|{}|{GIB}", b.path.display()));
-    let cache = 32 * MIB;
-    for (page, ratio) in [(64u64 << 10, 4u64), (4 << 10, 2)] {
+    let mut lender = spawn_child(&format!("gpu-lender|{}|{}", b.path.display(), 4 * GIB));
+    // (page, cache, ratio, read-modify-writes per thread, quarters of the borrowed memory
+    // reclaimed in rounds 0 and 1): the last reclaims 1 GiB at once in the middle of a kernel.
+    for (page, cache, ratio, ops, quarters) in [
+        (64u64 << 10, 32 * MIB, 4u64, 24u64, [1u64, 1]),
+        (4 << 10, 32 * MIB, 2, 24, [1, 1]),
+        (64 << 10, 512 * MIB, 3, 8, [4, 0]),
+    ] {
         let s = seed();
         let bytes = cache * ratio;
         let n = usize::try_from(bytes / 8).unwrap();
@@ -235,7 +240,9 @@ fn space_with_leased_chunks_survives_reclaims_mid_kernel() {
             .unwrap();
         let mut reference = gpu_common::random_words(n, s);
         space.fill_from_slice(0, &reference).unwrap();
-        space.enable_peer_leases(64).unwrap();
+        space
+            .enable_peer_leases(usize::try_from(bytes / (2 << 20)).unwrap())
+            .unwrap();
         let space = Arc::new(space);
         let mut borrower = Borrower::start(&b.path, 0, SpaceSink::new(space.clone())).unwrap();
         let borrowed = bytes - cache;
@@ -243,7 +250,6 @@ fn space_with_leased_chunks_survives_reclaims_mid_kernel() {
             borrower.borrow(borrowed, &[1], WAIT).unwrap().granted_bytes,
             borrowed
         );
-        let ops = 24u64;
         let mut timings = Vec::new();
         for round in 0..3u64 {
             let rs = s ^ round;
@@ -251,8 +257,14 @@ fn space_with_leased_chunks_survives_reclaims_mid_kernel() {
             rmw.launch(grid, &Args::new().arg(space.handle()).arg(ops).arg(rs))
                 .unwrap();
             let mut reclaim = None;
-            if round < 2 {
-                lender.send(&format!("reclaim {} 2000", borrowed / 4));
+            let q = quarters
+                .get(usize::from(round == 1))
+                .copied()
+                .filter(|_| round < 2)
+                .unwrap_or(0);
+            if q > 0 {
+                let take = borrowed / 4 * q;
+                lender.send(&format!("reclaim {take} 2000"));
                 reclaim = Some((lender.expect_line("RECLAIMED"), launched.elapsed()));
             }
             space.check_errors().unwrap();
@@ -281,8 +293,8 @@ fn space_with_leased_chunks_survives_reclaims_mid_kernel() {
         let waits = borrower.sink().lock().unwrap().revoke_waits.clone();
         assert_eq!(
             peer.borrowed_bytes,
-            borrowed / 2,
-            "two quarters were reclaimed"
+            borrowed - borrowed / 4 * quarters.iter().sum::<u64>(),
+            "what was reclaimed is gone"
         );
         assert!(
             peer.stores > 0 && peer.loads > 0,

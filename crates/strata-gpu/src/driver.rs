@@ -500,14 +500,15 @@ fn access_for(gpu: &Gpu) -> sys::CUmemAccessDesc {
 }
 
 /// A chunk of a GPU's memory created to be lent to another process (inter-job harvesting):
-/// a VMM allocation that can be exported as a POSIX file descriptor, also mapped in this
-/// process (so the lender can fill or inspect it). Its memory is freed once this value is
-/// dropped, every exported descriptor is closed and every importer has released it.
+/// a VMM allocation that can be exported as a POSIX file descriptor. It is not mapped in this
+/// process (unmapping 2 MiB at a time costs tens of microseconds a chunk, which a reclaim
+/// would pay); [`LendableChunk::fill_u32`] maps it for the moment it writes. Its memory is
+/// freed once this value is dropped, every exported descriptor is closed and every importer
+/// has released it.
 #[derive(Debug)]
 pub struct LendableChunk {
     gpu: Arc<Gpu>,
     handle: sys::CUmemGenericAllocationHandle,
-    base: sys::CUdeviceptr,
     bytes: usize,
 }
 
@@ -555,35 +556,11 @@ impl LendableChunk {
             unsafe { sys::cuMemCreate(&raw mut handle, bytes, &raw const prop, 0) },
             "cuMemCreate",
         )?;
-        let mut me = LendableChunk {
+        Ok(LendableChunk {
             gpu: gpu.clone(),
             handle,
-            base: 0,
             bytes,
-        };
-        let mut base: sys::CUdeviceptr = 0;
-        check(
-            // SAFETY: valid out-pointer; size and alignment are granularity multiples.
-            unsafe { sys::cuMemAddressReserve(&raw mut base, bytes, granularity, 0, 0) },
-            "cuMemAddressReserve",
-        )?;
-        check(
-            // SAFETY: [base, +bytes) is a fresh reservation of exactly the allocation's size.
-            unsafe { sys::cuMemMap(base, bytes, 0, handle, 0) },
-            "cuMemMap",
-        )
-        .inspect_err(|_| {
-            // SAFETY: reserved just above, nothing mapped in it.
-            unsafe { sys::cuMemAddressFree(base, bytes) };
-        })?;
-        me.base = base;
-        let access = access_for(gpu);
-        check(
-            // SAFETY: the range is mapped (above); one valid descriptor.
-            unsafe { sys::cuMemSetAccess(base, bytes, &raw const access, 1) },
-            "cuMemSetAccess",
-        )?;
-        Ok(me)
+        })
     }
 
     /// Exports the chunk as a new POSIX file descriptor (close it once it has been sent on:
@@ -618,18 +595,46 @@ impl LendableChunk {
         Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
     }
 
-    /// Sets every 32-bit word of the chunk to `value` (on the GPU's stream, waited for).
+    /// Sets every 32-bit word of the chunk to `value`: maps it in this process, fills it on
+    /// the GPU's stream, waits, and unmaps it again.
     ///
     /// # Errors
-    /// The driver call failed.
+    /// A driver call failed (the chunk is unmapped again whatever happened).
     pub fn fill_u32(&self, value: u32) -> Result<(), DriverError> {
-        self.gpu.bind()?;
+        let granularity = Self::granularity(&self.gpu)?;
+        let mut base: sys::CUdeviceptr = 0;
         check(
-            // SAFETY: [base, +bytes) is mapped read/write for this GPU; bytes / 4 words fit.
-            unsafe { sys::cuMemsetD32Async(self.base, value, self.bytes / 4, self.gpu.stream) },
-            "cuMemsetD32Async",
+            // SAFETY: valid out-pointer; size and alignment are granularity multiples.
+            unsafe { sys::cuMemAddressReserve(&raw mut base, self.bytes, granularity, 0, 0) },
+            "cuMemAddressReserve",
         )?;
-        self.gpu.synchronize()
+        let access = access_for(&self.gpu);
+        let result = check(
+            // SAFETY: [base, +bytes) is a fresh reservation of exactly the allocation's size.
+            unsafe { sys::cuMemMap(base, self.bytes, 0, self.handle, 0) },
+            "cuMemMap",
+        )
+        .and_then(|()| {
+            let filled = check(
+                // SAFETY: the range is mapped (above); one valid descriptor.
+                unsafe { sys::cuMemSetAccess(base, self.bytes, &raw const access, 1) },
+                "cuMemSetAccess",
+            )
+            .and_then(|()| {
+                check(
+                    // SAFETY: [base, +bytes) is mapped read/write for this GPU.
+                    unsafe { sys::cuMemsetD32Async(base, value, self.bytes / 4, self.gpu.stream) },
+                    "cuMemsetD32Async",
+                )
+            })
+            .and_then(|()| self.gpu.synchronize());
+            // SAFETY: mapped just above; the memset was waited for (or never queued).
+            unsafe { sys::cuMemUnmap(base, self.bytes) };
+            filled
+        });
+        // SAFETY: reserved above by us, nothing mapped in it any more.
+        unsafe { sys::cuMemAddressFree(base, self.bytes) };
+        result
     }
 
     /// Bytes.
@@ -648,15 +653,8 @@ impl Drop for LendableChunk {
         if self.gpu.bind().is_err() {
             return;
         }
-        // SAFETY: the range was reserved and mapped by us, and is unmapped and freed once;
-        // the handle is ours and released once.
-        unsafe {
-            if self.base != 0 {
-                sys::cuMemUnmap(self.base, self.bytes);
-                sys::cuMemAddressFree(self.base, self.bytes);
-            }
-            sys::cuMemRelease(self.handle);
-        }
+        // SAFETY: the handle is ours and released once.
+        unsafe { sys::cuMemRelease(self.handle) };
     }
 }
 
@@ -781,7 +779,7 @@ impl PeerWindow {
     /// (device code must have been told, and must have stopped, before).
     ///
     /// # Errors
-    /// The slot holds no chunk, or the driver call failed.
+    /// The slot holds no chunk, or the driver call failed (the slot then stays mapped).
     pub fn unmap(&mut self, slot: usize) -> Result<(), DriverError> {
         let handle = self
             .slots
@@ -800,9 +798,69 @@ impl PeerWindow {
             unsafe { sys::cuMemUnmap(at, self.chunk) },
             "cuMemUnmap",
         );
+        if unmapped.is_err() {
+            // Still mapped: keep it (and its handle) so nothing maps over it.
+            self.slots[slot] = Some(handle);
+            return unmapped;
+        }
         // SAFETY: the imported handle is ours and released once (it was taken out above).
         unsafe { sys::cuMemRelease(handle) };
-        unmapped
+        Ok(())
+    }
+
+    /// Unmaps and releases several slots, with one `cuMemUnmap` per run of adjacent slots
+    /// (each unmap call costs tens of microseconds however much it covers). Nothing may access
+    /// them any more.
+    ///
+    /// # Errors
+    /// A slot that holds no chunk (nothing is unmapped then), or the driver failed.
+    pub fn unmap_many(&mut self, slots: &[usize]) -> Result<(), DriverError> {
+        let mut sorted = slots.to_vec();
+        sorted.sort_unstable();
+        sorted.dedup();
+        if let Some(&bad) = sorted
+            .iter()
+            .find(|&&s| !self.slots.get(s).is_some_and(Option::is_some))
+        {
+            return Err(vmm_refusal(
+                "cuMemUnmap",
+                format!("peer window slot {bad} holds no chunk"),
+            ));
+        }
+        self.gpu.bind()?;
+        let mut first_error: Result<(), DriverError> = Ok(());
+        let mut i = 0;
+        while i < sorted.len() {
+            let mut j = i + 1;
+            while j < sorted.len() && sorted[j] == sorted[j - 1] + 1 {
+                j += 1;
+            }
+            let run = &sorted[i..j];
+            let together = check(
+                // SAFETY: slots `run` are adjacent and each was mapped by `map` with exactly
+                // `chunk` bytes, so the range covers whole mappings only.
+                unsafe { sys::cuMemUnmap(self.slot_ptr(run[0]), run.len() * self.chunk) },
+                "cuMemUnmap",
+            );
+            if together.is_ok() {
+                for &slot in run {
+                    if let Some(handle) = self.slots[slot].take() {
+                        // SAFETY: unmapped above; the imported handle is ours, released once.
+                        unsafe { sys::cuMemRelease(handle) };
+                    }
+                }
+            } else {
+                // One by one, keeping any slot that will not unmap.
+                for &slot in run {
+                    let one = self.unmap(slot);
+                    if first_error.is_ok() {
+                        first_error = one;
+                    }
+                }
+            }
+            i = j;
+        }
+        first_error
     }
 
     /// Copies `dst.len()` bytes at `offset` of slot `slot` to the host (checks and tests).

@@ -277,19 +277,19 @@ impl Space {
         self.leased_peer()?.attach(fd)
     }
 
-    /// Gives chunk `chunk` back: kernels stop using it (pages it held are loaded from the host
-    /// copy), warps still copying are waited for until `deadline`, then it is unmapped. Safe
-    /// while kernels run. Returns how long warps were waited for.
+    /// Gives chunks back: kernels stop using them (pages they held are loaded from the host
+    /// copy), warps still copying are waited for until `deadline`, then they are unmapped.
+    /// Safe while kernels run. Returns how long warps were waited for.
     ///
     /// # Errors
-    /// No leased peer tier, no such chunk, or warps still inside at the deadline (the chunk
-    /// then stays revoked and mapped; call again).
-    pub fn revoke_peer_chunk(
+    /// No leased peer tier, no such chunk, or warps still inside at the deadline (the chunks
+    /// then stay revoked and mapped; call again).
+    pub fn revoke_peer_chunks(
         &self,
-        chunk: usize,
+        chunks: &[usize],
         deadline: std::time::Instant,
     ) -> Result<std::time::Duration, SpaceError> {
-        self.leased_peer()?.revoke(chunk, deadline)
+        self.leased_peer()?.revoke(chunks, deadline)
     }
 
     /// Chunk entries refused because the chunk was absent or revoked (waits for kernels).

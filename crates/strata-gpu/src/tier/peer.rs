@@ -223,67 +223,83 @@ impl PeerTier {
         Ok(chunk)
     }
 
-    /// Revokes chunk `chunk`: no warp enters it any more, the ones inside leave (waited for
-    /// until `deadline`), its slot words are invalidated (faults of its pages load from the
-    /// host copy) and it is unmapped. Safe while kernels run. Returns how long warps were
-    /// waited for.
-    pub(crate) fn revoke(&self, chunk: usize, deadline: Instant) -> Result<Duration, SpaceError> {
+    /// Revokes `chunks`: no warp enters them any more, the ones inside leave (waited for
+    /// until `deadline`), their slot words are invalidated (faults of their pages load from the
+    /// host copy) and they are unmapped (adjacent chunks with one call). Safe while kernels
+    /// run. Returns how long warps were waited for.
+    pub(crate) fn revoke(
+        &self,
+        chunks: &[usize],
+        deadline: Instant,
+    ) -> Result<Duration, SpaceError> {
         let mut l = self.leased_state()?;
-        if chunk >= l.window.capacity() {
+        let capacity = l.window.capacity();
+        if let Some(bad) = chunks.iter().find(|&&c| c >= capacity) {
             return Err(SpaceError::Invalid(format!(
-                "peer chunk {chunk} does not exist"
+                "peer chunk {bad} does not exist (room for {capacity})"
             )));
         }
-        let one = 1u32;
-        // SAFETY: `one` lives until the synchronisation below; word `chunk` of `revoked`.
-        unsafe {
-            l.side.copy_htod(
-                l.revoked.ptr() + 4 * chunk as u64,
-                (&raw const one).cast(),
-                4,
-            )?
-        };
-        l.side.synchronize()?;
-        let start = Instant::now();
-        loop {
-            let mut inside = 0u32;
-            // SAFETY: `inside` lives until the synchronisation below; word `chunk` of `inflight`.
+        let ones = vec![1u32; chunks.len()];
+        for (k, &c) in chunks.iter().enumerate() {
+            // SAFETY: `ones` lives until the synchronisation below; word `c` of `revoked`.
             unsafe {
-                l.side.copy_dtoh(
-                    (&raw mut inside).cast(),
-                    l.inflight.ptr() + 4 * chunk as u64,
+                l.side.copy_htod(
+                    l.revoked.ptr() + 4 * c as u64,
+                    (&raw const ones[k]).cast(),
                     4,
                 )?
             };
+        }
+        l.side.synchronize()?;
+        let start = Instant::now();
+        let mut inside = vec![0u32; capacity];
+        loop {
+            // SAFETY: `inside` (capacity words) lives until the synchronisation below; the
+            // source is the whole `inflight` buffer.
+            unsafe {
+                l.side
+                    .copy_dtoh(inside.as_mut_ptr().cast(), l.inflight.ptr(), capacity * 4)?
+            };
             l.side.synchronize()?;
-            if inside == 0 {
+            let busy: u32 = chunks.iter().map(|&c| inside[c]).sum();
+            if busy == 0 {
                 break;
             }
             if Instant::now() >= deadline {
                 return Err(SpaceError::Invalid(format!(
-                    "{inside} warps still copy from or to peer chunk {chunk} at the deadline: it stays revoked and mapped; revoke it again"
+                    "{busy} warps still copy from or to the revoked peer chunks at the deadline: they stay revoked and mapped; revoke them again"
                 )));
             }
             std::hint::spin_loop();
         }
         let waited = start.elapsed();
-        // No warp can touch the chunk's slot words now (a warp writes them only inside the
+        // No warp can touch these chunks' slot words now (a warp writes them only inside the
         // chunk): bump each word's generation and clear it, so a fault that read a word
         // before the revocation finds it changed and loads from the host copy.
         let spc = usize::try_from(l.slots_per_chunk).unwrap_or(usize::MAX);
-        let at = l.slot_words + 8 * (chunk * spc) as u64;
-        let mut words = vec![0u64; spc];
-        // SAFETY: `words` (spc words) lives until the synchronisation; the range is this
-        // chunk's slot words inside our slot-word buffer.
-        unsafe { l.side.copy_dtoh(words.as_mut_ptr().cast(), at, spc * 8)? };
+        let mut words = vec![0u64; spc * chunks.len()];
+        let at = |c: usize| l.slot_words + 8 * (c * spc) as u64;
+        for (k, &c) in chunks.iter().enumerate() {
+            // SAFETY: `words[k * spc..]` (spc words) lives until the synchronisation; the
+            // source is chunk `c`'s slot words inside our slot-word buffer.
+            unsafe {
+                l.side
+                    .copy_dtoh(words[k * spc..].as_mut_ptr().cast(), at(c), spc * 8)?
+            };
+        }
         l.side.synchronize()?;
         for w in &mut words {
             *w = ((*w >> GEN_SHIFT) + 1) << GEN_SHIFT;
         }
-        // SAFETY: as above, the other direction.
-        unsafe { l.side.copy_htod(at, words.as_ptr().cast(), spc * 8)? };
+        for (k, &c) in chunks.iter().enumerate() {
+            // SAFETY: as above, the other direction.
+            unsafe {
+                l.side
+                    .copy_htod(at(c), words[k * spc..].as_ptr().cast(), spc * 8)?
+            };
+        }
         l.side.synchronize()?;
-        l.window.unmap(chunk)?;
+        l.window.unmap_many(chunks)?;
         Ok(waited)
     }
 
