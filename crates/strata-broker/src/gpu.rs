@@ -34,7 +34,12 @@ pub struct GpuSource {
     chunks: BTreeMap<ChunkId, LendableChunk>,
     next: ChunkId,
     fill: Option<u64>,
+    releases: ReleaseLog,
 }
+
+/// When each release of a lender's chunks started and how long it took (shared with whoever
+/// measures reclaims; the source itself moves into the lender's thread).
+pub type ReleaseLog = Arc<std::sync::Mutex<Vec<(Instant, std::time::Duration, usize)>>>;
 
 impl GpuSource {
     /// A source on GPU `ordinal` with chunks of the allocation granularity (2 MiB), each
@@ -51,12 +56,34 @@ impl GpuSource {
             chunks: BTreeMap::new(),
             next: 1,
             fill,
+            releases: ReleaseLog::default(),
         })
+    }
+
+    /// Lends chunks of `bytes` instead (a multiple of the granularity): fewer, larger chunks
+    /// cost fewer driver calls to create and to give back.
+    ///
+    /// # Errors
+    /// Not a positive multiple of the granularity.
+    pub fn with_chunk_bytes(mut self, bytes: usize) -> Result<Self, String> {
+        let granularity = LendableChunk::granularity(&self.gpu).map_err(|e| e.to_string())?;
+        if bytes == 0 || !bytes.is_multiple_of(granularity) {
+            return Err(format!(
+                "chunks must be a positive multiple of {granularity} bytes, not {bytes}"
+            ));
+        }
+        self.chunk_bytes = bytes;
+        Ok(self)
     }
 
     /// The GPU.
     pub fn gpu_handle(&self) -> &Arc<Gpu> {
         &self.gpu
+    }
+
+    /// The log of releases: (start, duration, chunks).
+    pub fn release_log(&self) -> ReleaseLog {
+        self.releases.clone()
     }
 
     /// Chunks created and not released.
@@ -104,8 +131,12 @@ impl ChunkSource for GpuSource {
     }
 
     fn release(&mut self, chunks: &[ChunkId]) {
+        let start = Instant::now();
         for c in chunks {
             self.chunks.remove(c);
+        }
+        if let Ok(mut log) = self.releases.lock() {
+            log.push((start, start.elapsed(), chunks.len()));
         }
     }
 }
@@ -244,8 +275,8 @@ impl ChunkSink for GpuSink {
 pub struct SpaceSink {
     space: Arc<Space>,
     chunks: BTreeMap<(LeaseId, ChunkId), usize>,
-    /// How long each revoke waited for warps to leave its chunk.
-    pub revoke_waits: Vec<std::time::Duration>,
+    /// Each revoke's phases and its whole duration.
+    pub revokes: Vec<(strata_gpu::space::PeerRevoke, std::time::Duration)>,
 }
 
 impl SpaceSink {
@@ -254,7 +285,7 @@ impl SpaceSink {
         SpaceSink {
             space,
             chunks: BTreeMap::new(),
-            revoke_waits: Vec::new(),
+            revokes: Vec::new(),
         }
     }
 
@@ -300,11 +331,12 @@ impl ChunkSink for SpaceSink {
             return Ok(());
         }
         let indices: Vec<usize> = held.iter().map(|&c| self.chunks[&(lease, c)]).collect();
-        let waited = self
+        let start = Instant::now();
+        let phases = self
             .space
             .revoke_peer_chunks(&indices, deadline)
             .map_err(|e| e.to_string())?;
-        self.revoke_waits.push(waited);
+        self.revokes.push((phases, start.elapsed()));
         for c in held {
             self.chunks.remove(&(lease, c));
         }

@@ -69,13 +69,16 @@ fn child_entry() {
         "gpu-borrower" => {
             let seed: u64 = args[0].parse().unwrap();
             let bytes: u64 = args[1].parse().unwrap();
+            let chunk: u64 = args[2].parse().unwrap();
             let gpu = Gpu::open(0).unwrap();
-            let sink = GpuSink::new(&gpu, 1024, 2 << 20, Some(seed)).unwrap();
+            let slots = usize::try_from(bytes / chunk).unwrap();
+            let sink =
+                GpuSink::new(&gpu, slots, usize::try_from(chunk).unwrap(), Some(seed)).unwrap();
             let mut b = Borrower::start(&path, 0, sink).unwrap();
             let got = b.borrow(bytes, &[1], WAIT).unwrap();
             assert_eq!(got.granted_bytes, bytes);
             let checked = b.sink().lock().unwrap().checked;
-            assert_eq!(checked, bytes / (2 << 20));
+            assert_eq!(checked, bytes / chunk);
             common::ready_and_hold(b, &format!("checked {checked}"));
         }
         "gpu-lender" => {
@@ -105,6 +108,82 @@ fn child_entry() {
     }
 }
 
+/// Three reclaims of 1 GiB held by a borrower process on GPU 0 (chunks of `chunk` bytes,
+/// each checked after import), the lender taking it all back with a 1 s deadline; prints the
+/// latencies and where the time went. Returns the lender (still connected) for more.
+fn reclaim_runs(
+    path: &std::path::Path,
+    gpu1: &Gpu,
+    baseline: u64,
+    chunk: u64,
+    seed: u64,
+) -> Lender {
+    let source = GpuSource::open(1, Some(seed))
+        .unwrap()
+        .with_chunk_bytes(usize::try_from(chunk).unwrap())
+        .unwrap();
+    let releases = source.release_log();
+    let mut lender = Lender::start(path, source, 4 * GIB).unwrap();
+    let chunks = GIB / chunk;
+    let mut latencies = Vec::new();
+    let mut free_after = Vec::new();
+    let mut phases = Vec::new();
+    for run in 0..3 {
+        lender.offer(4 * GIB).unwrap();
+        let child = spawn_child(&format!(
+            "gpu-borrower|{}|{seed}|{GIB}|{chunk}",
+            path.display()
+        ));
+        assert_eq!(lender.lent_bytes(), GIB);
+        let lent_free = free_bytes(gpu1);
+        assert!(
+            lent_free + GIB <= baseline + SLACK,
+            "1 GiB is in use on GPU 1: {lent_free} vs {baseline}"
+        );
+        releases.lock().unwrap().clear();
+        let asked = Instant::now();
+        let (report, took) = lender.reclaim(GIB, Duration::from_secs(1)).unwrap();
+        {
+            // Where the time went: until the lender heard the chunks were free (borrower
+            // unmapped and released them, broker passed it on), then the lender's releases.
+            let log = releases.lock().unwrap();
+            let heard = log
+                .first()
+                .map_or(0.0, |(t, _, _)| t.duration_since(asked).as_secs_f64() * 1e3);
+            let releasing: Duration = log.iter().map(|(_, d, _)| *d).sum();
+            phases.push(format!(
+                "{{\"heard_free_ms\":{heard:.3},\"lender_release_ms\":{:.3}}}",
+                releasing.as_secs_f64() * 1e3
+            ));
+        }
+        assert_eq!(report.freed_bytes, GIB, "{report:?}");
+        assert!(report.killed_pids.is_empty());
+        assert_eq!(lender.lent_bytes(), 0);
+        let back =
+            wait_free(gpu1, baseline).expect("GPU 1's memory is free again after the reclaim");
+        println!(
+            "reclaim run {run} ({chunk}-byte chunks): 1 GiB back in {took:?} (free memory back {back:?} later)"
+        );
+        latencies.push(took.as_secs_f64() * 1e3);
+        free_after.push(back.as_secs_f64() * 1e3);
+        drop(child);
+        // Wait for the child's exit to be seen before the next run.
+        assert!(freed(
+            &lender,
+            FreeReason::Released,
+            usize::try_from(chunks * (run + 1)).unwrap()
+        ));
+    }
+    println!(
+        "RESULT {{\"test\":\"reclaim_1gib\",\"chunk_bytes\":{chunk},\"chunks\":{chunks},\"deadline_ms\":1000,\"latency_ms\":{:?},\"median_ms\":{:.3},\"free_visible_after_ms\":{:?},\"phases\":[{}],\"goal_ms\":10}}",
+        latencies,
+        median(latencies.clone()),
+        free_after,
+        phases.join(",")
+    );
+    lender
+}
+
 #[test]
 fn gpu_lending_reclaim_and_deaths() {
     let Some((gpu0, gpu1)) = two_gpus() else {
@@ -113,47 +192,21 @@ fn gpu_lending_reclaim_and_deaths() {
     drop(gpu0);
     let seed = seed();
     let b = start_broker(Box::new(Sigkill));
-    let source = GpuSource::open(1, Some(seed)).unwrap();
     let baseline = free_bytes(&gpu1);
-    let mut lender = Lender::start(&b.path, source, 4 * GIB).unwrap();
-
-    // Reclaim latency: a borrower process on GPU 0 holds 1 GiB of GPU 1 (512 chunks, each
-    // checked after import); the lender takes it all back with a 1 s deadline.
-    let mut latencies = Vec::new();
-    let mut free_after = Vec::new();
-    for run in 0..3 {
-        lender.offer(4 * GIB).unwrap();
-        let child = spawn_child(&format!("gpu-borrower|{}|{seed}|{GIB}", b.path.display()));
-        assert_eq!(lender.lent_bytes(), GIB);
-        let lent_free = free_bytes(&gpu1);
-        assert!(
-            lent_free + GIB <= baseline + SLACK,
-            "1 GiB is in use on GPU 1: {lent_free} vs {baseline}"
-        );
-        let (report, took) = lender.reclaim(GIB, Duration::from_secs(1)).unwrap();
-        assert_eq!(report.freed_bytes, GIB, "{report:?}");
-        assert!(report.killed_pids.is_empty());
-        assert_eq!(lender.lent_bytes(), 0);
-        let back =
-            wait_free(&gpu1, baseline).expect("GPU 1's memory is free again after the reclaim");
-        println!("reclaim run {run}: 1 GiB back in {took:?} (free memory back {back:?} later)");
-        latencies.push(took.as_secs_f64() * 1e3);
-        free_after.push(back.as_secs_f64() * 1e3);
-        drop(child);
-        // Wait for the child's exit to be seen before the next run.
-        assert!(freed(&lender, FreeReason::Released, 512 * (run + 1)));
-    }
-    println!(
-        "RESULT {{\"test\":\"reclaim_1gib\",\"chunks\":512,\"deadline_ms\":1000,\"latency_ms\":{:?},\"median_ms\":{:.3},\"free_visible_after_ms\":{:?},\"goal_ms\":10}}",
-        latencies,
-        median(latencies.clone()),
-        free_after
-    );
+    // Reclaim latency with 2 MiB chunks (the granularity) and with 32 MiB chunks (fewer
+    // driver calls per GiB).
+    drop(reclaim_runs(&b.path, &gpu1, baseline, 32 * MIB, seed));
+    assert!(wait_free(&gpu1, baseline).is_some());
+    let lender = reclaim_runs(&b.path, &gpu1, baseline, 2 * MIB, seed);
 
     // A borrower process killed while it holds 1 GiB: the chunks come back to the lender and
     // the memory is free again on GPU 1.
     lender.offer(4 * GIB).unwrap();
-    let mut child = spawn_child(&format!("gpu-borrower|{}|{seed}|{GIB}", b.path.display()));
+    let mut child = spawn_child(&format!(
+        "gpu-borrower|{}|{seed}|{GIB}|{}",
+        b.path.display(),
+        2 * MIB
+    ));
     assert_eq!(lender.lent_bytes(), GIB);
     let killed_at = Instant::now();
     child.0.kill().unwrap();
@@ -290,7 +343,10 @@ fn space_with_leased_chunks_survives_reclaims_mid_kernel() {
         let st = space.stats().unwrap();
         let peer = st.peer.expect("a leased peer tier reports itself");
         let refused = space.peer_refused().unwrap();
-        let waits = borrower.sink().lock().unwrap().revoke_waits.clone();
+        let revokes = borrower.sink().lock().unwrap().revokes.clone();
+        for (phases, total) in &revokes {
+            println!("revoke: {total:?} in all, {phases:?}");
+        }
         assert_eq!(
             peer.borrowed_bytes,
             borrowed - borrowed / 4 * quarters.iter().sum::<u64>(),
@@ -300,16 +356,76 @@ fn space_with_leased_chunks_survives_reclaims_mid_kernel() {
             peer.stores > 0 && peer.loads > 0,
             "the peer tier was not used: {peer:?}"
         );
-        let max_wait = waits.iter().max().copied().unwrap_or_default();
+        let max_wait = revokes
+            .iter()
+            .map(|(p, _)| p.waited)
+            .max()
+            .unwrap_or_default();
+        let max_total = revokes.iter().map(|(_, t)| *t).max().unwrap_or_default();
         println!(
-            "RESULT {{\"test\":\"space_reclaim_mid_kernel\",\"page\":{page},\"ratio\":{ratio},\"faults\":{},\"peer_loads\":{},\"peer_stores\":{},\"refused_entries\":{refused},\"revokes\":{},\"max_revoke_wait_us\":{},\"rounds\":[{}]}}",
+            "RESULT {{\"test\":\"space_reclaim_mid_kernel\",\"page\":{page},\"ratio\":{ratio},\"faults\":{},\"peer_loads\":{},\"peer_stores\":{},\"refused_entries\":{refused},\"revokes\":{},\"max_revoke_wait_us\":{},\"max_revoke_total_us\":{},\"rounds\":[{}]}}",
             st.faults,
             peer.loads,
             peer.stores,
-            waits.len(),
+            revokes.len(),
             max_wait.as_micros(),
+            max_total.as_micros(),
             timings.join(",")
         );
         drop(borrower);
     }
+
+    // The lender process dies in the middle of a kernel: the broker revokes its chunks, the
+    // space stops using them (its kernel goes on from the host copy) and unmaps them.
+    let s = seed();
+    let (page, cache) = (64u64 << 10, 32 * MIB);
+    let bytes = 4 * cache;
+    let n = usize::try_from(bytes / 8).unwrap();
+    let mut space = strata
+        .space(bytes, &gpu_common::opts(page, cache, EvictionPolicy::Clock))
+        .unwrap();
+    let mut reference = gpu_common::random_words(n, s);
+    space.fill_from_slice(0, &reference).unwrap();
+    space.enable_peer_leases(64).unwrap();
+    let space = Arc::new(space);
+    let mut borrower = Borrower::start(&b.path, 0, SpaceSink::new(space.clone())).unwrap();
+    assert_eq!(
+        borrower
+            .borrow(bytes - cache, &[1], WAIT)
+            .unwrap()
+            .granted_bytes,
+        bytes - cache
+    );
+    let launched = Instant::now();
+    rmw.launch(grid, &Args::new().arg(space.handle()).arg(24u64).arg(s))
+        .unwrap();
+    lender.0.kill().unwrap();
+    wait_exit(&mut lender);
+    let killed = launched.elapsed();
+    let end = Instant::now() + WAIT;
+    while !borrower.held().is_empty() && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let unmapped = launched.elapsed();
+    assert!(
+        borrower.held().is_empty(),
+        "the dead lender's chunks were revoked"
+    );
+    space.check_errors().unwrap();
+    let kernel = launched.elapsed();
+    replay_rmw_owned(&mut reference, threads, 24, s);
+    let mut back = vec![0u64; n];
+    space.read_back(0, &mut back).unwrap();
+    let bad = back.iter().zip(&reference).filter(|(a, b)| a != b).count();
+    assert_eq!(
+        bad, 0,
+        "lender killed mid-kernel: {bad} words differ from the host replay"
+    );
+    assert_eq!(space.stats().unwrap().peer.unwrap().borrowed_bytes, 0);
+    println!(
+        "RESULT {{\"test\":\"lender_killed_mid_kernel\",\"killed_at_ms\":{:.3},\"chunks_unmapped_at_ms\":{:.3},\"kernel_ms\":{:.3}}}",
+        killed.as_secs_f64() * 1e3,
+        unmapped.as_secs_f64() * 1e3,
+        kernel.as_secs_f64() * 1e3
+    );
 }

@@ -29,6 +29,10 @@ pub struct LendArgs {
     /// Most memory lent at once, e.g. 40GiB (whole 2 MiB chunks).
     #[arg(long, value_parser = parse_size)]
     max: u64,
+    /// Chunk size, a multiple of 2 MiB (larger chunks are returned faster, 2 MiB is what a
+    /// space's peer tier takes).
+    #[arg(long, value_parser = parse_size, default_value = "2MiB")]
+    chunk: u64,
     /// Milliseconds borrowers get to give memory back when this lender exits.
     #[arg(long, default_value_t = 1000)]
     deadline_ms: u64,

@@ -20,6 +20,7 @@ mod options;
 mod stats;
 mod write_back;
 
+pub use crate::tier::peer::PeerRevoke;
 pub use coherence::DroppedPages;
 pub use error::SpaceError;
 pub use options::{
@@ -279,7 +280,7 @@ impl Space {
 
     /// Gives chunks back: kernels stop using them (pages they held are loaded from the host
     /// copy), warps still copying are waited for until `deadline`, then they are unmapped.
-    /// Safe while kernels run. Returns how long warps were waited for.
+    /// Safe while kernels run. Returns how long each phase took.
     ///
     /// # Errors
     /// No leased peer tier, no such chunk, or warps still inside at the deadline (the chunks
@@ -288,7 +289,7 @@ impl Space {
         &self,
         chunks: &[usize],
         deadline: std::time::Instant,
-    ) -> Result<std::time::Duration, SpaceError> {
+    ) -> Result<PeerRevoke, SpaceError> {
         self.leased_peer()?.revoke(chunks, deadline)
     }
 

@@ -48,6 +48,17 @@ const _: () = assert!(std::mem::size_of::<PeerLeases>() == 40);
 const DESCRIPTOR_BYTES: usize =
     std::mem::size_of::<PeerDescriptor>() + std::mem::size_of::<PeerLeases>();
 
+/// How long the phases of a revoke took.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PeerRevoke {
+    /// Marking the chunks revoked and waiting for warps inside them to leave.
+    pub waited: Duration,
+    /// Invalidating their slot words.
+    pub invalidated: Duration,
+    /// Unmapping and releasing them.
+    pub unmapped: Duration,
+}
+
 /// Where the slots' memory comes from.
 #[derive(Debug)]
 enum SlotMemory {
@@ -226,27 +237,37 @@ impl PeerTier {
     /// Revokes `chunks`: no warp enters them any more, the ones inside leave (waited for
     /// until `deadline`), their slot words are invalidated (faults of their pages load from the
     /// host copy) and they are unmapped (adjacent chunks with one call). Safe while kernels
-    /// run. Returns how long warps were waited for.
+    /// run. Returns how long each phase took.
     pub(crate) fn revoke(
         &self,
         chunks: &[usize],
         deadline: Instant,
-    ) -> Result<Duration, SpaceError> {
+    ) -> Result<PeerRevoke, SpaceError> {
         let mut l = self.leased_state()?;
         let capacity = l.window.capacity();
+        if chunks.is_empty() {
+            return Ok(PeerRevoke::default());
+        }
         if let Some(bad) = chunks.iter().find(|&&c| c >= capacity) {
             return Err(SpaceError::Invalid(format!(
                 "peer chunk {bad} does not exist (room for {capacity})"
             )));
         }
-        let ones = vec![1u32; chunks.len()];
-        for (k, &c) in chunks.iter().enumerate() {
-            // SAFETY: `ones` lives until the synchronisation below; word `c` of `revoked`.
+        // Runs of adjacent chunks: one copy per run, not per chunk (each small copy costs tens
+        // of microseconds while kernels run).
+        let mut sorted = chunks.to_vec();
+        sorted.sort_unstable();
+        sorted.dedup();
+        let runs = adjacent_runs(&sorted);
+        let ones = vec![1u32; sorted.len()];
+        for &(first, len) in &runs {
+            // SAFETY: `ones` (at least `len` words) lives until the synchronisation below; the
+            // destination is words first..first+len of `revoked` (all < capacity, checked).
             unsafe {
                 l.side.copy_htod(
-                    l.revoked.ptr() + 4 * c as u64,
-                    (&raw const ones[k]).cast(),
-                    4,
+                    l.revoked.ptr() + 4 * first as u64,
+                    ones.as_ptr().cast(),
+                    4 * len,
                 )?
             };
         }
@@ -273,34 +294,45 @@ impl PeerTier {
             std::hint::spin_loop();
         }
         let waited = start.elapsed();
+        let start = Instant::now();
         // No warp can touch these chunks' slot words now (a warp writes them only inside the
         // chunk): bump each word's generation and clear it, so a fault that read a word
         // before the revocation finds it changed and loads from the host copy.
         let spc = usize::try_from(l.slots_per_chunk).unwrap_or(usize::MAX);
-        let mut words = vec![0u64; spc * chunks.len()];
-        let at = |c: usize| l.slot_words + 8 * (c * spc) as u64;
-        for (k, &c) in chunks.iter().enumerate() {
-            // SAFETY: `words[k * spc..]` (spc words) lives until the synchronisation; the
-            // source is chunk `c`'s slot words inside our slot-word buffer.
+        let (lo, hi) = (sorted[0], sorted[sorted.len() - 1] + 1);
+        let mut words = vec![0u64; (hi - lo) * spc];
+        let base = l.slot_words + 8 * (lo * spc) as u64;
+        // SAFETY: `words` lives until the synchronisation; the source is the slot words of
+        // chunks lo..hi inside our slot-word buffer (hi <= capacity).
+        unsafe {
+            l.side
+                .copy_dtoh(words.as_mut_ptr().cast(), base, words.len() * 8)?
+        };
+        l.side.synchronize()?;
+        for &(first, len) in &runs {
+            let run = &mut words[(first - lo) * spc..(first - lo + len) * spc];
+            for w in run.iter_mut() {
+                *w = ((*w >> GEN_SHIFT) + 1) << GEN_SHIFT;
+            }
+            // SAFETY: `words` lives until the synchronisation below; only the revoked chunks'
+            // words are written back (chunks between them are live and not ours to touch).
             unsafe {
-                l.side
-                    .copy_dtoh(words[k * spc..].as_mut_ptr().cast(), at(c), spc * 8)?
+                l.side.copy_htod(
+                    base + 8 * ((first - lo) * spc) as u64,
+                    run.as_ptr().cast(),
+                    run.len() * 8,
+                )?
             };
         }
         l.side.synchronize()?;
-        for w in &mut words {
-            *w = ((*w >> GEN_SHIFT) + 1) << GEN_SHIFT;
-        }
-        for (k, &c) in chunks.iter().enumerate() {
-            // SAFETY: as above, the other direction.
-            unsafe {
-                l.side
-                    .copy_htod(at(c), words[k * spc..].as_ptr().cast(), spc * 8)?
-            };
-        }
-        l.side.synchronize()?;
-        l.window.unmap_many(chunks)?;
-        Ok(waited)
+        let invalidated = start.elapsed();
+        let start = Instant::now();
+        l.window.unmap_many(&sorted)?;
+        Ok(PeerRevoke {
+            waited,
+            invalidated,
+            unmapped: start.elapsed(),
+        })
     }
 
     /// The descriptor as the device left it (counters included); no kernel may run.
@@ -337,5 +369,32 @@ impl PeerTier {
         self.descriptor
             .download(std::mem::size_of::<PeerDescriptor>(), &mut d)?;
         Ok(d[0].refused)
+    }
+}
+
+/// `sorted` (ascending, no repeats) as runs of adjacent values: (first, length).
+fn adjacent_runs(sorted: &[usize]) -> Vec<(usize, usize)> {
+    let mut runs: Vec<(usize, usize)> = Vec::new();
+    for &c in sorted {
+        match runs.last_mut() {
+            Some((first, len)) if *first + *len == c => *len += 1,
+            _ => runs.push((c, 1)),
+        }
+    }
+    runs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::adjacent_runs;
+
+    #[test]
+    fn runs_of_adjacent_chunks() {
+        assert_eq!(adjacent_runs(&[]), vec![]);
+        assert_eq!(adjacent_runs(&[3]), vec![(3, 1)]);
+        assert_eq!(
+            adjacent_runs(&[0, 1, 2, 5, 6, 9]),
+            vec![(0, 3), (5, 2), (9, 1)]
+        );
     }
 }
