@@ -21,6 +21,12 @@ pub fn pattern(seed: u64, chunk: ChunkId, index: u64) -> u64 {
     x ^ (x >> 29)
 }
 
+/// The name of the memfds a source with `seed` creates (`/proc/PID/fd` shows it, so tests can
+/// count the descriptors that still pin chunks).
+pub fn memfd_name(seed: u64) -> String {
+    format!("strata-fake-chunk-{seed:016x}")
+}
+
 /// Lends memfd chunks.
 #[derive(Debug)]
 pub struct MemfdSource {
@@ -68,8 +74,9 @@ impl ChunkSource for MemfdSource {
         for _ in 0..count {
             let id = self.next;
             self.next += 1;
-            let fd = rustix::fs::memfd_create("strata-fake-chunk", rustix::fs::MemfdFlags::CLOEXEC)
-                .map_err(|e| e.to_string())?;
+            let fd =
+                rustix::fs::memfd_create(memfd_name(self.seed), rustix::fs::MemfdFlags::CLOEXEC)
+                    .map_err(|e| e.to_string())?;
             let bytes: Vec<u8> = (0..self.chunk_bytes / 8)
                 .flat_map(|i| pattern(self.seed, id, i).to_le_bytes())
                 .collect();

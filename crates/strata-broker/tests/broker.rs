@@ -37,6 +37,9 @@ fn lend_borrow_reclaim_and_give_back() {
     let mut borrower = Borrower::start(&b.path, 0, MemfdSink::new(seed)).unwrap();
     let got = borrower.borrow(5 * CHUNK - 1, &[], WAIT).unwrap();
     assert_eq!(got.granted_bytes, 5 * CHUNK);
+    // Five chunks: the lender's five and the borrower's five descriptors, none left in the
+    // broker (it closes its copies once sent on) or in the lender's exports.
+    assert_eq!(open_chunk_fds(seed), 10);
     assert_eq!(got.shortfall, None);
     assert_eq!(
         borrower.sink().lock().unwrap().checked,
@@ -73,6 +76,17 @@ fn lend_borrow_reclaim_and_give_back() {
     assert!(freed(&lender, FreeReason::Released, 5));
     assert_eq!(lender.lent_bytes(), 0);
     assert_eq!(borrower.sink().lock().unwrap().held(), 0);
+    assert_eq!(open_chunk_fds(seed), 0, "every chunk descriptor is closed");
+}
+
+/// Descriptors open in this process on memfd chunks of the source with `seed`.
+fn open_chunk_fds(seed: u64) -> usize {
+    let name = strata_broker::fake::memfd_name(seed);
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter(|link| link.to_string_lossy().contains(&name))
+        .count()
 }
 
 #[test]
