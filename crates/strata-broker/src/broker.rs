@@ -69,12 +69,16 @@ impl Enforcer for Sigkill {
 pub struct BrokerConfig {
     /// Deadline for borrowers when a lender disappears (a lender's `Reclaim` brings its own).
     pub lender_gone_deadline: Duration,
+    /// How long a lender may take to answer a request for chunks; after that the borrow is
+    /// completed without them (and chunks arriving later go straight back).
+    pub create_timeout: Duration,
 }
 
 impl Default for BrokerConfig {
     fn default() -> Self {
         BrokerConfig {
             lender_gone_deadline: Duration::from_secs(5),
+            create_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -97,6 +101,8 @@ struct Client {
 
 #[derive(Debug)]
 struct PendingCreate {
+    /// When the lender must have answered.
+    due: Instant,
     lender: ClientId,
     lease: LeaseId,
     borrower: ClientId,
@@ -199,7 +205,9 @@ impl Broker {
         let wait = self
             .reclaims
             .iter()
-            .map(|r| r.deadline.saturating_duration_since(now))
+            .map(|r| r.deadline)
+            .chain(self.creates.values().map(|p| p.due))
+            .map(|d| d.saturating_duration_since(now))
             .min()
             .map_or(most, |d| d.min(most));
         let ids: Vec<ClientId> = self.clients.keys().copied().collect();
@@ -449,6 +457,7 @@ impl Broker {
                 self.creates.insert(
                     req,
                     PendingCreate {
+                        due: Instant::now() + self.config.create_timeout,
                         lender: p.lender,
                         lease: p.lease,
                         borrower: id,
@@ -490,11 +499,21 @@ impl Broker {
                 }
             }
             _ => {
-                return self.error(
+                // Late (timed out) or never asked: the chunks go straight back to the lender
+                // so that it does not keep them as lent.
+                drop(fds);
+                self.error(
                     lender,
                     ErrorCode::NotHeld,
-                    format!("no chunk request {request} is open for you"),
+                    format!(
+                        "no chunk request {request} is open for you (timed out, or never made)"
+                    ),
                 );
+                let back = Message::ChunksFreed {
+                    chunks: chunks.to_vec(),
+                    reason: FreeReason::NeverDelivered,
+                };
+                return self.send(lender, &back, &[]);
             }
         };
         let p = self.creates.remove(&request).expect("checked above");
@@ -685,6 +704,26 @@ impl Broker {
 
     fn enforce_deadlines(&mut self) {
         let now = Instant::now();
+        let late: Vec<u64> = self
+            .creates
+            .iter()
+            .filter(|(_, p)| p.due <= now)
+            .map(|(&r, _)| r)
+            .collect();
+        for r in late {
+            let p = self.creates.remove(&r).expect("listed");
+            tracing::warn!(
+                lender = p.lender,
+                "a lender did not answer a chunk request in time"
+            );
+            self.ledger.unreserve(p.lease, p.count);
+            self.borrow_progress(
+                p.borrower,
+                p.borrow,
+                0,
+                Some("a lender did not answer in time".into()),
+            );
+        }
         let (expired, live): (Vec<ReclaimRun>, Vec<ReclaimRun>) =
             std::mem::take(&mut self.reclaims)
                 .into_iter()

@@ -444,3 +444,66 @@ fn a_second_broker_on_a_live_socket_is_refused() {
         .to_string();
     assert!(err.contains("already listens"), "{err}");
 }
+
+#[test]
+fn a_lender_that_never_answers_does_not_hang_a_borrow() {
+    let config = BrokerConfig {
+        create_timeout: Duration::from_millis(200),
+        ..BrokerConfig::default()
+    };
+    let b = common::start_broker_with(config, Box::new(Recorder::default()));
+    let mute = hello(&b.path, Role::Lender { gpu: 1 });
+    mute.send(
+        &Message::Offer {
+            max_bytes: 4 * CHUNK,
+            chunk_bytes: CHUNK,
+        },
+        &[],
+    )
+    .unwrap();
+    mute.send(&Message::Status, &[]).unwrap();
+    assert!(matches!(
+        mute.recv(Some(WAIT)).unwrap().unwrap().message,
+        Ok(Message::StatusReply { .. })
+    ));
+    let mut borrower = Borrower::start(&b.path, 0, MemfdSink::new(seed())).unwrap();
+    let start = std::time::Instant::now();
+    let err = borrower
+        .borrow(2 * CHUNK, &[], WAIT)
+        .unwrap_err()
+        .to_string();
+    println!(
+        "borrow from a mute lender: {err} after {:?}",
+        start.elapsed()
+    );
+    assert!(err.contains("did not answer"), "{err}");
+    assert!(start.elapsed() < Duration::from_secs(2));
+    // The reservation is gone: the memory is lendable again.
+    let (gpus, _) = strata_broker::status(&b.path, WAIT).unwrap();
+    assert_eq!(gpus[0].available_bytes, 4 * CHUNK);
+    // Answering late: the chunks come straight back (the lender must not count them as lent).
+    let (request, count) = match mute.recv(Some(WAIT)).unwrap().unwrap().message.unwrap() {
+        Message::CreateChunks { request, count } => (request, count),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(count, 2);
+    let fds: Vec<_> = (0..2)
+        .map(|_| rustix::fs::memfd_create("late", rustix::fs::MemfdFlags::CLOEXEC).unwrap())
+        .collect();
+    let borrowed: Vec<_> = fds.iter().map(AsFd::as_fd).collect();
+    mute.send(
+        &Message::Chunks {
+            request,
+            chunks: vec![7, 8],
+        },
+        &borrowed,
+    )
+    .unwrap();
+    expect_error(&mute, ErrorCode::NotHeld);
+    match mute.recv(Some(WAIT)).unwrap().unwrap().message.unwrap() {
+        Message::ChunksFreed { chunks, reason } => {
+            assert_eq!((chunks, reason), (vec![7, 8], FreeReason::NeverDelivered));
+        }
+        other => panic!("{other:?}"),
+    }
+}

@@ -53,8 +53,12 @@ impl Drop for Running {
 }
 
 pub fn start_broker(enforcer: Box<dyn Enforcer>) -> Running {
+    start_broker_with(BrokerConfig::default(), enforcer)
+}
+
+pub fn start_broker_with(config: BrokerConfig, enforcer: Box<dyn Enforcer>) -> Running {
     let path = socket_path("broker");
-    let mut broker = Broker::bind(&path, BrokerConfig::default(), enforcer).unwrap();
+    let mut broker = Broker::bind(&path, config, enforcer).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let s = stop.clone();
     let thread = std::thread::spawn(move || broker.run(&s).unwrap());
