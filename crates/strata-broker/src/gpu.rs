@@ -297,6 +297,13 @@ impl SpaceSink {
 
 impl ChunkSink for SpaceSink {
     fn attach(&mut self, grant: &Grant, fds: Vec<OwnedFd>) -> Result<(), String> {
+        if grant.chunk_bytes != strata_gpu::space::PEER_CHUNK_BYTES {
+            return Err(format!(
+                "a space's peer tier takes chunks of {} bytes, not {}: lend with the default chunk size",
+                strata_gpu::space::PEER_CHUNK_BYTES,
+                grant.chunk_bytes
+            ));
+        }
         let mut done = Vec::new();
         for (&id, fd) in grant.chunks.iter().zip(&fds) {
             match self.space.attach_peer_chunk(fd.as_fd()) {
