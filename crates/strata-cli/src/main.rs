@@ -25,6 +25,11 @@ enum Command {
     /// Run an unmodified program with its large allocations paged by Strata within one
     /// memory budget: `strata run --memory 4GiB --store file -- PROGRAM ARGS...`.
     Run(Box<cmd::run::RunArgs>),
+    /// Run the host's lending broker for neighbour GPUs' idle memory (one per host).
+    Broker(cmd::broker::BrokerArgs),
+    /// Lend part of a GPU's memory through the broker until Ctrl-C (then take it all back):
+    /// `strata lend --gpu 1 --max 40GiB`.
+    Lend(cmd::broker::LendArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -39,6 +44,8 @@ fn main() -> anyhow::Result<()> {
         Command::Info(args) => cmd::info::run(&args),
         Command::Serve(args) => cmd::serve::serve(&args),
         Command::Run(args) => cmd::run::run(&args),
+        Command::Broker(args) => cmd::broker::broker(&args),
+        Command::Lend(args) => cmd::broker::lend(&args),
         Command::Bench(bench) => strata_bench::cmd::run(&bench),
     }
 }

@@ -306,6 +306,23 @@ fn device_allocation(ordinal: usize) -> sys::CUmemAllocationProp {
     prop
 }
 
+/// The allocation granularity for `prop` (2 MiB on current GPUs).
+fn allocation_granularity(prop: &sys::CUmemAllocationProp) -> Result<usize, DriverError> {
+    let mut granularity = 0usize;
+    check(
+        // SAFETY: valid out-pointer and property.
+        unsafe {
+            sys::cuMemGetAllocationGranularity(
+                &raw mut granularity,
+                prop,
+                sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
+            )
+        },
+        "cuMemGetAllocationGranularity",
+    )?;
+    Ok(granularity)
+}
+
 impl BorrowedMemory {
     /// Borrows `chunks` chunks of `chunk` bytes from each `(lender ordinal, chunks)` for
     /// `borrower`'s kernels.
@@ -362,19 +379,7 @@ impl BorrowedMemory {
                     borrower.ordinal()
                 )));
             }
-            let prop = device_allocation(ordinal);
-            let mut granularity = 0usize;
-            check(
-                // SAFETY: valid out-pointer and property.
-                unsafe {
-                    sys::cuMemGetAllocationGranularity(
-                        &raw mut granularity,
-                        &raw const prop,
-                        sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
-                    )
-                },
-                "cuMemGetAllocationGranularity",
-            )?;
+            let granularity = allocation_granularity(&device_allocation(ordinal))?;
             if granularity == 0 || !chunk.is_multiple_of(granularity) {
                 return Err(refuse(format!(
                     "chunks of {chunk} bytes are not a multiple of GPU {ordinal}'s allocation granularity ({granularity})"
@@ -470,6 +475,460 @@ impl Drop for BorrowedMemory {
                 sys::cuMemRelease(h);
             }
             sys::cuMemAddressFree(self.base, self.bytes);
+        }
+    }
+}
+
+/// Refuses a VMM request with a message saying what to do.
+fn vmm_refusal(call: &'static str, message: String) -> DriverError {
+    DriverError::Call {
+        call,
+        code: sys::CUresult::CUDA_ERROR_INVALID_VALUE,
+        message,
+        hint: "",
+    }
+}
+
+fn access_for(gpu: &Gpu) -> sys::CUmemAccessDesc {
+    sys::CUmemAccessDesc {
+        location: sys::CUmemLocation {
+            type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+            id: i32::try_from(gpu.ordinal()).unwrap_or(i32::MAX),
+        },
+        flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+    }
+}
+
+/// A chunk of a GPU's memory created to be lent to another process (inter-job harvesting):
+/// a VMM allocation that can be exported as a POSIX file descriptor. It is not mapped in this
+/// process (unmapping 2 MiB at a time costs tens of microseconds a chunk, which a reclaim
+/// would pay); [`LendableChunk::fill_u32`] maps it for the moment it writes. Its memory is
+/// freed once this value is dropped, every exported descriptor is closed and every importer
+/// has released it.
+#[derive(Debug)]
+pub struct LendableChunk {
+    gpu: Arc<Gpu>,
+    handle: sys::CUmemGenericAllocationHandle,
+    bytes: usize,
+}
+
+// SAFETY: the handle and range are plain driver identifiers, valid from any thread (every
+// call binds the context first).
+unsafe impl Send for LendableChunk {}
+// SAFETY: as above; nothing is mutated after construction.
+unsafe impl Sync for LendableChunk {}
+
+impl LendableChunk {
+    /// The chunk size granularity of `gpu` for exportable memory (2 MiB on current GPUs).
+    ///
+    /// # Errors
+    /// The driver call failed.
+    pub fn granularity(gpu: &Gpu) -> Result<usize, DriverError> {
+        gpu.bind()?;
+        allocation_granularity(&Self::prop(gpu))
+    }
+
+    fn prop(gpu: &Gpu) -> sys::CUmemAllocationProp {
+        let mut prop = device_allocation(gpu.ordinal());
+        prop.requestedHandleTypes =
+            sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+        prop
+    }
+
+    /// Creates a chunk of `bytes` (a multiple of [`LendableChunk::granularity`]) on `gpu`.
+    ///
+    /// # Errors
+    /// A size that is not a granularity multiple, or the GPU is out of memory.
+    pub fn create(gpu: &Arc<Gpu>, bytes: usize) -> Result<Self, DriverError> {
+        let granularity = Self::granularity(gpu)?;
+        if bytes == 0 || granularity == 0 || !bytes.is_multiple_of(granularity) {
+            return Err(vmm_refusal(
+                "cuMemCreate",
+                format!(
+                    "a lent chunk must be a positive multiple of {granularity} bytes, not {bytes}"
+                ),
+            ));
+        }
+        let prop = Self::prop(gpu);
+        let mut handle: sys::CUmemGenericAllocationHandle = 0;
+        check(
+            // SAFETY: valid out-pointer and property; `bytes` is a granularity multiple.
+            unsafe { sys::cuMemCreate(&raw mut handle, bytes, &raw const prop, 0) },
+            "cuMemCreate",
+        )?;
+        Ok(LendableChunk {
+            gpu: gpu.clone(),
+            handle,
+            bytes,
+        })
+    }
+
+    /// Exports the chunk as a new POSIX file descriptor (close it once it has been sent on:
+    /// an open descriptor keeps the memory allocated).
+    ///
+    /// # Errors
+    /// The driver refused (e.g. a driver without POSIX descriptor support).
+    pub fn export_fd(&self) -> Result<std::os::fd::OwnedFd, DriverError> {
+        use std::os::fd::FromRawFd;
+        self.gpu.bind()?;
+        let mut fd: std::ffi::c_int = -1;
+        check(
+            // SAFETY: for POSIX_FILE_DESCRIPTOR the out-pointer receives an int; `handle` is a
+            // live allocation created with that handle type requested.
+            unsafe {
+                sys::cuMemExportToShareableHandle(
+                    (&raw mut fd).cast(),
+                    self.handle,
+                    sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                    0,
+                )
+            },
+            "cuMemExportToShareableHandle",
+        )?;
+        if fd < 0 {
+            return Err(vmm_refusal(
+                "cuMemExportToShareableHandle",
+                "the driver returned no descriptor".into(),
+            ));
+        }
+        // SAFETY: the driver just opened `fd` for us; nobody else owns it.
+        Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+    }
+
+    /// Sets every 32-bit word of the chunk to `value`: maps it in this process, fills it on
+    /// the GPU's stream, waits, and unmaps it again.
+    ///
+    /// # Errors
+    /// A driver call failed (the chunk is unmapped again whatever happened).
+    pub fn fill_u32(&self, value: u32) -> Result<(), DriverError> {
+        let granularity = Self::granularity(&self.gpu)?;
+        let mut base: sys::CUdeviceptr = 0;
+        check(
+            // SAFETY: valid out-pointer; size and alignment are granularity multiples.
+            unsafe { sys::cuMemAddressReserve(&raw mut base, self.bytes, granularity, 0, 0) },
+            "cuMemAddressReserve",
+        )?;
+        let access = access_for(&self.gpu);
+        let result = check(
+            // SAFETY: [base, +bytes) is a fresh reservation of exactly the allocation's size.
+            unsafe { sys::cuMemMap(base, self.bytes, 0, self.handle, 0) },
+            "cuMemMap",
+        )
+        .and_then(|()| {
+            let filled = check(
+                // SAFETY: the range is mapped (above); one valid descriptor.
+                unsafe { sys::cuMemSetAccess(base, self.bytes, &raw const access, 1) },
+                "cuMemSetAccess",
+            )
+            .and_then(|()| {
+                check(
+                    // SAFETY: [base, +bytes) is mapped read/write for this GPU.
+                    unsafe { sys::cuMemsetD32Async(base, value, self.bytes / 4, self.gpu.stream) },
+                    "cuMemsetD32Async",
+                )
+            })
+            .and_then(|()| self.gpu.synchronize());
+            // SAFETY: mapped just above; the memset was waited for (or never queued).
+            unsafe { sys::cuMemUnmap(base, self.bytes) };
+            filled
+        });
+        // SAFETY: reserved above by us, nothing mapped in it any more.
+        unsafe { sys::cuMemAddressFree(base, self.bytes) };
+        result
+    }
+
+    /// Bytes.
+    pub fn len(&self) -> usize {
+        self.bytes
+    }
+
+    /// Never empty.
+    pub fn is_empty(&self) -> bool {
+        self.bytes == 0
+    }
+}
+
+impl Drop for LendableChunk {
+    fn drop(&mut self) {
+        if self.gpu.bind().is_err() {
+            return;
+        }
+        // SAFETY: the handle is ours and released once.
+        unsafe { sys::cuMemRelease(self.handle) };
+    }
+}
+
+/// A window of chunks borrowed from other processes, for one GPU's kernels: one reserved
+/// address range of `capacity` chunk slots; a chunk received as a descriptor is imported and
+/// mapped into a free slot with read/write access for this GPU only, and unmapped again when
+/// it is revoked. Slots do not move, so device code can address slot `i` at
+/// `ptr() + i * chunk_bytes()` for the window's life.
+#[derive(Debug)]
+pub struct PeerWindow {
+    gpu: Arc<Gpu>,
+    base: sys::CUdeviceptr,
+    chunk: usize,
+    slots: Vec<Option<sys::CUmemGenericAllocationHandle>>,
+}
+
+// SAFETY: plain driver identifiers, valid from any thread (every call binds the context).
+unsafe impl Send for PeerWindow {}
+// SAFETY: shared use only reads; mapping and unmapping take `&mut self`.
+unsafe impl Sync for PeerWindow {}
+
+impl PeerWindow {
+    /// Reserves room for `capacity` chunks of `chunk` bytes on `gpu` (address space only).
+    ///
+    /// # Errors
+    /// A zero capacity, a chunk size that is not a granularity multiple, or no address space.
+    pub fn reserve(gpu: &Arc<Gpu>, capacity: usize, chunk: usize) -> Result<Self, DriverError> {
+        let granularity = LendableChunk::granularity(gpu)?;
+        if capacity == 0 || chunk == 0 || !chunk.is_multiple_of(granularity) {
+            return Err(vmm_refusal(
+                "cuMemAddressReserve",
+                format!(
+                    "a peer window needs at least one chunk of a multiple of {granularity} bytes (asked {capacity} x {chunk})"
+                ),
+            ));
+        }
+        let bytes = capacity.checked_mul(chunk).ok_or_else(|| {
+            vmm_refusal(
+                "cuMemAddressReserve",
+                format!("{capacity} chunks of {chunk} bytes overflow"),
+            )
+        })?;
+        let mut base: sys::CUdeviceptr = 0;
+        check(
+            // SAFETY: valid out-pointer; size and alignment are granularity multiples.
+            unsafe { sys::cuMemAddressReserve(&raw mut base, bytes, chunk, 0, 0) },
+            "cuMemAddressReserve",
+        )?;
+        Ok(PeerWindow {
+            gpu: gpu.clone(),
+            base,
+            chunk,
+            slots: vec![None; capacity],
+        })
+    }
+
+    /// Imports the chunk behind `fd` (exported by another process with
+    /// [`LendableChunk::export_fd`]) and maps it into a free slot; returns the slot. The
+    /// descriptor may be closed afterwards.
+    ///
+    /// # Errors
+    /// No free slot, a chunk of another size, or the driver refused the import (e.g. the
+    /// lender's GPU cannot be reached from this one).
+    pub fn map(&mut self, fd: std::os::fd::BorrowedFd<'_>) -> Result<usize, DriverError> {
+        use std::os::fd::AsRawFd;
+        let slot = self.slots.iter().position(Option::is_none).ok_or_else(|| {
+            vmm_refusal(
+                "cuMemMap",
+                format!(
+                    "all {} slots of the peer window are in use: reserve a larger window",
+                    self.slots.len()
+                ),
+            )
+        })?;
+        self.gpu.bind()?;
+        let mut handle: sys::CUmemGenericAllocationHandle = 0;
+        // An open descriptor is never negative.
+        let raw = usize::try_from(fd.as_raw_fd()).unwrap_or_default();
+        check(
+            // SAFETY: for POSIX_FILE_DESCRIPTOR the "pointer" argument carries the descriptor
+            // number itself; `fd` is open for the whole call (borrowed).
+            unsafe {
+                sys::cuMemImportFromShareableHandle(
+                    &raw mut handle,
+                    std::ptr::without_provenance_mut::<c_void>(raw),
+                    sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                )
+            },
+            "cuMemImportFromShareableHandle",
+        )?;
+        let at = self.slot_ptr(slot);
+        let mapped = check(
+            // SAFETY: slot `slot` lies inside our reservation and is unmapped; a chunk of another
+            // size is refused by the driver (the mapping must cover the whole allocation).
+            unsafe { sys::cuMemMap(at, self.chunk, 0, handle, 0) },
+            "cuMemMap",
+        );
+        if let Err(e) = mapped {
+            // SAFETY: the imported handle is ours and not mapped.
+            unsafe { sys::cuMemRelease(handle) };
+            return Err(e);
+        }
+        let access = access_for(&self.gpu);
+        let granted = check(
+            // SAFETY: the slot is mapped (above); one valid descriptor for this GPU only.
+            unsafe { sys::cuMemSetAccess(at, self.chunk, &raw const access, 1) },
+            "cuMemSetAccess",
+        );
+        if let Err(e) = granted {
+            // SAFETY: mapped just above by us; the handle is ours.
+            unsafe {
+                sys::cuMemUnmap(at, self.chunk);
+                sys::cuMemRelease(handle);
+            }
+            return Err(e);
+        }
+        self.slots[slot] = Some(handle);
+        Ok(slot)
+    }
+
+    /// Unmaps slot `slot` and releases its chunk. Nothing may access the slot any more
+    /// (device code must have been told, and must have stopped, before).
+    ///
+    /// # Errors
+    /// The slot holds no chunk, or the driver call failed (the slot then stays mapped).
+    pub fn unmap(&mut self, slot: usize) -> Result<(), DriverError> {
+        let handle = self
+            .slots
+            .get_mut(slot)
+            .and_then(Option::take)
+            .ok_or_else(|| {
+                vmm_refusal(
+                    "cuMemUnmap",
+                    format!("peer window slot {slot} holds no chunk"),
+                )
+            })?;
+        self.gpu.bind()?;
+        let at = self.slot_ptr(slot);
+        let unmapped = check(
+            // SAFETY: the slot was mapped by `map` with exactly `chunk` bytes.
+            unsafe { sys::cuMemUnmap(at, self.chunk) },
+            "cuMemUnmap",
+        );
+        if unmapped.is_err() {
+            // Still mapped: keep it (and its handle) so nothing maps over it.
+            self.slots[slot] = Some(handle);
+            return unmapped;
+        }
+        // SAFETY: the imported handle is ours and released once (it was taken out above).
+        unsafe { sys::cuMemRelease(handle) };
+        Ok(())
+    }
+
+    /// Unmaps and releases several slots, with one `cuMemUnmap` per run of adjacent slots
+    /// (each unmap call costs tens of microseconds however much it covers). Nothing may access
+    /// them any more.
+    ///
+    /// # Errors
+    /// A slot that holds no chunk (nothing is unmapped then), or the driver failed.
+    pub fn unmap_many(&mut self, slots: &[usize]) -> Result<(), DriverError> {
+        let mut sorted = slots.to_vec();
+        sorted.sort_unstable();
+        sorted.dedup();
+        if let Some(&bad) = sorted
+            .iter()
+            .find(|&&s| !self.slots.get(s).is_some_and(Option::is_some))
+        {
+            return Err(vmm_refusal(
+                "cuMemUnmap",
+                format!("peer window slot {bad} holds no chunk"),
+            ));
+        }
+        self.gpu.bind()?;
+        let mut first_error: Result<(), DriverError> = Ok(());
+        let mut i = 0;
+        while i < sorted.len() {
+            let mut j = i + 1;
+            while j < sorted.len() && sorted[j] == sorted[j - 1] + 1 {
+                j += 1;
+            }
+            let run = &sorted[i..j];
+            let together = check(
+                // SAFETY: slots `run` are adjacent and each was mapped by `map` with exactly
+                // `chunk` bytes, so the range covers whole mappings only.
+                unsafe { sys::cuMemUnmap(self.slot_ptr(run[0]), run.len() * self.chunk) },
+                "cuMemUnmap",
+            );
+            if together.is_ok() {
+                for &slot in run {
+                    if let Some(handle) = self.slots[slot].take() {
+                        // SAFETY: unmapped above; the imported handle is ours, released once.
+                        unsafe { sys::cuMemRelease(handle) };
+                    }
+                }
+            } else {
+                // One by one, keeping any slot that will not unmap.
+                for &slot in run {
+                    let one = self.unmap(slot);
+                    if first_error.is_ok() {
+                        first_error = one;
+                    }
+                }
+            }
+            i = j;
+        }
+        first_error
+    }
+
+    /// Copies `dst.len()` bytes at `offset` of slot `slot` to the host (checks and tests).
+    ///
+    /// # Errors
+    /// The slot holds no chunk or the range exceeds it.
+    pub fn read(&self, slot: usize, offset: usize, dst: &mut [u8]) -> Result<(), DriverError> {
+        if !self.slots.get(slot).is_some_and(Option::is_some)
+            || offset
+                .checked_add(dst.len())
+                .is_none_or(|end| end > self.chunk)
+        {
+            return Err(vmm_refusal(
+                "cuMemcpyDtoH",
+                format!("slot {slot}, bytes {offset}+{} are not mapped", dst.len()),
+            ));
+        }
+        self.gpu.bind()?;
+        check(
+            // SAFETY: the source range lies inside a mapped slot readable by this GPU; `dst` is
+            // a host buffer of exactly that length; the synchronous copy ends before return.
+            unsafe {
+                sys::cuMemcpyDtoH_v2(
+                    dst.as_mut_ptr().cast(),
+                    self.slot_ptr(slot) + offset as u64,
+                    dst.len(),
+                )
+            },
+            "cuMemcpyDtoH",
+        )
+    }
+
+    /// Device address of the window.
+    pub fn ptr(&self) -> u64 {
+        self.base
+    }
+
+    /// Device address of slot `slot`.
+    pub fn slot_ptr(&self, slot: usize) -> u64 {
+        self.base + (slot * self.chunk) as u64
+    }
+
+    /// Chunk size.
+    pub fn chunk_bytes(&self) -> usize {
+        self.chunk
+    }
+
+    /// Slots in all.
+    pub fn capacity(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Slots holding a chunk.
+    pub fn mapped(&self) -> usize {
+        self.slots.iter().filter(|s| s.is_some()).count()
+    }
+}
+
+impl Drop for PeerWindow {
+    fn drop(&mut self) {
+        for slot in 0..self.slots.len() {
+            if self.slots[slot].is_some() {
+                let _ = self.unmap(slot);
+            }
+        }
+        if self.gpu.bind().is_ok() {
+            // SAFETY: the whole reservation is ours, unmapped above, and freed once.
+            unsafe { sys::cuMemAddressFree(self.base, self.slots.len() * self.chunk) };
         }
     }
 }

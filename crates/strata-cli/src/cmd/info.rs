@@ -23,6 +23,26 @@ struct Report {
     nvrtc: bool,
     ucx: Result<String, String>,
     small_copies: Option<Result<strata_copy::BackendReport, String>>,
+    /// The lending broker, when one answers at the default socket.
+    broker: Result<BrokerReport, String>,
+}
+
+#[derive(Debug, serde::Serialize)]
+struct BrokerReport {
+    socket: String,
+    lending: Vec<strata_broker::message::GpuLending>,
+    leases: usize,
+}
+
+fn broker_report() -> Result<BrokerReport, String> {
+    let path = strata_broker::default_socket_path();
+    let (lending, leases) = strata_broker::status(&path, std::time::Duration::from_secs(2))
+        .map_err(|e| format!("none reachable at {} ({e})", path.display()))?;
+    Ok(BrokerReport {
+        socket: path.display().to_string(),
+        lending,
+        leases: leases.len(),
+    })
 }
 
 /// Runs `strata info`.
@@ -50,6 +70,7 @@ pub fn run(args: &InfoArgs) -> anyhow::Result<()> {
         nvrtc: strata_gpu::probe::nvrtc_present(),
         ucx: strata_ucx::probe::probe().map(str::to_string),
         small_copies: None,
+        broker: broker_report(),
     };
     let mut report = report;
     if report.gpus.as_ref().is_ok_and(|g| !g.is_empty()) {
@@ -123,6 +144,23 @@ fn print_table(r: &Report) {
         ),
         Some(Err(e)) => println!("{:<14} unavailable: {e}", "small copies"),
         None => {}
+    }
+    match &r.broker {
+        Ok(b) => {
+            println!("{:<14} at {} ({} leases)", "broker", b.socket, b.leases);
+            for g in &b.lending {
+                println!(
+                    "{:<14} {} lenders offer {}, {} lent, {} lendable now ({} chunks)",
+                    format!("lend gpu {}", g.gpu),
+                    g.lenders,
+                    format_size(g.offered_bytes),
+                    format_size(g.lent_bytes),
+                    format_size(g.available_bytes),
+                    format_size(g.chunk_bytes)
+                );
+            }
+        }
+        Err(e) => println!("{:<14} {e}; start one with `strata broker`", "broker"),
     }
     match &r.ucx {
         Ok(lib) => println!("{:<14} found ({lib})", "ucx"),

@@ -11,13 +11,60 @@
 //  - A page's slot entry is set only while the page is being evicted (EVICTING) and cleared
 //    only while it is being loaded (LOADING) or by host maintenance, so it never changes under
 //    a fault of the same page.
+//  - Leased chunks (memory lent by other processes through the broker): the slots are grouped
+//    in chunks that may be absent, or revoked while a kernel runs. A warp that is about to copy
+//    from or to a slot first enters its chunk (in-flight count + 1, system fence, then reads the
+//    chunk's revoked word; revoked: it leaves again and treats the slot as missing, so the page
+//    comes from the host copy and the victim just gets no peer copy). It leaves after its copy.
+//    The host revokes by setting the revoked word, then waiting for the in-flight count to
+//    reach zero, then unmapping (host side strata_gpu::tier::peer). Each side writes its word,
+//    fences, then reads the other's, so a warp either sees the revocation or is waited for.
 #pragma once
+
+// Per-chunk lease state, in GPU memory right after the StrataPeer it belongs to (same buffer).
+struct StrataPeerLeases {
+    strata_u32* revoked;      // [chunks] nonzero: absent or revoked (written by the host)
+    strata_u32* inflight;     // [chunks] warps copying from or to the chunk now
+    strata_u32 chunk_shift;   // log2(slots per chunk)
+    strata_u32 chunks;        // 0: not leased (this process's own memory, never revoked)
+    strata_u64 reserved;      // zero
+    strata_u64 refused;       // entries refused because the chunk was absent or revoked
+};
+
+static_assert(sizeof(StrataPeerLeases) == 40, "StrataPeerLeases layout changed: update strata_gpu::tier::peer");
 
 namespace strata {
 namespace detail {
 
-// Leader lane: a slot for `victim`'s copy, taken from the round-robin cursor and marked BUSY
-// (the page it held loses its entry), never `avoid`. STRATA_NO_PAGE when every slot tried is
+__device__ __forceinline__ StrataPeerLeases* peer_leases(StrataPeer* p) { return (StrataPeerLeases*)(p + 1); }
+
+// Leader lane: enters the chunk holding `slot`; false (not entered) when it is absent or revoked.
+__device__ __forceinline__ bool peer_enter(StrataPeer* p, strata_u64 slot) {
+    StrataPeerLeases* const l = peer_leases(p);
+    if (load_volatile(&l->chunks) == 0) return true;
+    const strata_u64 c = slot >> l->chunk_shift;
+    atomicAdd(&l->inflight[c], 1u);
+    // Ordering point (sequentially consistent, system scope): our count is visible before we
+    // read the host's revoked word (the host writes that word before it reads the count).
+    __threadfence_system();
+    if (load_volatile(&l->revoked[c]) != 0) {
+        atomicSub(&l->inflight[c], 1u);
+        atomicAdd(&l->refused, 1ull);
+        return false;
+    }
+    return true;
+}
+
+// Leader lane: leaves the chunk holding `slot` (after every copy from or to it completed and
+// was fenced).
+__device__ __forceinline__ void peer_leave(StrataPeer* p, strata_u64 slot) {
+    StrataPeerLeases* const l = peer_leases(p);
+    if (load_volatile(&l->chunks) == 0) return;
+    atomicSub(&l->inflight[slot >> l->chunk_shift], 1u);
+}
+
+// Leader lane: a slot for `victim`'s copy, taken from the round-robin cursor, entered (leased
+// chunks) and marked BUSY (the page it held loses its entry), never `avoid`. STRATA_NO_PAGE when every slot tried is
 // busy (the victim then just has no peer copy).
 __device__ __forceinline__ strata_u32 peer_claim_slot(StrataPeer* p, strata_u64 avoid) {
     for (int tries = 0; tries < 8; ++tries) {
@@ -25,7 +72,11 @@ __device__ __forceinline__ strata_u32 peer_claim_slot(StrataPeer* p, strata_u64 
         if (slot == avoid) continue;
         const strata_u64 w = load_volatile(&p->slot_words[slot]);
         if (w & STRATA_PEER_BUSY) continue;
-        if (atomicCAS(&p->slot_words[slot], w, w | STRATA_PEER_BUSY) != w) continue;
+        if (!peer_enter(p, slot)) continue;
+        if (atomicCAS(&p->slot_words[slot], w, w | STRATA_PEER_BUSY) != w) {
+            peer_leave(p, slot);
+            continue;
+        }
         if (w & STRATA_PEER_VALID)
             atomicCAS(&p->page_slots[w & STRATA_PEER_PAGE_MASK], (strata_u32)slot + 1u, 0u);
         return (strata_u32)slot;
@@ -33,13 +84,15 @@ __device__ __forceinline__ strata_u32 peer_claim_slot(StrataPeer* p, strata_u64 
     return STRATA_NO_PAGE;
 }
 
-// Leader lane: the slot holding `page`'s copy and the slot word seen, or STRATA_NO_PAGE.
+// Leader lane: the slot holding `page`'s copy (its chunk entered) and the slot word seen, or
+// STRATA_NO_PAGE.
 __device__ __forceinline__ strata_u32 peer_find(StrataPeer* p, strata_u64 page, strata_u64* word) {
     const strata_u32 entry = load_volatile(&p->page_slots[page]);
     if (entry == 0) return STRATA_NO_PAGE;
     const strata_u64 w = load_volatile(&p->slot_words[entry - 1]);
     if ((w & (STRATA_PEER_VALID | STRATA_PEER_BUSY)) != STRATA_PEER_VALID || (w & STRATA_PEER_PAGE_MASK) != page)
         return STRATA_NO_PAGE;
+    if (!peer_enter(p, entry - 1)) return STRATA_NO_PAGE;
     // Ordering point (acquire): the slot's bytes are read after its word.
     fence_acq_rel_sys();
     *word = w;
@@ -123,6 +176,9 @@ __device__ int peer_exchange(const StrataSpace& s, strata_u64 victim, bool victi
             atomicExch(&p->page_slots[victim], to + 1u);
             atomicAdd(&p->stores, 1ull);
         }
+        // Our copies from and to the slots are complete and fenced (above): leave their chunks.
+        if (from != STRATA_NO_PAGE) peer_leave(p, from);
+        if (to != STRATA_NO_PAGE) peer_leave(p, to);
     }
     // A slot rewritten while we copied it: the host copy has the page.
     if (!__shfl_sync(mask, fresh, leader)) warp_copy(frame, host + (page << shift), ps, lane, mask);

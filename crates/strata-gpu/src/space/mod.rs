@@ -20,6 +20,7 @@ mod options;
 mod stats;
 mod write_back;
 
+pub use crate::tier::peer::PeerRevoke;
 pub use coherence::DroppedPages;
 pub use error::SpaceError;
 pub use options::{
@@ -239,6 +240,74 @@ impl Space {
     /// ```
     pub fn handle(&self) -> SpaceHandle<'_> {
         self.handle
+    }
+
+    /// Makes room for up to `max_chunks` 2 MiB chunks of neighbour GPUs' memory lent by other
+    /// processes (the lending broker, crate `strata-broker`) as this space's peer tier. Chunks
+    /// come and go while kernels run: [`Space::attach_peer_chunk`],
+    /// [`Space::revoke_peer_chunk`]. Waits for the space's kernels first; launch kernels with
+    /// [`Space::handle`] taken after this call.
+    ///
+    /// # Errors
+    /// A space over a store or one that already has a peer tier, or no address space left.
+    pub fn enable_peer_leases(&mut self, max_chunks: usize) -> Result<(), SpaceError> {
+        if !matches!(self.backing, Backing::HostCopy(_)) || self.peer.is_some() {
+            return Err(SpaceError::Invalid(
+                "leased peer chunks need a space backed by its pinned host copy (Strata::space) without SpaceOptions::peers".into(),
+            ));
+        }
+        self.gpu.synchronize_context()?;
+        let tier = PeerTier::leased(
+            &self.gpu,
+            max_chunks,
+            1u64 << self.handle.page_shift,
+            self.handle.pages,
+        )?;
+        self.handle.peer = tier.descriptor.ptr();
+        self.peer = Some(tier);
+        Ok(())
+    }
+
+    /// Maps a chunk lent by another process (its exported descriptor; close it afterwards)
+    /// into the peer tier; returns its chunk index. Safe while kernels run.
+    ///
+    /// # Errors
+    /// No leased peer tier ([`Space::enable_peer_leases`]), no free chunk slot, or the driver
+    /// refused the import.
+    pub fn attach_peer_chunk(&self, fd: std::os::fd::BorrowedFd<'_>) -> Result<usize, SpaceError> {
+        self.leased_peer()?.attach(fd)
+    }
+
+    /// Gives chunks back: kernels stop using them (pages they held are loaded from the host
+    /// copy), warps still copying are waited for until `deadline`, then they are unmapped.
+    /// Safe while kernels run. Returns how long each phase took.
+    ///
+    /// # Errors
+    /// No leased peer tier, no such chunk, or warps still inside at the deadline (the chunks
+    /// then stay revoked and mapped; call again).
+    pub fn revoke_peer_chunks(
+        &self,
+        chunks: &[usize],
+        deadline: std::time::Instant,
+    ) -> Result<PeerRevoke, SpaceError> {
+        self.leased_peer()?.revoke(chunks, deadline)
+    }
+
+    /// Chunk entries refused because the chunk was absent or revoked (waits for kernels).
+    ///
+    /// # Errors
+    /// No leased peer tier, or the driver failed.
+    pub fn peer_refused(&self) -> Result<u64, SpaceError> {
+        self.gpu.synchronize_context()?;
+        self.leased_peer()?.refused()
+    }
+
+    fn leased_peer(&self) -> Result<&PeerTier, SpaceError> {
+        self.peer.as_ref().ok_or_else(|| {
+            SpaceError::Invalid(
+                "this space has no peer tier: call Space::enable_peer_leases first".into(),
+            )
+        })
     }
 
     /// Sets how long a warp waits for a frame or a page before it gives up with
