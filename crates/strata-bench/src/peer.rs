@@ -1421,6 +1421,9 @@ mod tests {
                 loads,
                 stores: 0,
                 stale: 0,
+                refused: 0,
+                reclaims: 0,
+                reclaimed_chunks: 0,
             }),
             ..crate::gpu_micro::empty_stats()
         }

@@ -344,6 +344,12 @@ fn space_with_leased_chunks_survives_reclaims_mid_kernel() {
         let peer = st.peer.expect("a leased peer tier reports itself");
         let refused = space.peer_refused().unwrap();
         let revokes = borrower.sink().lock().unwrap().revokes.clone();
+        assert_eq!(peer.refused, refused, "stats() reports the refusals");
+        assert_eq!(
+            peer.reclaims,
+            revokes.len() as u64,
+            "stats() counts every reclaim answered"
+        );
         for (phases, total) in &revokes {
             println!("revoke: {total:?} in all, {phases:?}");
         }

@@ -101,6 +101,11 @@ fn peer_tier_matches_a_host_replay() {
             peer.stores > 0 && peer.loads > 0,
             "the peer tier was not used: {peer:?}"
         );
+        assert_eq!(
+            (peer.refused, peer.reclaims, peer.reclaimed_chunks),
+            (0, 0, 0),
+            "memory this process borrowed itself is never refused or reclaimed: {peer:?}"
+        );
     }
 }
 

@@ -245,7 +245,7 @@ impl Space {
     /// Makes room for up to `max_chunks` 2 MiB chunks of neighbour GPUs' memory lent by other
     /// processes (the lending broker, crate `strata-broker`) as this space's peer tier. Chunks
     /// come and go while kernels run: [`Space::attach_peer_chunk`],
-    /// [`Space::revoke_peer_chunk`]. Waits for the space's kernels first; launch kernels with
+    /// [`Space::revoke_peer_chunks`]. Waits for the space's kernels first; launch kernels with
     /// [`Space::handle`] taken after this call.
     ///
     /// # Errors
@@ -648,12 +648,16 @@ impl Space {
             peer: match &self.peer {
                 Some(p) => {
                     let d = p.state()?;
+                    let (reclaims, reclaimed_chunks) = p.reclaims();
                     Some(stats::PeerStats {
                         slots: p.slots,
                         borrowed_bytes: p.borrowed_bytes(),
                         loads: d.loads,
                         stores: d.stores,
                         stale: d.stale,
+                        refused: p.refused()?,
+                        reclaims,
+                        reclaimed_chunks,
                     })
                 }
                 None => None,

@@ -121,6 +121,13 @@ pub struct PeerStats {
     pub stores: u64,
     /// Peer copies rewritten while a fault loaded them (that fault loaded from the host).
     pub stale: u64,
+    /// Slot uses refused because their chunk was not (or no longer) lent: faults that loaded
+    /// from the host copy and evictions that kept no peer copy (leased chunks only).
+    pub refused: u64,
+    /// Reclaims this space answered (`Space::revoke_peer_chunks` calls that gave chunks back).
+    pub reclaims: u64,
+    /// Chunks those reclaims gave back.
+    pub reclaimed_chunks: u64,
 }
 
 impl GpuStats {

@@ -79,6 +79,9 @@ struct Leased {
     side: Stream,
     slots_per_chunk: u64,
     slot_words: u64,
+    /// Successful `revoke` calls (reclaims answered) and the chunks they gave back.
+    revocations: u64,
+    revoked_chunks: u64,
 }
 
 /// A space's borrowed slots and their bookkeeping (in the borrower's memory).
@@ -163,6 +166,8 @@ impl PeerTier {
             side: Stream::new(gpu)?,
             slots_per_chunk,
             slot_words: 0,
+            revocations: 0,
+            revoked_chunks: 0,
         }));
         let tier = Self::assemble(gpu, memory, base, slots, pages, leases)?;
         if let SlotMemory::Leased(l) = &tier.memory {
@@ -328,6 +333,8 @@ impl PeerTier {
         let invalidated = start.elapsed();
         let start = Instant::now();
         l.window.unmap_many(&sorted)?;
+        l.revocations += 1;
+        l.revoked_chunks += sorted.len() as u64;
         Ok(PeerRevoke {
             waited,
             invalidated,
@@ -349,6 +356,16 @@ impl PeerTier {
         d.stores = 0;
         d.stale = 0;
         self.descriptor.upload(0, &[d])?;
+        let at = std::mem::size_of::<PeerDescriptor>();
+        let mut leases = [PeerLeases::default()];
+        self.descriptor.download(at, &mut leases)?;
+        leases[0].refused = 0;
+        self.descriptor.upload(at, &leases)?;
+        if let SlotMemory::Leased(l) = &self.memory {
+            let mut l = l.lock().unwrap_or_else(PoisonError::into_inner);
+            l.revocations = 0;
+            l.revoked_chunks = 0;
+        }
         Ok(())
     }
 
@@ -359,6 +376,18 @@ impl PeerTier {
             SlotMemory::Leased(l) => {
                 let l = l.lock().unwrap_or_else(PoisonError::into_inner);
                 (l.window.mapped() * l.window.chunk_bytes()) as u64
+            }
+        }
+    }
+
+    /// Reclaims answered (successful revokes) and the chunks they gave back; (0, 0) for
+    /// memory this process borrowed itself.
+    pub(crate) fn reclaims(&self) -> (u64, u64) {
+        match &self.memory {
+            SlotMemory::Own(_) => (0, 0),
+            SlotMemory::Leased(l) => {
+                let l = l.lock().unwrap_or_else(PoisonError::into_inner);
+                (l.revocations, l.revoked_chunks)
             }
         }
     }
