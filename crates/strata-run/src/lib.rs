@@ -17,6 +17,9 @@
 //!   it allocates itself (from the C library), but the parent's arena is not copied into it
 //!   (`MADV_DONTFORK`): touching it is refused with a message and `SIGSEGV`, never silent
 //!   zeros.
+//! - A memory-node store (`remote:`) is connected in the background: the program runs on
+//!   while it connects, and waits only when the budget is full and a page must go to the
+//!   node. If the connection fails, the process ends with exit status 125 and the reason.
 //! - A store that fails on a fault delivers `SIGBUS` to the faulting thread (as the pager
 //!   does); a message names the store and the error first.
 //! - File stores (`file:DIR`) are created in `DIR` and unlinked at once, so they vanish
@@ -27,6 +30,7 @@
 //!
 //! Layout: [`sys`] raw calls and the lookup of the real functions; [`arena`] the block
 //! allocator's bookkeeping; [`options`] settings; [`runtime`] the arena region and blocks;
+//! [`pending_store`] a memory-node store that connects in the background while the program runs;
 //! `interpose` the exported C functions (left out of unit-test builds, where they would
 //! replace the test harness's allocator).
 #![warn(missing_docs)]
@@ -34,6 +38,7 @@
 
 pub mod arena;
 pub mod options;
+pub mod pending_store;
 pub mod runtime;
 pub mod sys;
 

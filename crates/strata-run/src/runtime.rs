@@ -10,14 +10,15 @@ use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::ffi::c_int;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
-use strata_core::StoreConfig;
 use strata_core::config::StoreKind;
+use strata_core::{Store, StoreConfig};
 use strata_pager::Region;
 
 use crate::arena::{Arena, Extent};
 use crate::options::{Options, threshold_from_env};
+use crate::pending_store::PendingStore;
 use crate::sys;
 
 thread_local! {
@@ -204,23 +205,50 @@ impl Runtime {
             created = Some(file);
         }
         let described = describe(&options.store);
-        let store = strata_net::open_store_with_page(&store_config, arena_bytes, page)
-            .map_err(|e| {
-                let hint = if matches!(options.store.kind, StoreKind::Remote { .. }) {
-                    format!(
-                        " (each process asks the memory nodes for its whole arena, STRATA_RUN_ARENA = {arena_bytes} bytes: set STRATA_RUN_ARENA lower, or start the nodes with a larger --capacity or --overcommit)"
-                    )
-                } else {
-                    String::new()
-                };
-                format!("cannot open the store {described}: {e}{hint}")
-            });
-        // The store file is only a name until now: remove it at once, so that it goes away
-        // with the process however the process ends.
-        if let Some(file) = &created {
-            let _ = std::fs::remove_file(file);
-        }
-        let store = store?;
+        let hint = if matches!(options.store.kind, StoreKind::Remote { .. }) {
+            format!(
+                " (each process asks the memory nodes for its whole arena, STRATA_RUN_ARENA = {arena_bytes} bytes: set STRATA_RUN_ARENA lower, or start the nodes with a larger --capacity or --overcommit)"
+            )
+        } else {
+            String::new()
+        };
+        let store: Arc<dyn Store> = if matches!(options.store.kind, StoreKind::Remote { .. }) {
+            // Connecting to memory nodes takes tens of milliseconds (UCX's start-up, the
+            // handshake, the node setting up the arena): do it while the program runs. The
+            // store is first needed when the budget is full (see pending_store.rs).
+            let open_described = described.clone();
+            let fail_described = described.clone();
+            Arc::new(
+                PendingStore::spawn(
+                    arena_bytes,
+                    described.clone(),
+                    "strata-connect",
+                    move || {
+                        let _g = Guard::enter();
+                        strata_net::open_store_with_page(&store_config, arena_bytes, page)
+                            .map_err(|e| format!("{e}{hint}"))
+                    },
+                    move |why| {
+                        let _g = Guard::enter();
+                        let msg = format!("cannot open the store {fail_described}: {why}");
+                        report_line(&serde_json::json!({"pid": sys::pid(), "error": msg}));
+                        // The arena's pages past the budget have nowhere to go: end the
+                        // process as a failed start-up does, saying why.
+                        sys::die(format!("strata run: {msg}\n").as_bytes())
+                    },
+                )
+                .map_err(|e| format!("cannot start connecting to {open_described}: {e}"))?,
+            )
+        } else {
+            let store = strata_net::open_store_with_page(&store_config, arena_bytes, page)
+                .map_err(|e| format!("cannot open the store {described}: {e}{hint}"));
+            // The store file is only a name until now: remove it at once, so that it goes
+            // away with the process however the process ends.
+            if let Some(file) = &created {
+                let _ = std::fs::remove_file(file);
+            }
+            store?
+        };
         let region = Region::builder(store, arena_bytes)
             .config(options.pager.clone())
             .predict_writes(options.predict_writes)

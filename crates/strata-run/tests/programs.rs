@@ -509,3 +509,65 @@ fn fresh_memory_is_filled_without_reading_the_store() {
         );
     }
 }
+
+#[test]
+fn a_program_does_not_wait_for_its_memory_node_until_it_needs_it() {
+    let Some(_) = strata() else { return };
+    let dir = scratch("stalled-node");
+    let prog = compile("write_once", &dir);
+    // A "node" that accepts connections and never answers: the connection can only end by
+    // the client's timeout. Before, the first large allocation waited for it (and the
+    // process died after the timeout); now the connection is made in the background.
+    let stalled = std::net::TcpListener::bind("127.0.0.1:0").expect("listener");
+    let address = stalled.local_addr().expect("address");
+    let held = std::thread::spawn(move || {
+        let mut conns = Vec::new();
+        while let Ok((c, _)) = stalled.accept() {
+            conns.push(c);
+            if conns.len() >= 2 {
+                break;
+            }
+        }
+        std::thread::sleep(Duration::from_secs(20));
+    });
+    let s = seed() % 251;
+    let preloaded = |mib: u64| {
+        let mut c = Command::new(&prog);
+        c.args([&mib.to_string(), &s.to_string()])
+            .env("LD_PRELOAD", target_dir().join("libstrata_run.so"))
+            .env("STRATA_RUN_MEMORY", "16MiB")
+            .env("STRATA_RUN_ARENA", "256MiB")
+            .env("STRATA_STORE", format!("remote:{address}"))
+            .env("STRATA_REMOTE_TOKEN", "strata-run-test-token-stalled")
+            .env("STRATA_REMOTE_TIMEOUT", "3");
+        c
+    };
+    let want = |mib: u64| -> u64 {
+        ((mib << 20) - (1 << 20)..mib << 20)
+            .step_by(4096)
+            .map(|i| (i >> 12) * s % 251)
+            .sum()
+    };
+    // 4 MiB fits the 16 MiB budget: the store is never needed, so the program finishes
+    // well before the connection could time out.
+    let started = Instant::now();
+    let out = run(preloaded(4), Duration::from_secs(30));
+    let took = started.elapsed();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        want(4).to_string()
+    );
+    assert!(
+        took < Duration::from_millis(2500),
+        "the program waited for the memory node: {took:?}"
+    );
+    // 64 MiB does not fit: the first write-back waits for the store, whose opening fails
+    // at the timeout; the process ends saying why, and prints no result.
+    let out = run(preloaded(64), Duration::from_secs(60));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(125), "{out:?}");
+    assert!(err.contains("cannot open the store remote:"), "{err}");
+    assert!(out.stdout.is_empty(), "a result without its data: {out:?}");
+    drop(held);
+}
