@@ -87,7 +87,7 @@ unsafe fn real_malloc(size: usize) -> *mut c_void {
 /// Arena allocation, or the real allocator if the arena is full.
 fn big(size: usize, align: usize, zeroed: bool) -> *mut c_void {
     let p = no_unwind(std::ptr::null_mut(), || {
-        runtime::runtime().alloc(size, align, zeroed, false)
+        runtime::runtime_for(size).alloc(size, align, zeroed, false)
     });
     if !p.is_null() {
         return p.cast();
@@ -370,7 +370,7 @@ pub unsafe extern "C" fn mmap(
 ) -> *mut c_void {
     if is_ours_to_map(addr, len, prot, flags, fd) {
         let p = no_unwind(std::ptr::null_mut(), || {
-            runtime::runtime().alloc(len, 4096, true, true)
+            runtime::runtime_for(len).alloc(len, 4096, true, true)
         });
         if !p.is_null() {
             return p.cast();

@@ -16,6 +16,32 @@ pub const DEFAULT_THRESHOLD: u64 = 256 << 10;
 /// on `sort` at 3x, 2.6x on `stress-ng` sequential); 16 KiB wins only in deep thrashing
 /// (`sort` at 6x: 35-52 s against 60-76 s), where `--page-size 16KiB` is the advice.
 pub const DEFAULT_PAGE: u64 = 64 << 10;
+/// Page size chosen instead of [`DEFAULT_PAGE`] when the first large request is more than
+/// [`DEEP_OVERSUBSCRIPTION`] times the budget (and no page size is given). Far beyond the
+/// budget most faults are random (a sort comparing lines all over its buffer), and each
+/// moves a whole page: measured on `sort` at 6x the budget (16 MiB in 8 MiB, lz4, stream
+/// read-ahead both ways): 64 KiB pages 41.7 s and 22.5 GB read for 336 k faults, 16 KiB
+/// 19.3 s and 5.6 GB for 340 k. Streams keep their speed through read-ahead windows.
+pub const DEEP_PAGE: u64 = 16 << 10;
+/// See [`DEEP_PAGE`]: at 3x (`sort` of 32 MiB in 32 MiB: 64 KiB 2.98 s, 16 KiB 3.47 s) and
+/// 4x (`stress-ng` sequential sweeps) the default page is as fast or faster.
+pub const DEEP_OVERSUBSCRIPTION: u64 = 4;
+
+/// The arena's page size: `configured` when the user gave one (`page_size_given`), else
+/// [`DEEP_PAGE`] when the first large request (a program's main buffer, usually: `sort -S`,
+/// an array, a mapping) is more than [`DEEP_OVERSUBSCRIPTION`] times the budget, else
+/// `configured` (the default).
+pub fn page_for(page_size_given: bool, configured: u64, budget: u64, first_request: u64) -> u64 {
+    if page_size_given || configured <= DEEP_PAGE {
+        return configured;
+    }
+    if first_request > budget.saturating_mul(DEEP_OVERSUBSCRIPTION) {
+        DEEP_PAGE
+    } else {
+        configured
+    }
+}
+
 /// Default water marks of the arena (evict from `HIGH` % of the budget down to `LOW` %): the
 /// whole budget is the program's working set, so evicting in small batches keeps more of it
 /// resident. Measured: 18-22 % fewer faults than the pager's 70/90 at 4, 16 and 64 KiB pages
@@ -74,6 +100,9 @@ pub struct Options {
     pub report_fd: Option<i32>,
     /// File to append a JSON report line to at exit (for standalone use).
     pub stats_path: Option<PathBuf>,
+    /// Whether the page size was given (`STRATA_PAGE_SIZE`, `--page-size`); if not, the
+    /// runtime chooses it from the first large request ([`page_for`]).
+    pub page_size_given: bool,
     /// Install pages written during their last stay writable on a read fault
     /// ([`strata_pager::RegionBuilder::predict_writes`]); on, see [`PREDICT_WRITES`].
     pub predict_writes: bool,
@@ -150,6 +179,48 @@ impl Options {
             report_fd,
             stats_path: std::env::var_os("STRATA_RUN_STATS").map(PathBuf::from),
             predict_writes: PREDICT_WRITES,
+            page_size_given: std::env::var_os("STRATA_PAGE_SIZE").is_some(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_page_shrinks_only_far_beyond_the_budget_and_never_when_given() {
+        let mib = 1u64 << 20;
+        // sort -S of 6x the budget: deep thrashing ahead.
+        assert_eq!(page_for(false, DEFAULT_PAGE, 8 * mib, 48 * mib), DEEP_PAGE);
+        assert_eq!(
+            page_for(false, DEFAULT_PAGE, 32 * mib, 192 * mib),
+            DEEP_PAGE
+        );
+        // 3x and exactly 4x keep the default.
+        assert_eq!(
+            page_for(false, DEFAULT_PAGE, 32 * mib, 96 * mib),
+            DEFAULT_PAGE
+        );
+        assert_eq!(
+            page_for(false, DEFAULT_PAGE, 32 * mib, 128 * mib),
+            DEFAULT_PAGE
+        );
+        assert_eq!(
+            page_for(false, DEFAULT_PAGE, 32 * mib, 128 * mib + 1),
+            DEEP_PAGE
+        );
+        // A page the user gave is kept, however far beyond the budget.
+        assert_eq!(
+            page_for(true, DEFAULT_PAGE, 8 * mib, 480 * mib),
+            DEFAULT_PAGE
+        );
+        assert_eq!(page_for(true, 256 << 10, 8 * mib, 480 * mib), 256 << 10);
+        // Never larger than configured, and no overflow.
+        assert_eq!(page_for(false, 4096, 8 * mib, 480 * mib), 4096);
+        assert_eq!(
+            page_for(false, DEFAULT_PAGE, u64::MAX, u64::MAX),
+            DEFAULT_PAGE
+        );
     }
 }

@@ -105,12 +105,14 @@ pub fn program_thread() -> bool {
     })
 }
 
-/// The runtime, started on first use. A runtime that cannot start ends the process with a
-/// message saying why (the program cannot get the memory it is about to ask for).
-pub fn runtime() -> &'static Runtime {
+/// The runtime, started on first use by a request of `first_request` bytes (which chooses
+/// the page size, see [`crate::options::page_for`]). A runtime that cannot start ends the
+/// process with a message saying why (the program cannot get the memory it is about to ask
+/// for).
+pub fn runtime_for(first_request: usize) -> &'static Runtime {
     RUNTIME.get_or_init(|| {
         let _g = Guard::enter();
-        match Runtime::start() {
+        match Runtime::start(first_request as u64) {
             Ok(rt) => rt,
             Err(msg) => {
                 let line = format!("strata run: {msg}\n");
@@ -183,8 +185,14 @@ pub struct Runtime {
 }
 
 impl Runtime {
-    fn start() -> Result<Self, String> {
-        let options = Options::from_env().map_err(|e| e.to_string())?;
+    fn start(first_request: u64) -> Result<Self, String> {
+        let mut options = Options::from_env().map_err(|e| e.to_string())?;
+        options.pager.page_bytes = crate::options::page_for(
+            options.page_size_given,
+            options.pager.page_bytes,
+            options.pager.buffer_bytes,
+            first_request,
+        );
         let page = options.pager.page_bytes;
         let arena_bytes = options.arena_bytes.div_ceil(page) * page;
         let mut store_config = options.store.clone();

@@ -571,3 +571,41 @@ fn a_program_does_not_wait_for_its_memory_node_until_it_needs_it() {
     assert!(out.stdout.is_empty(), "a result without its data: {out:?}");
     drop(held);
 }
+
+#[test]
+fn the_page_size_follows_the_first_request_unless_given() {
+    let Some(_) = strata() else { return };
+    let dir = scratch("page-choice");
+    let prog = compile("write_once", &dir);
+    let s = seed() % 251;
+    let page_of = |mib: u64, given: Option<&str>| -> u64 {
+        let stats = dir.join(format!("stats-{mib}-{}.jsonl", given.unwrap_or("auto")));
+        let mut c = Command::new(&prog);
+        c.args([&mib.to_string(), &s.to_string()])
+            .env("LD_PRELOAD", target_dir().join("libstrata_run.so"))
+            .env("STRATA_RUN_MEMORY", "8MiB")
+            .env("STRATA_RUN_STATS", &stats);
+        if let Some(p) = given {
+            c.env("STRATA_PAGE_SIZE", p);
+        }
+        let out = run(c, Duration::from_secs(60));
+        assert!(out.status.success(), "{out:?}");
+        let want: u64 = ((mib << 20) - (1 << 20)..mib << 20)
+            .step_by(4096)
+            .map(|i| (i >> 12) * s % 251)
+            .sum();
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            want.to_string()
+        );
+        let line = std::fs::read_to_string(&stats).expect("report written at exit");
+        let v: serde_json::Value = serde_json::from_str(line.lines().next().unwrap()).unwrap();
+        v["page_bytes"].as_u64().expect("page_bytes in the report")
+    };
+    // A first request of 6x the budget: deep thrashing ahead, small pages.
+    assert_eq!(page_of(48, None), 16 << 10);
+    // 2x: the default.
+    assert_eq!(page_of(16, None), 64 << 10);
+    // A page size the user gave is kept.
+    assert_eq!(page_of(48, Some("64KiB")), 64 << 10);
+}
