@@ -603,7 +603,7 @@ fn the_page_size_follows_the_first_request_unless_given() {
         v["page_bytes"].as_u64().expect("page_bytes in the report")
     };
     // A first request of 6x the budget: deep thrashing ahead, small pages.
-    assert_eq!(page_of(48, None), 16 << 10);
+    assert_eq!(page_of(48, None), 4 << 10);
     // 2x: the default.
     assert_eq!(page_of(16, None), 64 << 10);
     // A page size the user gave is kept.
