@@ -12,9 +12,9 @@ use strata_core::{ConfigError, PagerConfig, StoreConfig, parse_size};
 /// (within 8 %) on `sort` and NumPy, whose bulk is in blocks of many MiB.
 pub const DEFAULT_THRESHOLD: u64 = 256 << 10;
 /// Default page size of the arena region. Measured (`results/RESULTS.md`, 2026-11-23): best
-/// at up to about 3x the budget and for sequential sweeps (a 16 KiB page takes 2x as long
-/// on `sort` at 3x, 2.6x on `stress-ng` sequential); 16 KiB wins only in deep thrashing
-/// (`sort` at 6x: 35-52 s against 60-76 s), where `--page-size 16KiB` is the advice.
+/// at up to about 4x the budget and for sequential sweeps (a 16 KiB page takes 2x as long
+/// on `sort` at 3x before streams were followed downwards, 1.2x after; 2.6x on `stress-ng`
+/// sequential). Far beyond the budget smaller pages win: see [`page_for`].
 pub const DEFAULT_PAGE: u64 = 64 << 10;
 /// Page size chosen instead of [`DEFAULT_PAGE`] when the first large request is more than
 /// [`DEEP_OVERSUBSCRIPTION`] times the budget (and no page size is given), for a store in
