@@ -211,6 +211,24 @@ fn a_memory_node_on_loopback_serves_the_arena() {
         written > 16 << 20 && read > 0,
         "the pages did not go through the memory node ({written} written, {read} read)"
     );
+    // A wrong token passes `strata run`'s check (it reads the node's greeting only); the
+    // program's own connection is refused, and the process ends saying so.
+    let once = compile("write_once", &dir);
+    let mut c = under(
+        &strata,
+        &["--memory", "16MiB", "--store", &store],
+        &[&once.to_string_lossy(), "64", "7"],
+    );
+    c.env("STRATA_REMOTE_TOKEN", "strata-run-test-wrong-token")
+        .env("STRATA_RUN_ARENA", "256MiB");
+    let out = run(c, Duration::from_secs(60));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(125), "{out:?}");
+    assert!(
+        err.contains("cannot open the store") && err.contains("token"),
+        "{err}"
+    );
+    assert!(out.stdout.is_empty(), "a result without its data: {out:?}");
     node.shutdown();
 }
 
