@@ -64,6 +64,16 @@ enum Judgement {
 /// Longest a door blocked in `accept` takes to notice a stop request.
 const STOP_CHECK: Duration = Duration::from_millis(50);
 
+/// Whether a blocking call only ran out of time (or was interrupted): try again.
+fn waited_out(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::WouldBlock
+            | std::io::ErrorKind::TimedOut
+            | std::io::ErrorKind::Interrupted
+    )
+}
+
 /// Makes `accept` on `listener` give up with `WouldBlock` after `timeout` (Linux honours a
 /// listening socket's receive timeout in `accept`).
 fn accept_timeout(listener: &TcpListener, timeout: Duration) -> std::io::Result<()> {
@@ -126,14 +136,7 @@ impl Door {
         while !door.stop.load(Ordering::SeqCst) {
             match door.listener.accept() {
                 Ok((stream, peer)) => door.clone().enter(stream, peer.ip()),
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        std::io::ErrorKind::WouldBlock
-                            | std::io::ErrorKind::TimedOut
-                            | std::io::ErrorKind::Interrupted
-                    ) =>
-                {
+                Err(e) if waited_out(&e) => {
                     // The timeout (or the poll interval) bounds how late a stop is noticed;
                     // accept storms take no sleep.
                     if let Some(interval) = poll {
@@ -264,13 +267,7 @@ impl Door {
         let mut byte = [0u8; 1];
         while !self.stop.load(Ordering::SeqCst) {
             match stream.read(&mut byte) {
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        std::io::ErrorKind::WouldBlock
-                            | std::io::ErrorKind::TimedOut
-                            | std::io::ErrorKind::Interrupted
-                    ) => {}
+                Err(e) if waited_out(&e) => {}
                 _ => return,
             }
         }
