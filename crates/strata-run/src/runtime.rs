@@ -549,10 +549,24 @@ impl Runtime {
             "threshold_bytes": self.options.threshold,
             "arena_allocations": st.arena_allocs,
             "arena_peak_bytes": st.peak_pages * self.page as u64,
+            "peak_rss_bytes": peak_rss_bytes(),
             "stats": stats,
             "counters": counters,
         })
     }
+}
+
+/// The process's peak resident size (`VmHWM`), so that a report shows what the budget
+/// costs beyond itself (pager tables, an in-process store's contents); 0 if unknown.
+fn peak_rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or(0, |kib| kib * 1024)
 }
 
 fn describe(c: &StoreConfig) -> String {

@@ -627,3 +627,32 @@ fn the_page_size_follows_the_first_request_unless_given() {
     // A page size the user gave is kept.
     assert_eq!(page_of(48, Some("64KiB")), 64 << 10);
 }
+
+#[test]
+fn small_pages_over_a_large_arena_cost_no_memory_until_used() {
+    let Some(_) = strata() else { return };
+    let dir = scratch("tables");
+    let prog = compile("write_once", &dir);
+    let stats = dir.join("stats.jsonl");
+    // 4 KiB pages over the default 64 GiB arena: 16 M pages, a 128 MiB page table. Before,
+    // the interposer's allocator wrote the table's zeros, so the process was 145 MiB
+    // resident before its first fault, against an 8 MiB budget.
+    let mut c = Command::new(&prog);
+    c.args(["4", &(seed() % 251).to_string()])
+        .env("LD_PRELOAD", target_dir().join("libstrata_run.so"))
+        .env("STRATA_RUN_MEMORY", "8MiB")
+        .env("STRATA_PAGE_SIZE", "4KiB")
+        .env("STRATA_RUN_STATS", &stats);
+    let out = run(c, Duration::from_secs(60));
+    assert!(out.status.success(), "{out:?}");
+    let line = std::fs::read_to_string(&stats).expect("report written at exit");
+    let v: serde_json::Value = serde_json::from_str(line.lines().next().unwrap()).unwrap();
+    let peak = v["peak_rss_bytes"]
+        .as_u64()
+        .expect("peak_rss_bytes in the report");
+    println!("peak resident: {} KiB", peak >> 10);
+    assert!(
+        peak > 0 && peak < 48 << 20,
+        "peak resident {peak} bytes: {v}"
+    );
+}
