@@ -35,6 +35,7 @@ use std::net::ToSocketAddrs;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use strata_core::store::{ReadRequest, Store, StoreError, check_range};
 use strata_core::units::format_size;
@@ -284,4 +285,37 @@ impl Drop for RemoteStore {
             let _ = thread.join();
         }
     }
+}
+
+/// Reads each node's greeting ([`crate::handshake::greeting_only`]) within `timeout`: the
+/// nodes answer, speak this handshake version and take clients now.
+pub fn probe_nodes(nodes: &[String], timeout: Duration) -> Result<(), RemoteOpenError> {
+    if nodes.is_empty() {
+        return Err(RemoteOpenError::NoNodes);
+    }
+    if timeout.is_zero() || timeout > MAX_TIMEOUT {
+        return Err(RemoteOpenError::BadTimeout(timeout));
+    }
+    for node in nodes {
+        let address = node
+            .to_socket_addrs()
+            .ok()
+            .and_then(|mut a| a.next())
+            .ok_or_else(|| RemoteOpenError::BadAddress(node.clone()))?;
+        let connection = |reason: String| RemoteOpenError::Connection {
+            node: node.clone(),
+            reason,
+        };
+        let deadline = Instant::now() + timeout;
+        let mut stream = std::net::TcpStream::connect_timeout(&address, timeout)
+            .map_err(|e| connection(e.to_string()))?;
+        crate::handshake::greeting_only(&mut stream, deadline).map_err(|e| match e {
+            crate::handshake::HandshakeError::Deadline => RemoteOpenError::Timeout {
+                node: node.clone(),
+                timeout,
+            },
+            other => connection(other.to_string()),
+        })?;
+    }
+    Ok(())
 }

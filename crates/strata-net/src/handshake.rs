@@ -300,14 +300,12 @@ pub fn decode_proof(b: &[u8; PROOF_BYTES]) -> Result<Proof, HandshakeError> {
     })
 }
 
-/// The client's side: answers the node's challenge with a proof over `client_address`, checks
-/// the node's proof, and returns the session and the node's worker address.
-pub fn client_side(
+/// Reads the node's greeting and checks that it comes from a Strata memory node of this
+/// version that takes clients now.
+fn read_greeting(
     stream: &mut TcpStream,
-    token: &[u8],
-    client_address: &[u8],
     deadline: Instant,
-) -> Result<Welcome, HandshakeError> {
+) -> Result<[u8; GREETING_BYTES], HandshakeError> {
     let mut greeting = [0u8; GREETING_BYTES];
     read_by(stream, &mut greeting, deadline)?;
     if greeting[..8] != NODE_MAGIC || u64_at(&greeting, 8) != HANDSHAKE_VERSION {
@@ -316,10 +314,30 @@ pub fn client_side(
         ));
     }
     match Verdict::from_u8(greeting[16]) {
-        Some(Verdict::Ok) => {}
-        Some(Verdict::Busy) => return Err(HandshakeError::Busy),
-        _ => return Err(HandshakeError::Protocol("unknown greeting status")),
+        Some(Verdict::Ok) => Ok(greeting),
+        Some(Verdict::Busy) => Err(HandshakeError::Busy),
+        _ => Err(HandshakeError::Protocol("unknown greeting status")),
     }
+}
+
+/// A reachability check: reads the node's greeting and stops (the caller closes the
+/// connection). It shows that a Strata memory node of this version listens there and takes
+/// clients now, in one TCP round trip and without UCX; it proves nothing about the token.
+/// The node sees a peer that closed during the handshake (not a failed proof, so it is not
+/// throttled).
+pub fn greeting_only(stream: &mut TcpStream, deadline: Instant) -> Result<(), HandshakeError> {
+    read_greeting(stream, deadline).map(|_| ())
+}
+
+/// The client's side: answers the node's challenge with a proof over `client_address`, checks
+/// the node's proof, and returns the session and the node's worker address.
+pub fn client_side(
+    stream: &mut TcpStream,
+    token: &[u8],
+    client_address: &[u8],
+    deadline: Instant,
+) -> Result<Welcome, HandshakeError> {
+    let greeting = read_greeting(stream, deadline)?;
     let node_nonce = &greeting[17..];
     let client_nonce: [u8; NONCE] = random();
     let tag = mac(

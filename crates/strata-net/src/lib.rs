@@ -136,6 +136,21 @@ pub enum OpenStoreError {
     MissingToken,
 }
 
+/// Checks that every memory node of a remote store `config` answers as a Strata memory node
+/// of this version that takes clients now (one TCP round trip each, no UCX: about 1 ms on
+/// loopback against 20-40 ms for opening the store), and that a token is set. It does not
+/// prove the token: a wrong one is found when the store is opened. Other stores pass.
+pub fn probe_store(config: &StoreConfig) -> Result<(), OpenStoreError> {
+    let StoreKind::Remote { nodes } = &config.kind else {
+        return Ok(());
+    };
+    if config.token.is_none() {
+        return Err(OpenStoreError::MissingToken);
+    }
+    client::probe_nodes(nodes, Duration::from_secs(config.timeout_secs))?;
+    Ok(())
+}
+
 /// Default codec page size for [`open_store`]: the pager's default page.
 pub const DEFAULT_CODEC_PAGE: u64 = 64 << 10;
 

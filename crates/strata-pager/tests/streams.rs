@@ -163,6 +163,77 @@ fn sequential_faults_read_ahead_and_random_ones_do_not() {
 }
 
 #[test]
+fn descending_streams_read_ahead_even_between_random_faults() {
+    if !uffd_available("streams_descending") {
+        return;
+    }
+    let mut rng = Rng::from_time("streams_descending");
+    let pages = 512;
+    let data = random(pages * PAGE, &mut rng);
+    // A sweep from the top down (GNU sort merges its line table this way): before, every
+    // page faulted on its own.
+    let (_store, region) = region_over(&data, config(128, 8));
+    for p in (0..pages).rev() {
+        let page = &region.as_slice()[p * PAGE..(p + 1) * PAGE];
+        assert_eq!(
+            page,
+            &data[p * PAGE..(p + 1) * PAGE],
+            "page {p} (descending)"
+        );
+    }
+    let (stats, counters) = (region.stats(), region.counters());
+    eprintln!(
+        "descending: {} faults, {} read ahead",
+        stats.faults, counters.read_ahead_pages
+    );
+    assert!(
+        stats.faults * 3 < pages as u64,
+        "a descending scan faulted {} times for {pages} pages",
+        stats.faults
+    );
+    drop(region);
+
+    // Two descending runs merged into an ascending output, with a random read of the upper
+    // half between every two steps (a merge comparing the lines its entries point to): the
+    // random faults, each a run of its own, must not push the streams out of the detector.
+    // Before, only the first pages of each stream came from read-ahead.
+    let (_store, region) = region_over(&data, config(128, 8));
+    let s = region.as_slice();
+    let (mut a, mut b) = (pages / 4, pages / 2);
+    let mut out = 0;
+    while a > 0 || b > pages / 4 {
+        let from_a = b == pages / 4 || (a > 0 && rng.below(2) == 0);
+        let src = if from_a {
+            a -= 1;
+            a
+        } else {
+            b -= 1;
+            b
+        };
+        for p in [src, out] {
+            let i = p * PAGE + rng.below(PAGE as u64) as usize;
+            assert_eq!(s[i], data[i], "byte {i} (stream)");
+        }
+        out = (out + 1).min(pages / 2 - 1);
+        let r = pages / 2 + rng.below(pages as u64 / 2) as usize;
+        let i = r * PAGE + rng.below(PAGE as u64) as usize;
+        assert_eq!(s[i], data[i], "byte {i} (random)");
+    }
+    let counters = region.counters();
+    eprintln!(
+        "merge with random reads: {} faults, {} read ahead",
+        region.stats().faults,
+        counters.read_ahead_pages
+    );
+    assert!(
+        counters.read_ahead_pages >= pages as u64 / 4,
+        "the streams read only {} pages ahead of {} stream pages",
+        counters.read_ahead_pages,
+        pages / 2
+    );
+}
+
+#[test]
 fn a_write_stream_over_read_ahead_pages_traps_once_per_window() {
     if !uffd_available("streams_write") {
         return;

@@ -59,6 +59,29 @@ unsafe impl GlobalAlloc for RealAllocator {
             }
         }
     }
+    /// The real `calloc` where the alignment allows: for large tables (the arena's page table,
+    /// 8 bytes per page of a 64 GiB arena) it hands out fresh anonymous memory the kernel
+    /// backs only where it is written. The default (`alloc`, then writing zeros) made all of
+    /// it resident at start: 145 MiB and 0.1 s for 4 KiB pages.
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        match real() {
+            Some(r) if layout.align() <= 16 => {
+                // SAFETY: the real calloc, which returns zeroed memory aligned to 16 bytes.
+                unsafe { (r.calloc)(layout.size(), 1).cast() }
+            }
+            // The bootstrap heap is zeroed and never reused.
+            None => sys::bootstrap_alloc(layout.size().max(layout.align())),
+            Some(_) => {
+                // SAFETY: forwarding the caller's layout to `alloc` above.
+                let p = unsafe { self.alloc(layout) };
+                if !p.is_null() {
+                    // SAFETY: `p` holds `layout.size()` bytes just allocated.
+                    unsafe { std::ptr::write_bytes(p, 0, layout.size()) };
+                }
+                p
+            }
+        }
+    }
     unsafe fn dealloc(&self, ptr: *mut u8, _layout: Layout) {
         if sys::is_bootstrap(ptr) {
             return;
@@ -87,7 +110,7 @@ unsafe fn real_malloc(size: usize) -> *mut c_void {
 /// Arena allocation, or the real allocator if the arena is full.
 fn big(size: usize, align: usize, zeroed: bool) -> *mut c_void {
     let p = no_unwind(std::ptr::null_mut(), || {
-        runtime::runtime().alloc(size, align, zeroed, false)
+        runtime::runtime_for(size).alloc(size, align, zeroed, false)
     });
     if !p.is_null() {
         return p.cast();
@@ -370,7 +393,7 @@ pub unsafe extern "C" fn mmap(
 ) -> *mut c_void {
     if is_ours_to_map(addr, len, prot, flags, fd) {
         let p = no_unwind(std::ptr::null_mut(), || {
-            runtime::runtime().alloc(len, 4096, true, true)
+            runtime::runtime_for(len).alloc(len, 4096, true, true)
         });
         if !p.is_null() {
             return p.cast();

@@ -17,23 +17,31 @@
 //!   it allocates itself (from the C library), but the parent's arena is not copied into it
 //!   (`MADV_DONTFORK`): touching it is refused with a message and `SIGSEGV`, never silent
 //!   zeros.
+//! - The arena's page size is 64 KiB unless given (`STRATA_PAGE_SIZE`); when the first
+//!   large request is more than 4x the budget it is 4 KiB (16 KiB over memory nodes): see
+//!   [`options::page_for`].
+//! - A memory-node store (`remote:`) is connected in the background: the program runs on
+//!   while it connects, and waits only when the budget is full and a page must go to the
+//!   node. If the connection fails, the process ends with exit status 125 and the reason.
 //! - A store that fails on a fault delivers `SIGBUS` to the faulting thread (as the pager
 //!   does); a message names the store and the error first.
 //! - File stores (`file:DIR`) are created in `DIR` and unlinked at once, so they vanish
 //!   however the process ends.
-//! - `free` writes dirty pages of the freed block back before dropping them: the pager has
-//!   no discard operation yet. Partial `munmap` of an arena mapping keeps the memory until
-//!   the whole mapping is unmapped.
+//! - `free` discards a freed block's pages (dropped without write-back; reused space reads
+//!   as zeros, filled without a store read). Partial `munmap` of an arena mapping keeps the
+//!   memory until the whole mapping is unmapped.
 //!
 //! Layout: [`sys`] raw calls and the lookup of the real functions; [`arena`] the block
 //! allocator's bookkeeping; [`options`] settings; [`runtime`] the arena region and blocks;
-//! `interpose` the exported C functions (left out of unit-test builds, where they would
+//! [`pending_store`] a memory-node store that connects in the background while the program
+//! runs; `interpose` the exported C functions (left out of unit-test builds, where they would
 //! replace the test harness's allocator).
 #![warn(missing_docs)]
 #![allow(missing_docs)] // sys's Real fields are C prototypes, named after the functions
 
 pub mod arena;
 pub mod options;
+pub mod pending_store;
 pub mod runtime;
 pub mod sys;
 

@@ -12,10 +12,49 @@ use strata_core::{ConfigError, PagerConfig, StoreConfig, parse_size};
 /// (within 8 %) on `sort` and NumPy, whose bulk is in blocks of many MiB.
 pub const DEFAULT_THRESHOLD: u64 = 256 << 10;
 /// Default page size of the arena region. Measured (`results/RESULTS.md`, 2026-11-23): best
-/// at up to about 3x the budget and for sequential sweeps (a 16 KiB page takes 2x as long
-/// on `sort` at 3x, 2.6x on `stress-ng` sequential); 16 KiB wins only in deep thrashing
-/// (`sort` at 6x: 35-52 s against 60-76 s), where `--page-size 16KiB` is the advice.
+/// at up to about 4x the budget and for sequential sweeps (a 16 KiB page takes 2x as long
+/// on `sort` at 3x before streams were followed downwards, 1.2x after; 2.6x on `stress-ng`
+/// sequential). Far beyond the budget smaller pages win: see [`page_for`].
 pub const DEFAULT_PAGE: u64 = 64 << 10;
+/// Page size chosen instead of [`DEFAULT_PAGE`] when the first large request is more than
+/// [`DEEP_OVERSUBSCRIPTION`] times the budget (and no page size is given), for a store in
+/// this process or on a local disk. Far beyond the budget most faults are random (a sort
+/// comparing lines all over its buffer) and each moves a whole page, while streams keep
+/// their speed through read-ahead windows. Measured on `sort` at 6x the budget (16 MiB of
+/// lines in 8 MiB, stream read-ahead both ways), interleaved runs: lz4 memory store 4 KiB
+/// 9.7-11.3 s (1.6 GB read), 16 KiB 17.6-23.3 s (5.5 GB), 64 KiB 41.7 s (22.5 GB), all about
+/// 340 k faults; file store 4 KiB 19.3 s, 16 KiB 25.3 s.
+pub const DEEP_PAGE: u64 = 4 << 10;
+/// [`DEEP_PAGE`] for a memory node: each page is a request whose round trip (about 125 us
+/// on loopback) outweighs its bytes, so fewer, larger pages win: `sort` at 6x over a node
+/// on loopback took 60 s with 16 KiB pages and 99 s with 4 KiB (single runs).
+pub const DEEP_PAGE_REMOTE: u64 = 16 << 10;
+/// See [`DEEP_PAGE`]: at 3x (`sort` of 32 MiB in 32 MiB: 64 KiB 2.98 s, 16 KiB 3.47 s) and
+/// 4x (`stress-ng` sequential sweeps) the default page is as fast or faster.
+pub const DEEP_OVERSUBSCRIPTION: u64 = 4;
+
+/// The arena's page size: `configured` when the user gave one (`page_size_given`), else
+/// [`DEEP_PAGE`] ([`DEEP_PAGE_REMOTE`] over memory nodes) when the first large request (a
+/// program's main buffer, usually: `sort -S`, an array, a mapping) is more than
+/// [`DEEP_OVERSUBSCRIPTION`] times the budget, else `configured` (the default).
+pub fn page_for(
+    page_size_given: bool,
+    configured: u64,
+    budget: u64,
+    first_request: u64,
+    remote: bool,
+) -> u64 {
+    let deep = if remote { DEEP_PAGE_REMOTE } else { DEEP_PAGE };
+    if page_size_given || configured <= deep {
+        return configured;
+    }
+    if first_request > budget.saturating_mul(DEEP_OVERSUBSCRIPTION) {
+        deep
+    } else {
+        configured
+    }
+}
+
 /// Default water marks of the arena (evict from `HIGH` % of the budget down to `LOW` %): the
 /// whole budget is the program's working set, so evicting in small batches keeps more of it
 /// resident. Measured: 18-22 % fewer faults than the pager's 70/90 at 4, 16 and 64 KiB pages
@@ -74,6 +113,9 @@ pub struct Options {
     pub report_fd: Option<i32>,
     /// File to append a JSON report line to at exit (for standalone use).
     pub stats_path: Option<PathBuf>,
+    /// Whether the page size was given (`STRATA_PAGE_SIZE`, `--page-size`); if not, the
+    /// runtime chooses it from the first large request ([`page_for`]).
+    pub page_size_given: bool,
     /// Install pages written during their last stay writable on a read fault
     /// ([`strata_pager::RegionBuilder::predict_writes`]); on, see [`PREDICT_WRITES`].
     pub predict_writes: bool,
@@ -150,6 +192,59 @@ impl Options {
             report_fd,
             stats_path: std::env::var_os("STRATA_RUN_STATS").map(PathBuf::from),
             predict_writes: PREDICT_WRITES,
+            page_size_given: std::env::var_os("STRATA_PAGE_SIZE").is_some(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_page_shrinks_only_far_beyond_the_budget_and_never_when_given() {
+        let mib = 1u64 << 20;
+        // sort -S of 6x the budget: deep thrashing ahead.
+        assert_eq!(
+            page_for(false, DEFAULT_PAGE, 8 * mib, 48 * mib, false),
+            DEEP_PAGE
+        );
+        assert_eq!(
+            page_for(false, DEFAULT_PAGE, 32 * mib, 192 * mib, false),
+            DEEP_PAGE
+        );
+        // Over a memory node, per-request latency favours larger pages.
+        assert_eq!(
+            page_for(false, DEFAULT_PAGE, 8 * mib, 48 * mib, true),
+            DEEP_PAGE_REMOTE
+        );
+        // 3x and exactly 4x keep the default.
+        assert_eq!(
+            page_for(false, DEFAULT_PAGE, 32 * mib, 96 * mib, false),
+            DEFAULT_PAGE
+        );
+        assert_eq!(
+            page_for(false, DEFAULT_PAGE, 32 * mib, 128 * mib, true),
+            DEFAULT_PAGE
+        );
+        assert_eq!(
+            page_for(false, DEFAULT_PAGE, 32 * mib, 128 * mib + 1, false),
+            DEEP_PAGE
+        );
+        // A page the user gave is kept, however far beyond the budget.
+        assert_eq!(
+            page_for(true, DEFAULT_PAGE, 8 * mib, 480 * mib, false),
+            DEFAULT_PAGE
+        );
+        assert_eq!(
+            page_for(true, 256 << 10, 8 * mib, 480 * mib, true),
+            256 << 10
+        );
+        // Never larger than configured, and no overflow.
+        assert_eq!(page_for(false, 8192, 8 * mib, 480 * mib, true), 8192);
+        assert_eq!(
+            page_for(false, DEFAULT_PAGE, u64::MAX, u64::MAX, false),
+            DEFAULT_PAGE
+        );
     }
 }

@@ -10,14 +10,15 @@ use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::ffi::c_int;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
-use strata_core::StoreConfig;
 use strata_core::config::StoreKind;
+use strata_core::{Store, StoreConfig};
 use strata_pager::Region;
 
 use crate::arena::{Arena, Extent};
 use crate::options::{Options, threshold_from_env};
+use crate::pending_store::PendingStore;
 use crate::sys;
 
 thread_local! {
@@ -104,12 +105,14 @@ pub fn program_thread() -> bool {
     })
 }
 
-/// The runtime, started on first use. A runtime that cannot start ends the process with a
-/// message saying why (the program cannot get the memory it is about to ask for).
-pub fn runtime() -> &'static Runtime {
+/// The runtime, started on first use by a request of `first_request` bytes (which chooses
+/// the page size, see [`crate::options::page_for`]). A runtime that cannot start ends the
+/// process with a message saying why (the program cannot get the memory it is about to ask
+/// for).
+pub fn runtime_for(first_request: usize) -> &'static Runtime {
     RUNTIME.get_or_init(|| {
         let _g = Guard::enter();
-        match Runtime::start() {
+        match Runtime::start(first_request as u64) {
             Ok(rt) => rt,
             Err(msg) => {
                 let line = format!("strata run: {msg}\n");
@@ -182,8 +185,15 @@ pub struct Runtime {
 }
 
 impl Runtime {
-    fn start() -> Result<Self, String> {
-        let options = Options::from_env().map_err(|e| e.to_string())?;
+    fn start(first_request: u64) -> Result<Self, String> {
+        let mut options = Options::from_env().map_err(|e| e.to_string())?;
+        options.pager.page_bytes = crate::options::page_for(
+            options.page_size_given,
+            options.pager.page_bytes,
+            options.pager.buffer_bytes,
+            first_request,
+            matches!(options.store.kind, StoreKind::Remote { .. }),
+        );
         let page = options.pager.page_bytes;
         let arena_bytes = options.arena_bytes.div_ceil(page) * page;
         let mut store_config = options.store.clone();
@@ -204,23 +214,50 @@ impl Runtime {
             created = Some(file);
         }
         let described = describe(&options.store);
-        let store = strata_net::open_store_with_page(&store_config, arena_bytes, page)
-            .map_err(|e| {
-                let hint = if matches!(options.store.kind, StoreKind::Remote { .. }) {
-                    format!(
-                        " (each process asks the memory nodes for its whole arena, STRATA_RUN_ARENA = {arena_bytes} bytes: set STRATA_RUN_ARENA lower, or start the nodes with a larger --capacity or --overcommit)"
-                    )
-                } else {
-                    String::new()
-                };
-                format!("cannot open the store {described}: {e}{hint}")
-            });
-        // The store file is only a name until now: remove it at once, so that it goes away
-        // with the process however the process ends.
-        if let Some(file) = &created {
-            let _ = std::fs::remove_file(file);
-        }
-        let store = store?;
+        let hint = if matches!(options.store.kind, StoreKind::Remote { .. }) {
+            format!(
+                " (each process asks the memory nodes for its whole arena, STRATA_RUN_ARENA = {arena_bytes} bytes: set STRATA_RUN_ARENA lower, or start the nodes with a larger --capacity or --overcommit)"
+            )
+        } else {
+            String::new()
+        };
+        let store: Arc<dyn Store> = if matches!(options.store.kind, StoreKind::Remote { .. }) {
+            // Connecting to memory nodes takes tens of milliseconds (UCX's start-up, the
+            // handshake, the node setting up the arena): do it while the program runs. The
+            // store is first needed when the budget is full (see pending_store.rs).
+            let open_described = described.clone();
+            let fail_described = described.clone();
+            Arc::new(
+                PendingStore::spawn(
+                    arena_bytes,
+                    described.clone(),
+                    "strata-connect",
+                    move || {
+                        let _g = Guard::enter();
+                        strata_net::open_store_with_page(&store_config, arena_bytes, page)
+                            .map_err(|e| format!("{e}{hint}"))
+                    },
+                    move |why| {
+                        let _g = Guard::enter();
+                        let msg = format!("cannot open the store {fail_described}: {why}");
+                        report_line(&serde_json::json!({"pid": sys::pid(), "error": msg}));
+                        // The arena's pages past the budget have nowhere to go: end the
+                        // process as a failed start-up does, saying why.
+                        sys::die(format!("strata run: {msg}\n").as_bytes())
+                    },
+                )
+                .map_err(|e| format!("cannot start connecting to {open_described}: {e}"))?,
+            )
+        } else {
+            let store = strata_net::open_store_with_page(&store_config, arena_bytes, page)
+                .map_err(|e| format!("cannot open the store {described}: {e}{hint}"));
+            // The store file is only a name until now: remove it at once, so that it goes
+            // away with the process however the process ends.
+            if let Some(file) = &created {
+                let _ = std::fs::remove_file(file);
+            }
+            store?
+        };
         let region = Region::builder(store, arena_bytes)
             .config(options.pager.clone())
             .predict_writes(options.predict_writes)
@@ -512,10 +549,24 @@ impl Runtime {
             "threshold_bytes": self.options.threshold,
             "arena_allocations": st.arena_allocs,
             "arena_peak_bytes": st.peak_pages * self.page as u64,
+            "peak_rss_bytes": peak_rss_bytes(),
             "stats": stats,
             "counters": counters,
         })
     }
+}
+
+/// The process's peak resident size (`VmHWM`), so that a report shows what the budget
+/// costs beyond itself (pager tables, an in-process store's contents); 0 if unknown.
+fn peak_rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or(0, |kib| kib * 1024)
 }
 
 fn describe(c: &StoreConfig) -> String {

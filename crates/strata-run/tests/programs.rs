@@ -211,6 +211,24 @@ fn a_memory_node_on_loopback_serves_the_arena() {
         written > 16 << 20 && read > 0,
         "the pages did not go through the memory node ({written} written, {read} read)"
     );
+    // A wrong token passes `strata run`'s check (it reads the node's greeting only); the
+    // program's own connection is refused, and the process ends saying so.
+    let once = compile("write_once", &dir);
+    let mut c = under(
+        &strata,
+        &["--memory", "16MiB", "--store", &store],
+        &[&once.to_string_lossy(), "64", "7"],
+    );
+    c.env("STRATA_REMOTE_TOKEN", "strata-run-test-wrong-token")
+        .env("STRATA_RUN_ARENA", "256MiB");
+    let out = run(c, Duration::from_secs(60));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(125), "{out:?}");
+    assert!(
+        err.contains("cannot open the store") && err.contains("token"),
+        "{err}"
+    );
+    assert!(out.stdout.is_empty(), "a result without its data: {out:?}");
     node.shutdown();
 }
 
@@ -508,4 +526,133 @@ fn fresh_memory_is_filled_without_reading_the_store() {
             "{store}: fresh memory was read from the store: {t}"
         );
     }
+}
+
+#[test]
+fn a_program_does_not_wait_for_its_memory_node_until_it_needs_it() {
+    let Some(_) = strata() else { return };
+    let dir = scratch("stalled-node");
+    let prog = compile("write_once", &dir);
+    // A "node" that accepts connections and never answers: the connection can only end by
+    // the client's timeout. Before, the first large allocation waited for it (and the
+    // process died after the timeout); now the connection is made in the background.
+    let stalled = std::net::TcpListener::bind("127.0.0.1:0").expect("listener");
+    let address = stalled.local_addr().expect("address");
+    let held = std::thread::spawn(move || {
+        let mut conns = Vec::new();
+        while let Ok((c, _)) = stalled.accept() {
+            conns.push(c);
+            if conns.len() >= 2 {
+                break;
+            }
+        }
+        std::thread::sleep(Duration::from_secs(20));
+    });
+    let s = seed() % 251;
+    let preloaded = |mib: u64| {
+        let mut c = Command::new(&prog);
+        c.args([&mib.to_string(), &s.to_string()])
+            .env("LD_PRELOAD", target_dir().join("libstrata_run.so"))
+            .env("STRATA_RUN_MEMORY", "16MiB")
+            .env("STRATA_RUN_ARENA", "256MiB")
+            .env("STRATA_STORE", format!("remote:{address}"))
+            .env("STRATA_REMOTE_TOKEN", "strata-run-test-token-stalled")
+            .env("STRATA_REMOTE_TIMEOUT", "3");
+        c
+    };
+    let want = |mib: u64| -> u64 {
+        ((mib << 20) - (1 << 20)..mib << 20)
+            .step_by(4096)
+            .map(|i| (i >> 12) * s % 251)
+            .sum()
+    };
+    // 4 MiB fits the 16 MiB budget: the store is never needed, so the program finishes
+    // well before the connection could time out.
+    let started = Instant::now();
+    let out = run(preloaded(4), Duration::from_secs(30));
+    let took = started.elapsed();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        want(4).to_string()
+    );
+    assert!(
+        took < Duration::from_millis(2500),
+        "the program waited for the memory node: {took:?}"
+    );
+    // 64 MiB does not fit: the first write-back waits for the store, whose opening fails
+    // at the timeout; the process ends saying why, and prints no result.
+    let out = run(preloaded(64), Duration::from_secs(60));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(125), "{out:?}");
+    assert!(err.contains("cannot open the store remote:"), "{err}");
+    assert!(out.stdout.is_empty(), "a result without its data: {out:?}");
+    drop(held);
+}
+
+#[test]
+fn the_page_size_follows_the_first_request_unless_given() {
+    let Some(_) = strata() else { return };
+    let dir = scratch("page-choice");
+    let prog = compile("write_once", &dir);
+    let s = seed() % 251;
+    let page_of = |mib: u64, given: Option<&str>| -> u64 {
+        let stats = dir.join(format!("stats-{mib}-{}.jsonl", given.unwrap_or("auto")));
+        let mut c = Command::new(&prog);
+        c.args([&mib.to_string(), &s.to_string()])
+            .env("LD_PRELOAD", target_dir().join("libstrata_run.so"))
+            .env("STRATA_RUN_MEMORY", "8MiB")
+            .env("STRATA_RUN_STATS", &stats);
+        if let Some(p) = given {
+            c.env("STRATA_PAGE_SIZE", p);
+        }
+        let out = run(c, Duration::from_secs(60));
+        assert!(out.status.success(), "{out:?}");
+        let want: u64 = ((mib << 20) - (1 << 20)..mib << 20)
+            .step_by(4096)
+            .map(|i| (i >> 12) * s % 251)
+            .sum();
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            want.to_string()
+        );
+        let line = std::fs::read_to_string(&stats).expect("report written at exit");
+        let v: serde_json::Value = serde_json::from_str(line.lines().next().unwrap()).unwrap();
+        v["page_bytes"].as_u64().expect("page_bytes in the report")
+    };
+    // A first request of 6x the budget: deep thrashing ahead, small pages.
+    assert_eq!(page_of(48, None), 4 << 10);
+    // 2x: the default.
+    assert_eq!(page_of(16, None), 64 << 10);
+    // A page size the user gave is kept.
+    assert_eq!(page_of(48, Some("64KiB")), 64 << 10);
+}
+
+#[test]
+fn small_pages_over_a_large_arena_cost_no_memory_until_used() {
+    let Some(_) = strata() else { return };
+    let dir = scratch("tables");
+    let prog = compile("write_once", &dir);
+    let stats = dir.join("stats.jsonl");
+    // 4 KiB pages over the default 64 GiB arena: 16 M pages, a 128 MiB page table. Before,
+    // the interposer's allocator wrote the table's zeros, so the process was 145 MiB
+    // resident before its first fault, against an 8 MiB budget.
+    let mut c = Command::new(&prog);
+    c.args(["4", &(seed() % 251).to_string()])
+        .env("LD_PRELOAD", target_dir().join("libstrata_run.so"))
+        .env("STRATA_RUN_MEMORY", "8MiB")
+        .env("STRATA_PAGE_SIZE", "4KiB")
+        .env("STRATA_RUN_STATS", &stats);
+    let out = run(c, Duration::from_secs(60));
+    assert!(out.status.success(), "{out:?}");
+    let line = std::fs::read_to_string(&stats).expect("report written at exit");
+    let v: serde_json::Value = serde_json::from_str(line.lines().next().unwrap()).unwrap();
+    let peak = v["peak_rss_bytes"]
+        .as_u64()
+        .expect("peak_rss_bytes in the report");
+    println!("peak resident: {} KiB", peak >> 10);
+    assert!(
+        peak > 0 && peak < 48 << 20,
+        "peak resident {peak} bytes: {v}"
+    );
 }

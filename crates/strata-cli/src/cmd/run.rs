@@ -138,8 +138,9 @@ fn settings(args: &RunArgs) -> anyhow::Result<EnvVars> {
     Ok(env)
 }
 
-/// Refuses settings the library would refuse, before the program starts; reaches a remote
-/// store once so that an unreachable node is reported here.
+/// Refuses settings the library would refuse, before the program starts; reads each memory
+/// node's greeting so that an unreachable node (or a service that is no Strata node) is
+/// reported here.
 fn validate(env: &EnvVars) -> anyhow::Result<()> {
     let lookup = |k: &str| {
         env.iter()
@@ -181,13 +182,14 @@ fn validate(env: &EnvVars) -> anyhow::Result<()> {
             }
         }
         StoreKind::Remote { .. } => {
-            strata_net::open_store_with_page(&store, pager.page_bytes, pager.page_bytes)
-                .with_context(|| {
-                    format!(
-                        "the store {} cannot be reached",
-                        lookup("STRATA_STORE").unwrap_or_default()
-                    )
-                })?;
+            // The node's greeting only (about 1 ms, no UCX): the program opens the store
+            // itself, in the background, and reports a wrong token there.
+            strata_net::probe_store(&store).with_context(|| {
+                format!(
+                    "the store {} cannot be reached",
+                    lookup("STRATA_STORE").unwrap_or_default()
+                )
+            })?;
         }
     }
     Ok(())

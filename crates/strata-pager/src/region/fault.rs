@@ -150,8 +150,9 @@ impl Shared {
         let mut end = page + 1;
         if self.write_streams.continues(page) {
             end = self.unprotect_run(page + 1, self.read_ahead);
+            self.write_streams.note_stream(page, end);
         }
-        self.write_streams.note(end);
+        self.write_streams.note(page, end);
     }
 
     /// Makes up to `max` clean resident pages from `first` on writable and dirty, stopping
@@ -256,6 +257,32 @@ impl Shared {
                 }
             }
         }
+        // Just below the start of a recent fill, whose first page is still resident: a
+        // descending stream. The window below the faulting page is claimed now (a fault on
+        // it waits for this filler) and read right after the faulting page, which is filled
+        // alone (only a run's first page may wait for a frame, and here it would be the
+        // last); the windows below that go to the read-ahead threads.
+        let descending = !sequential
+            && self.read_ahead > 0
+            && self.fill_streams.continues_down(page)
+            && page + 1 < self.pages.len()
+            && !matches!(
+                word::state(self.pages.load(page + 1)),
+                State::Absent | State::Poisoned
+            );
+        let mut below = 0;
+        if descending {
+            let zero = is_discarded(self.pages.load(page));
+            below = self.claim_run_down(page, self.read_ahead, zero);
+            if below == self.read_ahead {
+                for k in 2..=WINDOWS_AHEAD + 1 {
+                    let Some(first) = page.checked_sub(k * self.read_ahead) else {
+                        break;
+                    };
+                    self.queue_read_ahead(first, self.read_ahead);
+                }
+            }
+        }
         let together = if write { 1 } else { 1 + extra };
         match self.fill_run(
             page,
@@ -266,6 +293,9 @@ impl Shared {
             scratch,
         ) {
             Ok(n) => {
+                if sequential || descending {
+                    self.fill_streams.note_stream(page, page + n.max(1));
+                }
                 self.stats.record_fault(started.elapsed());
                 let ahead = n.saturating_sub(1) as u64;
                 bump(&self.counters.read_ahead_pages, ahead);
@@ -277,9 +307,15 @@ impl Shared {
                 } else if extra > 0 {
                     self.release_run(page + 1, extra);
                 }
+                if below > 0 {
+                    self.release_run(page - below, below);
+                }
                 self.record(e);
                 return;
             }
+        }
+        if below > 0 {
+            self.fill_ahead(page - below, below, scratch);
         }
         if write && self.read_ahead > 0 {
             self.continue_write_stream(page);
@@ -380,7 +416,11 @@ impl Shared {
         if !zero {
             self.stats.add_read(self.tier, inside as u64);
         }
-        self.fill_streams.note(first + got);
+        if matches!(source, FrameSource::ReadAhead) {
+            self.fill_streams.note_stream(first, first + got);
+        } else {
+            self.fill_streams.note(first, first + got);
+        }
         for (i, f) in frames.iter().enumerate() {
             self.frames.assign(*f, first + i);
         }

@@ -35,6 +35,22 @@ impl Shared {
         count
     }
 
+    /// Claims up to `max` absent pages just below `end` (`end - 1` first, then downwards),
+    /// stopping as [`Shared::claim_run`] does. Returns how many: the run is
+    /// `end - count..end`.
+    pub(super) fn claim_run_down(&self, end: usize, max: usize, zero: bool) -> usize {
+        let mut count = 0;
+        while count < max && count < end {
+            let q = end - 1 - count;
+            let w = self.pages.load(q);
+            if !joins_run(w, zero) || !self.pages.cas(q, w, word::with_state(w, State::Filling)) {
+                break;
+            }
+            count += 1;
+        }
+        count
+    }
+
     /// Fills claimed read-ahead pages, with free frames above the reserve only. Read-ahead is
     /// a guess: its failure is not the program's (the page's own fault reports a lasting
     /// store error).

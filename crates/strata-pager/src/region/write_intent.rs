@@ -21,12 +21,12 @@ pub(super) const WRITTEN: u64 = 1 << 62;
 
 /// One bit per page: installed writable on a guess, not seen written since.
 #[derive(Debug)]
-pub(super) struct Guessed(Vec<AtomicU64>);
+pub(super) struct Guessed(Box<[AtomicU64]>);
 
 impl Guessed {
     pub(super) fn new(pages: usize, enabled: bool) -> Self {
         let words = if enabled { pages.div_ceil(64) } else { 0 };
-        Self((0..words).map(|_| AtomicU64::new(0)).collect())
+        Self(crate::pages::zeroed_words(words))
     }
 
     fn bit(&self, page: usize) -> Option<(&AtomicU64, u64)> {
