@@ -120,8 +120,8 @@ pub struct GraphArgs {
     #[arg(long, default_value = "top-down")]
     bfs: String,
     /// Top-down BFS reads a work chunk's frontier rows in place, without moving their page,
-    /// when they hold less than this fraction of a page (0: pages always move as the space's
-    /// policy decides; 1: always in place).
+    /// when they hold less than this fraction of a page (0: the page of every chunk with a
+    /// frontier moves; above 1: every chunk is read in place).
     #[arg(long, default_value_t = strata_workloads::gpu::graph::DEFAULT_BFS_DENSE_FRACTION)]
     bfs_dense_fraction: f64,
     /// PageRank iterations.
@@ -146,7 +146,7 @@ pub struct GraphArgs {
 fn graph_config(args: &GraphArgs) -> anyhow::Result<GraphBenchConfig> {
     if args.bfs_dense_fraction.is_nan() || args.bfs_dense_fraction < 0.0 {
         anyhow::bail!(
-            "--bfs-dense-fraction {}: give a number >= 0 (0: pages always move; 1: frontier rows always read in place)",
+            "--bfs-dense-fraction {}: give a number >= 0 (0: the page of every chunk with a frontier moves; above 1: every chunk is read in place)",
             args.bfs_dense_fraction
         );
     }

@@ -213,15 +213,15 @@ impl GraphGpu {
     }
 
     /// Sets the fraction of a page's ids below which top-down BFS reads a chunk's frontier
-    /// rows in place rather than moving the page ([`DEFAULT_BFS_DENSE_FRACTION`]); 0 lets every
-    /// page move as the space's policy decides, 1 or more reads every chunk in place.
+    /// rows in place rather than moving the page ([`DEFAULT_BFS_DENSE_FRACTION`]); 0 moves the
+    /// page of every chunk with a frontier, above 1 reads every chunk in place.
     ///
     /// # Errors
     /// A fraction that is negative or not a number.
     pub fn set_bfs_dense_fraction(&mut self, fraction: f64) -> Result<(), GpuWorkloadError> {
         if fraction.is_nan() || fraction < 0.0 {
             return Err(GpuWorkloadError::Invalid(format!(
-                "BFS dense fraction {fraction} must be a number >= 0 (0: pages always move; 1: frontier rows always read in place)"
+                "BFS dense fraction {fraction} must be a number >= 0 (0: the page of every chunk with a frontier moves; above 1: every chunk is read in place)"
             )));
         }
         self.dense_ids = dense_ids(self.chunk_ids, fraction);
