@@ -28,7 +28,8 @@ pub struct RunArgs {
     /// none | lz4 | zfp:TOL (STRATA_CODEC).
     #[arg(long)]
     codec: Option<String>,
-    /// Pager page size (STRATA_PAGE_SIZE, default 64KiB).
+    /// Pager page size (STRATA_PAGE_SIZE). Default 64KiB, or 4KiB (16KiB over a memory node)
+    /// when the program's first large request is over 4x the budget.
     #[arg(long)]
     page_size: Option<String>,
     /// Smallest allocation paged by Strata (STRATA_RUN_THRESHOLD, default 256KiB).
