@@ -424,14 +424,37 @@ impl Shared {
         for (i, f) in frames.iter().enumerate() {
             self.frames.assign(*f, first + i);
         }
-        if let Err(e) = self.uffd.copy(self.page_addr(first), buf, !write) {
-            // EEXIST would mean someone mapped pages behind the pager's back (for example
-            // MADV_DONTNEED undone by a write from the kernel); anything else is a bug.
-            eprintln!("strata-pager: UFFDIO_COPY of page {first} failed: {e}");
-            for f in &frames {
+        let mut got = got;
+        let mut copied = self.uffd.copy(self.page_addr(first), buf, !write);
+        if copied.is_err() && got > 1 {
+            // The kernel copies into one of its mappings at a time (ENOENT otherwise), and a
+            // program can split the region into several (mprotect, a partial mremap): keep
+            // the first page alone and give the rest of the run back.
+            for f in &frames[1..] {
                 self.frames.push(*f);
             }
-            self.release_run(first, got);
+            self.release_run(first + 1, got - 1);
+            got = 1;
+            frames.truncate(1);
+            copied = self
+                .uffd
+                .copy(self.page_addr(first), &buf[..self.page_bytes], !write);
+        }
+        if let Err(e) = copied {
+            // EEXIST would mean someone mapped the page behind the pager's back (for example
+            // MADV_DONTNEED undone by a write from the kernel); ENOENT that the page is no
+            // longer in a mapping registered with the pager.
+            eprintln!("strata-pager: UFFDIO_COPY of page {first} failed: {e}");
+            self.frames.push(frames[0]);
+            match on_error {
+                // The faulting thread sleeps until this page is answered: poison it (or send
+                // SIGBUS) rather than leave the thread asleep for ever.
+                OnFillError::Poison { tid } => self.poison(first, *tid),
+                OnFillError::Release => {
+                    self.release_run(first, 1);
+                    self.wake(first);
+                }
+            }
             return Err(RegionError::Kernel {
                 op: "UFFDIO_COPY",
                 source: e,
