@@ -1153,32 +1153,6 @@ pub fn chart(rows: &[ChartRow], record: &crate::record::Record) -> crate::plot::
     }
 }
 
-/// Statistics with every counter zero (for tests that build rows by hand).
-#[cfg(test)]
-pub(crate) fn empty_stats() -> GpuStats {
-    GpuStats {
-        remote_reads: 0,
-        remote_writes: 0,
-        fault_hist: strata_gpu::space::FaultHistogram::default(),
-        hits: 0,
-        faults: 0,
-        evictions: 0,
-        writebacks: 0,
-        prefetched: 0,
-        bytes_in: 0,
-        bytes_out: 0,
-        fault_ns_total: 0,
-        fault_ns_max: 0,
-        no_frame_retries: 0,
-        protected_frames: 0,
-        optimistic_retries: 0,
-        read_through: 0,
-        host_cache_loads: 0,
-        background_writebacks: 0,
-        peer: None,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1226,7 +1200,7 @@ mod tests {
             uvm: None,
             ceiling: 50.0,
             ceiling_name: "x".into(),
-            stats: empty_stats(),
+            stats: GpuStats::default(),
         };
         let record = crate::record::Record::new(
             "gpu-micro",

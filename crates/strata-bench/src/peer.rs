@@ -1419,13 +1419,9 @@ mod tests {
                 slots: 1,
                 borrowed_bytes: 2 << 20,
                 loads,
-                stores: 0,
-                stale: 0,
-                refused: 0,
-                reclaims: 0,
-                reclaimed_chunks: 0,
+                ..Default::default()
             }),
-            ..crate::gpu_micro::empty_stats()
+            ..GpuStats::default()
         }
     }
 

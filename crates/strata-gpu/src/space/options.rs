@@ -651,14 +651,6 @@ mod tests {
             bytes_out: 8192,
             fault_ns_total: 10_000,
             fault_ns_max: 3_000,
-            no_frame_retries: 0,
-            protected_frames: 0,
-            optimistic_retries: 0,
-            read_through: 0,
-            host_cache_loads: 0,
-            background_writebacks: 0,
-            remote_reads: 0,
-            remote_writes: 0,
             fault_hist: {
                 let mut h = crate::space::FaultHistogram::default();
                 // 9 faults near 600 ns, one near 3 us.
@@ -666,7 +658,7 @@ mod tests {
                 h.0[crate::layout::fault_hist_bucket(3_000)] = 1;
                 h
             },
-            peer: None,
+            ..GpuStats::default()
         };
         assert_eq!(st.mean_fault_ns(), 1000);
         // p50 is the upper edge of 600 ns's bucket; p99 that of 3 us's.

@@ -62,8 +62,8 @@ impl FaultHistogram {
     }
 }
 
-/// A space's device statistics.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+/// A space's device statistics (`Default`: every counter zero, no peer tier).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct GpuStats {
     /// Accesses that found the page resident, pinned or optimistic (one per group of lanes
     /// on one page, not per element).
@@ -109,7 +109,7 @@ pub struct GpuStats {
 }
 
 /// A space's peer tier (memory borrowed from neighbour GPUs).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct PeerStats {
     /// Page slots the borrowed memory holds.
     pub slots: u64,
