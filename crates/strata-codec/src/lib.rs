@@ -25,7 +25,8 @@
 //!
 //! ZFP is lossy: with tolerance `t`, each value read back differs from the value written by
 //! at most `t`. Every ZFP page is decoded again right after compression and checked against
-//! that bound; a page that misses it, or holds NaN or infinity, is stored raw (exactly).
+//! that bound; a page that misses it, or holds NaN, infinity or a subnormal value (what pointers
+//! and small integers look like read as floats), is stored raw (exactly).
 #![warn(missing_docs)]
 
 mod zfp;
@@ -265,7 +266,7 @@ impl CompressedStore {
     /// ZFP-compresses a page if it is all finite and the result honours the bound.
     fn zfp_encode(&self, page: &[u8], tolerance: f64) -> Option<Vec<u8>> {
         let zfp = self.zfp.as_ref()?;
-        if !page.len().is_multiple_of(self.element.bytes()) || !all_finite(self.element, page) {
+        if !page.len().is_multiple_of(self.element.bytes()) || !lossy_safe(self.element, page) {
             return None;
         }
         let compressed = zfp.compress(self.element, page, tolerance)?;
@@ -589,8 +590,22 @@ fn values(element: ZfpElement, bytes: &[u8]) -> impl Iterator<Item = f64> + '_ {
         })
 }
 
-fn all_finite(element: ZfpElement, page: &[u8]) -> bool {
-    values(element, page).all(f64::is_finite)
+/// Whether every value of the page is zero or a normal number, so ZFP may store it within the
+/// tolerance. NaN and infinity have no error bound, and subnormal bit patterns are what
+/// pointers and non-negative integers below 2^52 (2^23 for `f32`) look like read as floats:
+/// rounding one of them within the tolerance (often to zero) would hand a program another
+/// pointer or integer, so such pages are stored exactly.
+fn lossy_safe(element: ZfpElement, page: &[u8]) -> bool {
+    match element {
+        ZfpElement::F64 => page.chunks_exact(8).all(|c| {
+            let v = f64::from_le_bytes(c.try_into().expect("8 bytes"));
+            v == 0.0 || v.is_normal()
+        }),
+        ZfpElement::F32 => page.chunks_exact(4).all(|c| {
+            let v = f32::from_le_bytes(c.try_into().expect("4 bytes"));
+            v == 0.0 || v.is_normal()
+        }),
+    }
 }
 
 fn within_bound(element: ZfpElement, original: &[u8], decoded: &[u8], tolerance: f64) -> bool {

@@ -297,6 +297,52 @@ fn zfp_stores_non_finite_pages_exactly() {
     assert_eq!(s.counters().pages_raw.load(Ordering::Relaxed), 1);
 }
 
+/// Pointers and small integers read as doubles are subnormal: a smooth page of doubles with
+/// one such word (a pointer in a struct of doubles, a length before an array) comes back bit
+/// for bit, while the same page without it is compressed (so the rule, not chance, kept it).
+#[test]
+fn zfp_stores_pages_with_pointers_or_small_integers_exactly() {
+    let mut rng = rng("zfp_subnormal");
+    let n = (PAGE / 8) as usize;
+    let (_, s) = store(CodecKind::Zfp { tolerance: 1e-3 }, 4 * PAGE);
+    let smooth: Vec<f64> = (0..n).map(|i| (i as f64 * 0.01).sin() + 2.0).collect();
+    let pointer = 0x7f00_0000_0000u64 + (rng.next_u64() & 0xff_ffff_fff8);
+    let small = rng.random_range(1..1u64 << 52);
+    for (page, word) in [(0u64, pointer), (1, small)] {
+        let mut bytes = f64_page(&smooth);
+        let at = rng.random_range(0..n) * 8;
+        bytes[at..at + 8].copy_from_slice(&word.to_le_bytes());
+        s.write_at(page * PAGE, &bytes).unwrap();
+        let mut out = vec![0u8; PAGE as usize];
+        s.read_at(page * PAGE, &mut out).unwrap();
+        assert_eq!(
+            out, bytes,
+            "page {page}: word {word:#x} at {at} must survive exactly"
+        );
+    }
+    assert_eq!(s.counters().pages_raw.load(Ordering::Relaxed), 2);
+    s.write_at(2 * PAGE, &f64_page(&smooth)).unwrap();
+    assert_eq!(s.counters().pages_compressed.load(Ordering::Relaxed), 1);
+    // The same for f32 pages: an i32 below 2^23 is a subnormal float.
+    let inner = Arc::new(MemoryStore::new(2 * PAGE));
+    let s = CompressedStore::new(inner, CodecKind::Zfp { tolerance: 1e-3 }, PAGE, PAGE)
+        .unwrap()
+        .with_zfp_element(ZfpElement::F32);
+    let mut bytes: Vec<u8> = (0..PAGE / 4)
+        .flat_map(|i| ((i as f32 * 0.01).sin() + 2.0).to_le_bytes())
+        .collect();
+    let at = rng.random_range(0..(PAGE / 4) as usize) * 4;
+    let int = rng.random_range(1..1u32 << 23);
+    bytes[at..at + 4].copy_from_slice(&int.to_le_bytes());
+    s.write_at(0, &bytes).unwrap();
+    let mut out = vec![0u8; PAGE as usize];
+    s.read_at(0, &mut out).unwrap();
+    assert_eq!(
+        out, bytes,
+        "f32 page: integer {int} at {at} must survive exactly"
+    );
+}
+
 #[test]
 fn zfp_f32_pages_honour_the_bound() {
     let mut rng = rng("zfp_f32");
