@@ -103,6 +103,10 @@ pub const KNOWN_VARIABLES: &[(&str, &str)] = &[
         "strata run: report descriptor (set by strata run)",
     ),
     ("STRATA_RUN_LIBRARY", "strata run: path of libstrata_run.so"),
+    (
+        "STRATA_RUN_LOSSY",
+        "strata run: `floats` allows a lossy codec (zfp): every paged allocation holds only f64 values",
+    ),
 ];
 
 /// Why a configuration was refused.
@@ -194,6 +198,39 @@ pub enum ConfigError {
     /// A required setting is missing.
     #[error("{0} is not set; set it on the builder or through its STRATA_ variable")]
     Missing(&'static str),
+    /// A lossy codec for a whole unmodified program, without its user's word that the paged
+    /// memory holds only floating-point values.
+    #[error(
+        "codec zfp:{tolerance} is lossy: it keeps each 8-byte word of a page only within {tolerance} of its value as a double, but an unmodified program's large allocations also hold pointers, integers and text, which it would change (GNU sort crashes); use --codec lz4 (lossless), or pass --lossy-floats (STRATA_RUN_LOSSY=floats) if every allocation of at least the threshold holds only f64 values"
+    )]
+    LossyUnconfirmed {
+        /// The codec's absolute error bound.
+        tolerance: f64,
+    },
+}
+
+/// Refuses a lossy codec for `strata run` unless `lossy` (`STRATA_RUN_LOSSY`) is `floats`:
+/// the interposer pages every large allocation of a program it knows nothing about, and ZFP
+/// changes any word that reads as a normal double by up to its tolerance. (The codec keeps
+/// words that read as subnormals, such as pointers and small integers, exact either way.)
+pub fn check_run_codec(codec: CodecKind, lossy: Option<&str>) -> Result<(), ConfigError> {
+    match lossy.map(str::trim) {
+        None => {}
+        Some("floats") => return Ok(()),
+        Some(other) => {
+            return Err(ConfigError::BadEnv {
+                name: "STRATA_RUN_LOSSY".into(),
+                value: other.into(),
+                reason:
+                    "write floats (every allocation Strata pages holds only f64 values) or unset it"
+                        .into(),
+            });
+        }
+    }
+    match codec {
+        CodecKind::Zfp { tolerance } => Err(ConfigError::LossyUnconfirmed { tolerance }),
+        CodecKind::None | CodecKind::Lz4 => Ok(()),
+    }
 }
 
 /// Longest `STRATA_REMOTE_TIMEOUT` accepted, in seconds (one day).
@@ -1063,5 +1100,26 @@ mod tests {
         assert!(e.to_string().contains("at most 86400"), "{e}");
         let e = StoreConfig::builder().timeout_secs(0).build().unwrap_err();
         assert!(e.to_string().contains("at least 1 second"));
+    }
+
+    #[test]
+    fn a_lossy_codec_for_a_whole_program_needs_the_users_word() {
+        let zfp = CodecKind::Zfp { tolerance: 1e-6 };
+        let e = check_run_codec(zfp, None).unwrap_err();
+        let m = e.to_string();
+        assert!(
+            m.contains("lossy") && m.contains("--lossy-floats") && m.contains("lz4"),
+            "{m}"
+        );
+        assert!(check_run_codec(zfp, Some("floats")).is_ok());
+        assert!(check_run_codec(zfp, Some(" floats ")).is_ok());
+        let e = check_run_codec(zfp, Some("yes")).unwrap_err();
+        assert!(e.to_string().contains("STRATA_RUN_LOSSY"), "{e}");
+        // The bad value is refused whatever the codec, so a typo never goes unnoticed.
+        assert!(check_run_codec(CodecKind::Lz4, Some("1")).is_err());
+        for codec in [CodecKind::None, CodecKind::Lz4] {
+            assert!(check_run_codec(codec, None).is_ok());
+            assert!(check_run_codec(codec, Some("floats")).is_ok());
+        }
     }
 }

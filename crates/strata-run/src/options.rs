@@ -154,6 +154,10 @@ impl Options {
         }
         let pager = pager.build()?;
         let store = StoreConfig::builder().with_env()?.build()?;
+        strata_core::config::check_run_codec(
+            store.codec,
+            std::env::var("STRATA_RUN_LOSSY").ok().as_deref(),
+        )?;
         let threshold = size_var("STRATA_RUN_THRESHOLD")?.unwrap_or(DEFAULT_THRESHOLD);
         if threshold < pager.page_bytes {
             return Err(OptionsError::Bad(format!(

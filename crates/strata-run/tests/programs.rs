@@ -117,7 +117,10 @@ fn same_output_with(
         "{program:?} failed natively: {want:?}"
     );
     for opts in configs {
-        let stats = scratch("stats").join("report.json");
+        // One file per run: tests run in parallel in this process.
+        static RUNS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let stats = scratch("stats").join(format!("report-{n}.json"));
         let mut all: Vec<&str> = opts.to_vec();
         let stats_s = stats.to_string_lossy().into_owned();
         all.extend(["--stats", &stats_s]);
@@ -253,9 +256,8 @@ fn sort_of_a_file_larger_than_the_budget() {
     );
 }
 
-#[test]
-fn numpy_sorts_an_array_four_times_the_budget() {
-    let Some(strata) = strata() else { return };
+/// Whether `python3` has NumPy (installed with pip if missing); says so loudly if not.
+fn numpy_or_skip() -> bool {
     let has_numpy = || {
         Command::new("python3")
             .args(["-c", "import numpy"])
@@ -270,8 +272,17 @@ fn numpy_sorts_an_array_four_times_the_budget() {
             eprintln!(
                 "\n*** SKIPPED: NumPy is missing and `python3 -m pip install numpy` failed; install pip ***\n"
             );
-            return;
+            return false;
         }
+    }
+    true
+}
+
+#[test]
+fn numpy_sorts_an_array_four_times_the_budget() {
+    let Some(strata) = strata() else { return };
+    if !numpy_or_skip() {
+        return;
     }
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/numpy_sort.py");
     let s = seed().to_string();
@@ -281,6 +292,51 @@ fn numpy_sorts_an_array_four_times_the_budget() {
         &strata,
         &["python3", &sc, &s, "64"],
         &CONFIGS[..2],
+        Duration::from_secs(90),
+    );
+}
+
+/// ZFP is lossy, so `strata run` takes it only with `--lossy-floats`; given that word, a
+/// program whose paged memory holds doubles reads each back within the tolerance, over the
+/// memory and the file store.
+#[test]
+fn a_lossy_codec_keeps_its_bound_for_a_program_of_floats() {
+    let Some(strata) = strata() else { return };
+    if !numpy_or_skip() {
+        return;
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/zfp_floats.py");
+    let s = seed().to_string();
+    let sc = script.to_string_lossy();
+    let program = ["python3", &sc, &s, "64", "1e-6"];
+    let refused = run(
+        under(
+            &strata,
+            &["--memory", "16MiB", "--codec", "zfp:1e-6"],
+            &program,
+        ),
+        Duration::from_secs(30),
+    );
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && err.contains("lossy") && err.contains("--lossy-floats"),
+        "zfp without --lossy-floats: {refused:?}"
+    );
+    same_output(
+        &strata,
+        &program,
+        &[
+            &["--memory", "16MiB", "--codec", "zfp:1e-6", "--lossy-floats"],
+            &[
+                "--memory",
+                "16MiB",
+                "--store",
+                "file",
+                "--codec",
+                "zfp:1e-6",
+                "--lossy-floats",
+            ],
+        ],
         Duration::from_secs(90),
     );
 }
@@ -398,6 +454,9 @@ fn bad_input_is_refused_before_the_program_starts() {
         (&["--memory", "64KiB"], "too small to run at all"),
         (&["--memory", "lots"], "is not a size"),
         (&["--codec", "gzip"], "codec"),
+        (&["--codec", "zfp:1e-6"], "--lossy-floats"),
+        (&["--page-size", "3000"], "--page-size 3000"),
+        (&["--stats", "/nonexistent/dir/report.json"], "--stats"),
         (&["--store", "file:/nonexistent/dir"], "does not exist"),
         (&["--store", "remote:127.0.0.1:1"], "token"),
     ];

@@ -25,9 +25,13 @@ pub struct RunArgs {
     /// DIR, default the temporary directory, and removed at once).
     #[arg(long)]
     store: Option<String>,
-    /// none | lz4 | zfp:TOL (STRATA_CODEC).
+    /// none | lz4 | zfp:TOL (STRATA_CODEC). zfp is lossy and needs --lossy-floats.
     #[arg(long)]
     codec: Option<String>,
+    /// Allow a lossy codec (zfp): every allocation of at least the threshold holds only f64
+    /// values, which may come back changed by up to the tolerance (STRATA_RUN_LOSSY=floats).
+    #[arg(long)]
+    lossy_floats: bool,
     /// Pager page size (STRATA_PAGE_SIZE). Default 64KiB, or 4KiB (16KiB over a memory node)
     /// when the program's first large request is over 4x the budget.
     #[arg(long)]
@@ -52,6 +56,16 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     let mut check: EnvVars = strata_core::config::process_env()?;
     check.extend(env.iter().cloned());
     validate(&check)?;
+    // Opened now, so that an unwritable path is refused before the program runs.
+    let stats_file = match &args.stats {
+        Some(path) => Some(std::fs::File::create(path).with_context(|| {
+            format!(
+                "cannot write the report to {}; pick a writable path for --stats",
+                path.display()
+            )
+        })?),
+        None => None,
+    };
     let library = library()?;
     let report = sys::memfd().context("creating the report file (memfd_create)")?;
     let mut preload = library.into_os_string();
@@ -87,7 +101,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     if args.summary {
         eprintln!("{}", summary(&totals, wall, reports.len()));
     }
-    if let Some(path) = &args.stats {
+    if let (Some(path), Some(mut file)) = (&args.stats, stats_file) {
         let doc = serde_json::json!({
             "program": args.program.iter().map(|a| a.to_string_lossy()).collect::<Vec<_>>(),
             "exit_code": status.code(),
@@ -96,8 +110,15 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
             "totals": totals,
             "processes": reports,
         });
-        std::fs::write(path, serde_json::to_string_pretty(&doc)?)
-            .with_context(|| format!("writing the report to {}", path.display()))?;
+        // The program has run: a failed write is reported, and its status still passes.
+        if let Err(e) =
+            std::io::Write::write_all(&mut file, serde_json::to_string_pretty(&doc)?.as_bytes())
+        {
+            eprintln!(
+                "strata run: writing the report to {} failed: {e}",
+                path.display()
+            );
+        }
     }
     if let Some(sig) = status.signal() {
         if sig == sys::SIGBUS {
@@ -136,6 +157,9 @@ fn settings(args: &RunArgs) -> anyhow::Result<EnvVars> {
     if let Some(c) = &args.codec {
         env.push(("STRATA_CODEC".into(), c.clone()));
     }
+    if args.lossy_floats {
+        env.push(("STRATA_RUN_LOSSY".into(), "floats".into()));
+    }
     Ok(env)
 }
 
@@ -160,6 +184,15 @@ fn validate(env: &EnvVars) -> anyhow::Result<()> {
         }
         pager = pager.buffer_bytes(bytes);
     }
+    if let Some(p) = lookup("STRATA_PAGE_SIZE") {
+        // A bad page size on its own, not as a budget too small for it.
+        let bytes = parse_size(&p)?;
+        PagerConfig::builder()
+            .page_bytes(bytes)
+            .buffer_bytes(bytes.saturating_mul(64))
+            .build()
+            .with_context(|| format!("--page-size {p} (STRATA_PAGE_SIZE) cannot be used"))?;
+    }
     let pager = pager.build().context(
         "the memory budget is too small to run at all (the pager needs at least 4 pages); raise --memory or lower --page-size",
     )?;
@@ -172,6 +205,7 @@ fn validate(env: &EnvVars) -> anyhow::Result<()> {
         );
     }
     let store = StoreConfig::builder().with_env_vars(env)?.build()?;
+    strata_core::config::check_run_codec(store.codec, lookup("STRATA_RUN_LOSSY").as_deref())?;
     match &store.kind {
         StoreKind::Memory => {}
         StoreKind::File { path } => {
