@@ -156,6 +156,91 @@ const CONFIGS: &[&[&str]] = &[
     &["--memory", "16MiB", "--store", "file", "--codec", "lz4"],
 ];
 
+/// A memory node on loopback for one test, and what `strata run` needs to reach it.
+struct TestNode {
+    node: strata_net::MemoryNode,
+    store: String,
+    token: String,
+}
+
+impl TestNode {
+    fn start() -> Self {
+        let token = format!("strata-run-test-token-{:x}", seed());
+        let node = strata_net::MemoryNode::start(strata_net::ServeOptions::new(
+            "127.0.0.1:0".parse().expect("address"),
+            1 << 30,
+            token.clone(),
+        ))
+        .expect("a memory node on loopback");
+        let store = format!("remote:{}", node.address());
+        Self { node, store, token }
+    }
+
+    /// The environment of a program over this node (also harmless for the other stores).
+    fn env(&self) -> Vec<(&str, &str)> {
+        vec![
+            ("STRATA_REMOTE_TOKEN", self.token.as_str()),
+            ("STRATA_REMOTE_TIMEOUT", "30"),
+            // Each process asks the node for its whole (virtual) arena.
+            ("STRATA_RUN_ARENA", "256MiB"),
+        ]
+    }
+
+    /// [`CONFIGS`] followed by this node without and with LZ4, each with `budget`.
+    fn configs(&self, budget: &str) -> Vec<Vec<String>> {
+        let mut all: Vec<Vec<String>> = CONFIGS
+            .iter()
+            .map(|c| {
+                let mut c: Vec<String> = c.iter().map(ToString::to_string).collect();
+                c[1] = budget.to_string();
+                c
+            })
+            .collect();
+        for codec in ["none", "lz4"] {
+            all.push(
+                ["--memory", budget, "--store", &self.store, "--codec", codec]
+                    .map(String::from)
+                    .to_vec(),
+            );
+        }
+        all
+    }
+
+    /// Bytes the node received and sent so far.
+    fn moved(&self) -> (u64, u64) {
+        let c = self.node.counters();
+        (
+            c.bytes_written.load(std::sync::atomic::Ordering::Relaxed),
+            c.bytes_read.load(std::sync::atomic::Ordering::Relaxed),
+        )
+    }
+}
+
+/// `configs` as the slices [`same_output`] takes.
+fn borrowed(configs: &[Vec<String>]) -> Vec<Vec<&str>> {
+    configs
+        .iter()
+        .map(|c| c.iter().map(String::as_str).collect())
+        .collect()
+}
+
+/// [`same_output`] over every store (memory, file, a memory node on loopback), each without
+/// and with LZ4, with `budget`; checks that pages went through the node.
+fn same_output_everywhere(strata: &Path, program: &[&str], budget: &str, limit: Duration) {
+    let node = TestNode::start();
+    let configs = node.configs(budget);
+    let configs = borrowed(&configs);
+    let slices: Vec<&[&str]> = configs.iter().map(Vec::as_slice).collect();
+    same_output_with(strata, program, &slices, limit, &node.env());
+    let (written, read) = node.moved();
+    println!("memory node: {written} bytes written, {read} bytes read");
+    assert!(
+        written > 0 && read > 0,
+        "{program:?}: no page went through the memory node ({written} written, {read} read)"
+    );
+    node.node.shutdown();
+}
+
 #[test]
 fn threads_check_every_byte_over_each_store() {
     let Some(strata) = strata() else { return };
@@ -177,38 +262,28 @@ fn a_memory_node_on_loopback_serves_the_arena() {
     let Some(strata) = strata() else { return };
     let dir = scratch("node");
     let prog = compile("check_bytes", &dir);
-    let s = seed();
-    let token = format!("strata-run-test-token-{s:x}");
-    let node = strata_net::MemoryNode::start(strata_net::ServeOptions::new(
-        "127.0.0.1:0".parse().expect("address"),
-        1 << 30,
-        token.clone(),
-    ))
-    .expect("a memory node on loopback");
-    let store = format!("remote:{}", node.address());
+    let node = TestNode::start();
     let p = prog.to_string_lossy();
-    let seed_s = s.to_string();
+    let seed_s = seed().to_string();
     // 2 threads x 24 MiB plus a 16 MiB mapping, with a 16 MiB budget, every byte checked.
     same_output_with(
         &strata,
         &[&p, &seed_s, "2", "24"],
         &[
-            &["--memory", "16MiB", "--store", &store],
-            &["--memory", "16MiB", "--store", &store, "--codec", "lz4"],
+            &["--memory", "16MiB", "--store", &node.store],
+            &[
+                "--memory",
+                "16MiB",
+                "--store",
+                &node.store,
+                "--codec",
+                "lz4",
+            ],
         ],
         Duration::from_secs(90),
-        &[
-            ("STRATA_REMOTE_TOKEN", &token),
-            ("STRATA_REMOTE_TIMEOUT", "30"),
-            // Each process asks the node for its whole (virtual) arena.
-            ("STRATA_RUN_ARENA", "256MiB"),
-        ],
+        &node.env(),
     );
-    let c = node.counters();
-    let (written, read) = (
-        c.bytes_written.load(std::sync::atomic::Ordering::Relaxed),
-        c.bytes_read.load(std::sync::atomic::Ordering::Relaxed),
-    );
+    let (written, read) = node.moved();
     println!("memory node: {written} bytes written, {read} bytes read");
     assert!(
         written > 16 << 20 && read > 0,
@@ -219,7 +294,7 @@ fn a_memory_node_on_loopback_serves_the_arena() {
     let once = compile("write_once", &dir);
     let mut c = under(
         &strata,
-        &["--memory", "16MiB", "--store", &store],
+        &["--memory", "16MiB", "--store", &node.store],
         &[&once.to_string_lossy(), "64", "7"],
     );
     c.env("STRATA_REMOTE_TOKEN", "strata-run-test-wrong-token")
@@ -232,7 +307,7 @@ fn a_memory_node_on_loopback_serves_the_arena() {
         "{err}"
     );
     assert!(out.stdout.is_empty(), "a result without its data: {out:?}");
-    node.shutdown();
+    node.node.shutdown();
 }
 
 #[test]
@@ -248,10 +323,10 @@ fn sort_of_a_file_larger_than_the_budget() {
     }
     std::fs::write(&input, text).expect("input");
     let i = input.to_string_lossy();
-    same_output(
+    same_output_everywhere(
         &strata,
         &["sort", "-S", "64M", "--parallel=2", &i],
-        &CONFIGS[..2],
+        "16MiB",
         Duration::from_secs(60),
     );
 }
@@ -288,10 +363,10 @@ fn numpy_sorts_an_array_four_times_the_budget() {
     let s = seed().to_string();
     let sc = script.to_string_lossy();
     // 64 MiB of float64 against a 16 MiB budget.
-    same_output(
+    same_output_everywhere(
         &strata,
         &["python3", &sc, &s, "64"],
-        &CONFIGS[..2],
+        "16MiB",
         Duration::from_secs(90),
     );
 }
@@ -350,28 +425,29 @@ fn stress_ng_vm_verifies_under_the_budget() {
         );
         return;
     }
-    for opts in &CONFIGS[..2] {
-        let mut all = opts.to_vec();
+    let node = TestNode::start();
+    let configs = node.configs("16MiB");
+    for opts in borrowed(&configs) {
+        let mut all = opts.clone();
         all.push("--summary");
-        let out = run(
-            under(
-                &strata,
-                &all,
-                &[
-                    "stress-ng",
-                    "--vm",
-                    "2",
-                    "--vm-bytes",
-                    "32M",
-                    "--verify",
-                    "--vm-ops",
-                    "300",
-                    "-t",
-                    "30s",
-                ],
-            ),
-            Duration::from_secs(60),
+        let mut cmd = under(
+            &strata,
+            &all,
+            &[
+                "stress-ng",
+                "--vm",
+                "2",
+                "--vm-bytes",
+                "32M",
+                "--verify",
+                "--vm-ops",
+                "300",
+                "-t",
+                "30s",
+            ],
         );
+        cmd.envs(node.env());
+        let out = run(cmd, Duration::from_secs(60));
         let err = String::from_utf8_lossy(&out.stderr);
         println!("{err}");
         assert!(
@@ -387,6 +463,12 @@ fn stress_ng_vm_verifies_under_the_budget() {
             "stress-ng's memory was not paged: {err}"
         );
     }
+    let (written, read) = node.moved();
+    assert!(
+        written > 0 && read > 0,
+        "no page of stress-ng went through the memory node ({written} written, {read} read)"
+    );
+    node.node.shutdown();
 }
 
 #[test]
@@ -395,12 +477,7 @@ fn fork_exec_works_and_a_forked_child_is_refused_clearly() {
     let dir = scratch("fork");
     let prog = compile("fork_exec", &dir);
     let p = prog.to_string_lossy();
-    same_output(
-        &strata,
-        &[&p, "exec"],
-        &[&["--memory", "4MiB"]],
-        Duration::from_secs(30),
-    );
+    same_output_everywhere(&strata, &[&p, "exec"], "4MiB", Duration::from_secs(30));
     let out = run(
         under(&strata, &["--memory", "4MiB"], &[&p, "touch"]),
         Duration::from_secs(30),
