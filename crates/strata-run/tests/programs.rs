@@ -573,6 +573,34 @@ fn bad_input_is_refused_before_the_program_starts() {
     );
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot start"));
+    // A statically linked program has no loader to preload the library: refused, not run
+    // unpaged. (Skipped where the C library has no static archive.)
+    let dir = scratch("static");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/write_once.c");
+    let out_path = dir.join("write_once_static");
+    let built = Command::new("gcc")
+        .args(["-O2", "-static", "-o"])
+        .arg(&out_path)
+        .arg(&src)
+        .status()
+        .is_ok_and(|s| s.success());
+    if built {
+        let out = run(
+            under(
+                &strata,
+                &["--memory", "4MiB"],
+                &[&out_path.to_string_lossy(), "16", "3"],
+            ),
+            Duration::from_secs(10),
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains("statically linked") && out.stdout.is_empty(),
+            "a static program: {out:?}"
+        );
+    } else {
+        eprintln!("\n*** SKIPPED the static-program case: gcc -static failed (no libc.a) ***\n");
+    }
 }
 
 #[test]

@@ -4,4 +4,5 @@
 pub mod broker;
 pub mod info;
 pub mod run;
+mod run_target;
 pub mod serve;

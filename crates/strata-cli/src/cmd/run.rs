@@ -56,6 +56,9 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     let mut check: EnvVars = strata_core::config::process_env()?;
     check.extend(env.iter().cloned());
     validate(&check)?;
+    if let Some(why) = super::run_target::preload_refusal(&args.program[0]) {
+        bail!("{why}");
+    }
     // Opened now, so that an unwritable path is refused before the program runs.
     let stats_file = match &args.stats {
         Some(path) => Some(std::fs::File::create(path).with_context(|| {
