@@ -182,12 +182,12 @@ impl CompressedStore {
         };
         let page = usize::try_from(page_bytes).map_err(|_| CodecError::TooLarge(page_bytes))?;
         let count = usize::try_from(pages).map_err(|_| CodecError::TooLarge(size))?;
-        // 4 bytes per page: refuse a table this machine cannot hold rather than abort.
-        let mut known_lengths = Vec::new();
-        known_lengths
-            .try_reserve_exact(count)
-            .map_err(|_| CodecError::TooLarge(size))?;
-        known_lengths.extend((0..count).map(|_| AtomicU32::new(0)));
+        // 4 bytes per page: refuse a table this machine cannot hold rather than abort. It
+        // comes zeroed from the allocator and is never written whole, so only the entries of
+        // pages written take memory (64 MiB of table over a 64 GiB arena of 4 KiB pages was
+        // all resident before a program's first fault).
+        let known_lengths = bytemuck::allocation::try_zeroed_slice_box::<AtomicU32>(count)
+            .map_err(|()| CodecError::TooLarge(size))?;
         Ok(Self {
             inner,
             codec,
@@ -195,7 +195,7 @@ impl CompressedStore {
             element: ZfpElement::F64,
             page,
             size,
-            known_lengths: known_lengths.into_boxed_slice(),
+            known_lengths,
             counters: CodecCounters::default(),
         })
     }

@@ -20,7 +20,7 @@ pub use config::{ConfigError, PagerConfig, SpaceConfig, StoreConfig};
 pub use geometry::{GeometryError, PageSize, SpaceGeometry};
 pub use stats::{Stats, StatsSnapshot, Tier};
 pub use store::{
-    FaultPlan, FaultyStore, FileStore, FileStoreOpenError, FileStoreOptions, MemoryStore, Store,
-    StoreError,
+    FaultPlan, FaultyStore, FileStore, FileStoreOpenError, FileStoreOptions, MemoryStore,
+    PackedMemoryStore, Store, StoreError,
 };
 pub use units::{format_size, parse_size};

@@ -81,7 +81,7 @@ use std::time::Duration;
 
 use strata_codec::{CodecError, CompressedStore};
 use strata_core::config::{CodecKind, StoreConfig, StoreKind};
-use strata_core::store::{FileStore, FileStoreOptions, MemoryStore, Store};
+use strata_core::store::{FileStore, FileStoreOptions, MemoryStore, PackedMemoryStore, Store};
 
 pub use client::{AccessPath, NetworkCounters, RemoteOpenError, RemoteStore, RemoteStoreOptions};
 pub use server::{MemoryNode, ServeError, ServeOptions};
@@ -172,7 +172,14 @@ pub fn open_store_with_page(
         _ => CompressedStore::inner_size(size, page_bytes)?,
     };
     let inner: Arc<dyn Store> = match &config.kind {
-        StoreKind::Memory => Arc::new(MemoryStore::new(inner_size)),
+        // Under a codec each slot is kept at its compressed size, not a whole slot.
+        StoreKind::Memory => match config.codec {
+            CodecKind::None => Arc::new(MemoryStore::new(inner_size)),
+            _ => Arc::new(PackedMemoryStore::new(
+                inner_size,
+                CompressedStore::slot_bytes(page_bytes),
+            )),
+        },
         StoreKind::File { path } => Arc::new(
             FileStore::open(
                 path,

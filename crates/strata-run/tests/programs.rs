@@ -820,3 +820,36 @@ fn small_pages_over_a_large_arena_cost_no_memory_until_used() {
         "peak resident {peak} bytes: {v}"
     );
 }
+
+/// LZ4 in memory holds each page at its compressed size. Before, a memory store kept whole
+/// slots (a 4 KiB page took at least a 4 KiB page of RAM) and the codec's page table over
+/// the 64 GiB arena was all resident: writing 96 MiB of nearly empty pages in an 8 MiB budget
+/// left the process over 160 MiB resident, more than running it without Strata.
+#[test]
+fn a_compressed_memory_store_holds_pages_at_their_compressed_size() {
+    let Some(_) = strata() else { return };
+    let dir = scratch("packed");
+    let prog = compile("write_once", &dir);
+    let stats = dir.join("stats.jsonl");
+    let mut c = Command::new(&prog);
+    c.args(["96", &(1 + seed() % 250).to_string()])
+        .env("LD_PRELOAD", target_dir().join("libstrata_run.so"))
+        .env("STRATA_RUN_MEMORY", "8MiB")
+        .env("STRATA_PAGE_SIZE", "4KiB")
+        .env("STRATA_CODEC", "lz4")
+        .env("STRATA_RUN_STATS", &stats);
+    let out = run(c, Duration::from_secs(60));
+    assert!(out.status.success(), "{out:?}");
+    let line = std::fs::read_to_string(&stats).expect("report written at exit");
+    let v: serde_json::Value = serde_json::from_str(line.lines().next().unwrap()).unwrap();
+    let peak = v["peak_rss_bytes"]
+        .as_u64()
+        .expect("peak_rss_bytes in the report");
+    let evictions = v["stats"]["evictions"].as_u64().unwrap_or(0);
+    println!("peak resident: {} KiB, {evictions} evictions", peak >> 10);
+    assert!(evictions > 10_000, "the budget did not bind: {v}");
+    assert!(
+        peak > 0 && peak < 40 << 20,
+        "peak resident {peak} bytes for 96 MiB of compressible pages in 8 MiB: {v}"
+    );
+}

@@ -10,10 +10,12 @@
 mod faulty;
 mod file;
 mod memory;
+mod packed;
 
 pub use faulty::{FaultCounts, FaultPlan, FaultPlanError, FaultyStore};
 pub use file::{FileStore, FileStoreOpenError, FileStoreOptions};
 pub use memory::MemoryStore;
+pub use packed::PackedMemoryStore;
 
 use std::io;
 
