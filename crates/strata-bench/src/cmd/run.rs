@@ -74,6 +74,10 @@ struct Row {
     over_limit_s: f64,
     /// Strata: seconds the program's threads waited on faults (summed over threads).
     fault_wait_s: f64,
+    /// Strata: the program's peak resident memory (summed over its paged processes; the
+    /// budget, the rest of the program, and a memory store's contents). Kernel rows: 0, as
+    /// their memory group holds them to the limit.
+    peak_rss_bytes: u64,
     /// 1-minute load average when the run started (2 cores shared with others).
     load_before: f64,
     /// Exited 0 and printed the reference output.
@@ -276,6 +280,7 @@ pub fn run(args: &RunBenchArgs) -> anyhow::Result<()> {
             bytes_out: 0,
             oom_retries: 0,
             over_limit_s: 0.0,
+            peak_rss_bytes: 0,
             fault_wait_s: 0.0,
             load_before: load,
             ok: true,
@@ -306,6 +311,7 @@ pub fn run(args: &RunBenchArgs) -> anyhow::Result<()> {
                         bytes_out: r.swap_out_bytes,
                         oom_retries: r.oom_retries,
                         over_limit_s: r.over_limit_seconds,
+                        peak_rss_bytes: 0,
                         fault_wait_s: 0.0,
                         load_before,
                         ok: good && swap.is_on(),
@@ -435,6 +441,9 @@ fn strata_row(
         serde_json::from_slice(&std::fs::read(&stats).unwrap_or_default()).unwrap_or_default();
     drop(stats_guard);
     let t = &v["totals"];
+    let peak_rss_bytes = v["processes"].as_array().map_or(0, |ps| {
+        ps.iter().filter_map(|p| p["peak_rss_bytes"].as_u64()).sum()
+    });
     let good = ok && out == reference;
     Ok(Row {
         program: String::new(),
@@ -446,6 +455,7 @@ fn strata_row(
         bytes_out: t["bytes_written"].as_u64().unwrap_or(0),
         oom_retries: 0,
         over_limit_s: 0.0,
+        peak_rss_bytes,
         fault_wait_s: t["fault_wait_ns"].as_u64().unwrap_or(0) as f64 / 1e9,
         load_before: 0.0,
         ok: good,
@@ -460,7 +470,7 @@ fn strata_row(
 fn print_row(r: Option<&Row>) {
     if let Some(r) = r {
         eprintln!(
-            "{:<10} {:<36} {:>8.2} s  faults {:>9}  in {:>10}  out {:>10}  oom retries {:>4} ({:.2} s over)  load {:.1}  {}",
+            "{:<10} {:<36} {:>8.2} s  faults {:>9}  in {:>10}  out {:>10}  oom retries {:>4} ({:.2} s over)  peak RSS {:>10}  load {:.1}  {}",
             r.program,
             label(&r.contestant),
             r.wall_s,
@@ -469,6 +479,11 @@ fn print_row(r: Option<&Row>) {
             format_size(r.bytes_out),
             r.oom_retries,
             r.over_limit_s,
+            if r.peak_rss_bytes > 0 {
+                format_size(r.peak_rss_bytes)
+            } else {
+                "-".into()
+            },
             r.load_before,
             if r.ok { "ok" } else { &r.note }
         );
