@@ -139,6 +139,24 @@ pub fn threshold_from_env() -> u64 {
         .unwrap_or(DEFAULT_THRESHOLD)
 }
 
+/// The arena's virtual size when none is given: [`DEFAULT_ARENA`], or half the address space
+/// an `RLIMIT_AS` (`ulimit -v`) leaves, so that the program keeps the other half for its own
+/// mappings; refused when that half cannot hold the budget.
+pub fn default_arena(address_space_left: Option<u64>, budget: u64) -> Result<u64, OptionsError> {
+    let Some(left) = address_space_left else {
+        return Ok(DEFAULT_ARENA);
+    };
+    let arena = DEFAULT_ARENA.min(left / 2);
+    if arena < budget {
+        return Err(OptionsError::Bad(format!(
+            "the address-space limit (ulimit -v) leaves {} of address space, and the arena needs at least the memory budget ({}) in half of it; raise the limit or lower the budget",
+            strata_core::format_size(left),
+            strata_core::format_size(budget)
+        )));
+    }
+    Ok(arena)
+}
+
 impl Options {
     /// Reads and validates every setting.
     pub fn from_env() -> Result<Self, OptionsError> {
@@ -165,13 +183,18 @@ impl Options {
                 pager.page_bytes
             )));
         }
-        let arena_bytes = size_var("STRATA_RUN_ARENA")?.unwrap_or(DEFAULT_ARENA);
-        if arena_bytes < pager.buffer_bytes {
-            return Err(OptionsError::Bad(format!(
-                "STRATA_RUN_ARENA ({arena_bytes} bytes) is smaller than the memory budget ({} bytes); give the arena at least the budget",
-                pager.buffer_bytes
-            )));
-        }
+        let arena_bytes = match size_var("STRATA_RUN_ARENA")? {
+            Some(given) => {
+                if given < pager.buffer_bytes {
+                    return Err(OptionsError::Bad(format!(
+                        "STRATA_RUN_ARENA ({given} bytes) is smaller than the memory budget ({} bytes); give the arena at least the budget",
+                        pager.buffer_bytes
+                    )));
+                }
+                given
+            }
+            None => default_arena(crate::sys::address_space_left(), pager.buffer_bytes)?,
+        };
         let report_fd = match std::env::var("STRATA_RUN_REPORT_FD") {
             Ok(v) => Some(v.trim().parse::<i32>().map_err(|_| {
                 OptionsError::Bad(format!(
@@ -204,6 +227,21 @@ impl Options {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_default_arena_fits_an_address_space_limit() {
+        let (mib, gib) = (1u64 << 20, 1u64 << 30);
+        assert_eq!(default_arena(None, 8 * mib).unwrap(), DEFAULT_ARENA);
+        assert_eq!(
+            default_arena(Some(1 << 50), 8 * mib).unwrap(),
+            DEFAULT_ARENA
+        );
+        assert_eq!(default_arena(Some(6 * gib), 8 * mib).unwrap(), 3 * gib);
+        let e = default_arena(Some(12 * mib), 8 * mib)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("ulimit -v") && e.contains("budget"), "{e}");
+    }
 
     #[test]
     fn the_page_shrinks_only_far_beyond_the_budget_and_never_when_given() {

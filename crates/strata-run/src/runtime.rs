@@ -262,7 +262,12 @@ impl Runtime {
             .config(options.pager.clone())
             .predict_writes(options.predict_writes)
             .build()
-            .map_err(|e| format!("cannot map the arena over {described}: {e}"))?;
+            .map_err(|e| {
+                format!(
+                    "cannot map the arena ({}) over {described}: {e}; set STRATA_RUN_ARENA to a smaller virtual size (at least the budget)",
+                    strata_core::format_size(arena_bytes)
+                )
+            })?;
         let base = region.as_ptr() as usize;
         let len = region.len();
         sys::dont_fork(region.as_ptr(), len)

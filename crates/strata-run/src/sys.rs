@@ -255,3 +255,23 @@ pub fn getenv(name: &CStr) -> Option<&'static [u8]> {
         Some(unsafe { CStr::from_ptr(p) }.to_bytes())
     }
 }
+
+/// Bytes of address space this process may still map under its soft `RLIMIT_AS` (`None`:
+/// no limit). Reads the process's mapped size from `/proc/self/statm`.
+pub fn address_space_left() -> Option<u64> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `limit` is a valid rlimit to fill.
+    if unsafe { libc::getrlimit(libc::RLIMIT_AS, &raw mut limit) } != 0
+        || limit.rlim_cur == libc::RLIM_INFINITY
+    {
+        return None;
+    }
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().next()?.parse().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let page = u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+    Some(limit.rlim_cur.saturating_sub(pages.saturating_mul(page)))
+}

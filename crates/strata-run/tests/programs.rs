@@ -853,3 +853,43 @@ fn a_compressed_memory_store_holds_pages_at_their_compressed_size() {
         "peak resident {peak} bytes for 96 MiB of compressible pages in 8 MiB: {v}"
     );
 }
+
+/// Under an address-space limit (`ulimit -v`) the arena shrinks to fit instead of failing to
+/// map its default 64 GiB (before: status 125, "cannot map the arena"); a limit that cannot
+/// hold the budget is refused, saying so.
+#[test]
+fn an_address_space_limit_shrinks_the_arena() {
+    let Some(strata) = strata() else { return };
+    let dir = scratch("ulimit");
+    let prog = compile("write_once", &dir);
+    let p = prog.to_string_lossy().into_owned();
+    let s = (1 + seed() % 250).to_string();
+    let want = run(native(&[&p, "48", &s]), Duration::from_secs(30));
+    let under_limit = |kib: &str, budget: &str| {
+        let mut c = Command::new("sh");
+        c.args([
+            "-c",
+            "ulimit -v \"$1\" && exec \"$2\" run --memory \"$3\" -- \"$4\" 48 \"$5\"",
+            "sh",
+            kib,
+        ])
+        .arg(&strata)
+        .args([budget, &p, &s]);
+        run(c, Duration::from_secs(60))
+    };
+    // 4 GiB of address space: an arena of about 2 GiB.
+    let got = under_limit("4194304", "8MiB");
+    assert!(
+        got.status.success(),
+        "{}",
+        String::from_utf8_lossy(&got.stderr)
+    );
+    assert_eq!(got.stdout, want.stdout);
+    // 100 MiB cannot hold a 64 MiB budget in half of it.
+    let got = under_limit("102400", "64MiB");
+    let err = String::from_utf8_lossy(&got.stderr);
+    assert!(
+        !got.status.success() && err.contains("ulimit -v") && got.stdout.is_empty(),
+        "{got:?}"
+    );
+}
