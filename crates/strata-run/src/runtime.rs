@@ -115,9 +115,8 @@ pub fn runtime_for(first_request: usize) -> &'static Runtime {
         match Runtime::start(first_request as u64) {
             Ok(rt) => rt,
             Err(msg) => {
-                let line = format!("strata run: {msg}\n");
                 report_line(&serde_json::json!({"pid": sys::pid(), "error": msg}));
-                sys::die(line.as_bytes())
+                sys::die(unreported(&format!("strata run: {msg}\n")))
             }
         }
     })
@@ -126,6 +125,17 @@ pub fn runtime_for(first_request: usize) -> &'static Runtime {
 /// The runtime if it was started (never starts it).
 pub fn started() -> Option<&'static Runtime> {
     RUNTIME.get()
+}
+
+/// `msg` for standard error, or nothing when `strata run` reads the report: it prints the
+/// report's errors itself (also when the program has closed or redirected its own stderr),
+/// so each is said once.
+fn unreported(msg: &str) -> &[u8] {
+    if sys::getenv(c"STRATA_RUN_REPORT_FD").is_some() {
+        b""
+    } else {
+        msg.as_bytes()
+    }
 }
 
 /// Appends one JSON line to the report descriptor or stats file, if either is set.
@@ -243,7 +253,7 @@ impl Runtime {
                         report_line(&serde_json::json!({"pid": sys::pid(), "error": msg}));
                         // The arena's pages past the budget have nowhere to go: end the
                         // process as a failed start-up does, saying why.
-                        sys::die(format!("strata run: {msg}\n").as_bytes())
+                        sys::die(unreported(&format!("strata run: {msg}\n")))
                     },
                 )
                 .map_err(|e| format!("cannot start connecting to {open_described}: {e}"))?,
@@ -619,7 +629,7 @@ extern "C" fn on_sigbus(sig: c_int, info: *mut libc::siginfo_t, _ctx: *mut std::
                 "strata run: the store {} failed to serve address {addr:#x}: {why}\n",
                 rt.description
             );
-            sys::write_stderr(msg.as_bytes());
+            sys::write_stderr(unreported(&msg));
             report_line(&serde_json::json!({
                 "pid": sys::pid(), "store_failed": rt.description, "error": why
             }));

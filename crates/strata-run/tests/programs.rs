@@ -306,6 +306,11 @@ fn a_memory_node_on_loopback_serves_the_arena() {
         err.contains("cannot open the store") && err.contains("token"),
         "{err}"
     );
+    assert_eq!(
+        err.matches("cannot open the store").count(),
+        1,
+        "said once, by strata run: {err}"
+    );
     assert!(out.stdout.is_empty(), "a result without its data: {out:?}");
     node.node.shutdown();
 }

@@ -77,6 +77,11 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         preload.push(old);
     }
     let mut cmd = std::process::Command::new(&args.program[0]);
+    if std::env::var_os("UCX_ERROR_SIGNALS").is_none() {
+        // UCX (loaded into the program to reach memory nodes) would otherwise take over the
+        // program's SIGSEGV and SIGBUS and print its own backtraces over ours.
+        cmd.env("UCX_ERROR_SIGNALS", "");
+    }
     cmd.args(&args.program[1..])
         .envs(env.iter().map(|(k, v)| (k, v)))
         .env("STRATA_RUN_REPORT_FD", report.as_raw_fd().to_string())
