@@ -226,7 +226,9 @@ impl Runtime {
         let described = describe(&options.store);
         let hint = if matches!(options.store.kind, StoreKind::Remote { .. }) {
             format!(
-                " (each process asks the memory nodes for its whole arena, STRATA_RUN_ARENA = {arena_bytes} bytes: set STRATA_RUN_ARENA lower, or start the nodes with a larger --capacity or --overcommit)"
+                " (each process asks the memory nodes for its whole arena, STRATA_RUN_ARENA = {}: set STRATA_RUN_ARENA lower, at least the budget and as much as the program may page, or start the nodes with --capacity {} or more, with --overcommit beyond the node's memory: it commits memory only as pages arrive)",
+                strata_core::format_size(arena_bytes),
+                strata_core::format_size(arena_bytes)
             )
         } else {
             String::new()
