@@ -391,6 +391,12 @@ pub unsafe extern "C" fn mmap(
     fd: c_int,
     off: i64,
 ) -> *mut c_void {
+    if flags & libc::MAP_FIXED != 0
+        && runtime::overlaps_arena(addr as usize, len)
+        && runtime::program_thread()
+    {
+        return fixed_over_arena(addr, len, prot, flags, fd);
+    }
     if is_ours_to_map(addr, len, prot, flags, fd) {
         let p = no_unwind(std::ptr::null_mut(), || {
             runtime::runtime_for(len).alloc(len, 4096, true, true)
@@ -407,6 +413,35 @@ pub unsafe extern "C" fn mmap(
             libc::MAP_FAILED
         }
     }
+}
+
+/// `mmap(MAP_FIXED)` over arena memory. A fresh private anonymous read-write mapping there
+/// is what the arena already is, so the range is cleared in place (what the new mapping would
+/// read). Anything else (a file, shared memory, another protection, or a range reaching
+/// past the arena) would split the pager's mapping under it, which the pager cannot fill
+/// nor track: refused with `EINVAL`, saying so, rather than served wrongly.
+fn fixed_over_arena(
+    addr: *mut c_void,
+    len: usize,
+    prot: c_int,
+    flags: c_int,
+    fd: c_int,
+) -> *mut c_void {
+    let fresh_anonymous = fd == -1
+        && prot == libc::PROT_READ | libc::PROT_WRITE
+        && flags & libc::MAP_ANONYMOUS != 0
+        && flags & libc::MAP_PRIVATE != 0
+        && flags & (PASS_FLAGS & !libc::MAP_FIXED) == 0;
+    if fresh_anonymous && runtime::inside_arena(addr as usize, len) && !runtime::forked() {
+        // SAFETY: the program owns the range it maps over (its own arena memory).
+        unsafe { std::ptr::write_bytes(addr.cast::<u8>(), 0, len) };
+        return addr;
+    }
+    sys::write_stderr(
+        b"strata run: mmap(MAP_FIXED) of a file, shared memory or another protection over memory Strata pages is not supported (it would split the pager's mapping); refused with EINVAL\n",
+    );
+    set_errno(libc::EINVAL);
+    libc::MAP_FAILED
 }
 
 /// # Safety

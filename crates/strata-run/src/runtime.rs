@@ -70,6 +70,17 @@ pub fn in_arena(p: usize) -> bool {
     start != 0 && p >= start && p < ARENA_END.load(Ordering::Relaxed)
 }
 
+/// Whether `[p, p+len)` touches the arena.
+pub fn overlaps_arena(p: usize, len: usize) -> bool {
+    let start = ARENA_START.load(Ordering::Acquire);
+    start != 0 && p < ARENA_END.load(Ordering::Relaxed) && p.saturating_add(len) > start
+}
+
+/// Whether `[p, p+len)` lies wholly inside the arena.
+pub fn inside_arena(p: usize, len: usize) -> bool {
+    len > 0 && in_arena(p) && in_arena(p + len - 1)
+}
+
 /// Whether a request of `size` bytes should be served from the arena by this thread now.
 pub fn wants_arena(size: usize) -> bool {
     let mut t = THRESHOLD.load(Ordering::Relaxed);

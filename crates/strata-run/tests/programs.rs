@@ -898,3 +898,38 @@ fn an_address_space_limit_shrinks_the_arena() {
         "{got:?}"
     );
 }
+
+/// The allocation calls' edges give what they give without Strata (alignments past a page,
+/// bad alignments, calloc overflow and reuse, realloc both ways, a hole punched in a mapping,
+/// mremap, MAP_FIXED of fresh memory over a mapping). A file mapped with MAP_FIXED over paged
+/// memory would split the pager's mapping: refused with EINVAL and a message, the rest of the
+/// mapping intact.
+#[test]
+fn allocation_edges_behave_as_without_strata() {
+    let Some(strata) = strata() else { return };
+    let dir = scratch("edges");
+    let prog = compile("alloc_edges", &dir);
+    let p = prog.to_string_lossy();
+    same_output(
+        &strata,
+        &[&p],
+        &[
+            &["--memory", "4MiB"],
+            &["--memory", "4MiB", "--store", "file"],
+        ],
+        Duration::from_secs(60),
+    );
+    let out = run(
+        under(&strata, &["--memory", "4MiB"], &[&p, "fixed-file"]),
+        Duration::from_secs(30),
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success()
+            && stdout.contains(&format!("refused errno {}", libc::EINVAL))
+            && stdout.contains("rest ok")
+            && stderr.contains("MAP_FIXED"),
+        "{out:?}"
+    );
+}
