@@ -491,6 +491,14 @@ pub unsafe extern "C" fn mremap(
     flags: c_int,
     new_addr: *mut c_void,
 ) -> *mut c_void {
+    if flags & libc::MREMAP_FIXED != 0
+        && runtime::overlaps_arena(new_addr as usize, new_len)
+        && !runtime::forked()
+    {
+        // Moving another mapping onto paged memory would split the pager's mapping.
+        set_errno(libc::EINVAL);
+        return libc::MAP_FAILED;
+    }
     if in_arena(old as usize) && !runtime::forked() {
         if flags & (libc::MREMAP_FIXED | libc::MREMAP_DONTUNMAP) != 0 {
             set_errno(libc::EINVAL);
