@@ -927,7 +927,8 @@ fn allocation_edges_behave_as_without_strata() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         out.status.success()
-            && stdout.contains(&format!("refused errno {}", libc::EINVAL))
+            && stdout.contains(&format!("fixed-file: refused errno {}", libc::EINVAL))
+            && stdout.contains(&format!("fixed-remap: refused errno {}", libc::EINVAL))
             && stdout.contains("rest ok")
             && stderr.contains("MAP_FIXED"),
         "{out:?}"

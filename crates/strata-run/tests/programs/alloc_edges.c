@@ -25,8 +25,13 @@ static int fixed_file(void) {
   void *r = mmap(m + 2*MiB, 1*MiB, PROT_READ, MAP_PRIVATE|MAP_FIXED, fileno(f), 0);
   if (r == MAP_FAILED) printf("fixed-file: refused errno %d\n", errno);
   else printf("fixed-file: mapped\n");
+  /* A file mapping moved onto part of it. */
+  void *fm = mmap(NULL, 1*MiB, PROT_READ, MAP_PRIVATE, fileno(f), 0);
+  void *moved = mremap(fm, 1*MiB, 1*MiB, MREMAP_MAYMOVE|MREMAP_FIXED, m + 5*MiB);
+  if (moved == MAP_FAILED) printf("fixed-remap: refused errno %d\n", errno);
+  else printf("fixed-remap: moved\n");
   /* The rest of the mapping is intact either way. */
-  for (size_t i = 0; i < 8*MiB; i += 4096) if ((i < 2*MiB || i >= 3*MiB) && m[i] != 7) { printf("lost at %zu\n", i); return 1; }
+  for (size_t i = 0; i < 8*MiB; i += 4096) if ((i < 2*MiB || i >= 3*MiB) && (i < 5*MiB || i >= 6*MiB) && m[i] != 7) { printf("lost at %zu\n", i); return 1; }
   printf("rest ok\n");
   return 0;
 }
