@@ -572,6 +572,59 @@ pub unsafe extern "C" fn mprotect(addr: *mut c_void, len: usize, prot: c_int) ->
     }
 }
 
+/// `mlock` over paged memory cannot be honoured (Strata evicts within its budget) and would
+/// split the pager's mapping: refused with `ENOMEM`, saying why.
+fn refuse_lock() -> c_int {
+    sys::write_stderr(
+        b"strata run: mlock/mlockall of memory Strata pages is not supported (its pages are evicted within the budget); refused with ENOMEM\n",
+    );
+    set_errno(libc::ENOMEM);
+    -1
+}
+
+/// # Safety
+/// C `mlock`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mlock(addr: *const c_void, len: usize) -> c_int {
+    if runtime::overlaps_arena(addr as usize, len) && runtime::program_thread() {
+        return refuse_lock();
+    }
+    match real() {
+        // SAFETY: forwarding.
+        Some(r) => unsafe { (r.mlock)(addr, len) },
+        None => 0,
+    }
+}
+
+/// # Safety
+/// C `mlock2`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mlock2(addr: *const c_void, len: usize, flags: libc::c_uint) -> c_int {
+    if runtime::overlaps_arena(addr as usize, len) && runtime::program_thread() {
+        return refuse_lock();
+    }
+    match real() {
+        // SAFETY: forwarding.
+        Some(r) => unsafe { (r.mlock2)(addr, len, flags) },
+        None => 0,
+    }
+}
+
+/// # Safety
+/// C `mlockall`: locking every mapping would fault in the whole arena (64 GiB by default),
+/// and locking future ones would do so when it is made, so it is refused under Strata.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mlockall(flags: c_int) -> c_int {
+    if runtime::program_thread() && !runtime::forked() {
+        return refuse_lock();
+    }
+    match real() {
+        // SAFETY: forwarding.
+        Some(r) => unsafe { (r.mlockall)(flags) },
+        None => 0,
+    }
+}
+
 /// # Safety
 /// C `_exit`: writes this process's report (programs whose workers leave with `_exit`, such
 /// as stress-ng's, would otherwise report nothing), then exits.

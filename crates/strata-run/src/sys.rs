@@ -22,6 +22,9 @@ pub struct Real {
     pub mremap: unsafe extern "C" fn(*mut c_void, usize, usize, c_int, ...) -> *mut c_void,
     pub madvise: unsafe extern "C" fn(*mut c_void, usize, c_int) -> c_int,
     pub mprotect: unsafe extern "C" fn(*mut c_void, usize, c_int) -> c_int,
+    pub mlock: unsafe extern "C" fn(*const c_void, usize) -> c_int,
+    pub mlock2: unsafe extern "C" fn(*const c_void, usize, libc::c_uint) -> c_int,
+    pub mlockall: unsafe extern "C" fn(c_int) -> c_int,
     pub exit_now: unsafe extern "C" fn(c_int) -> !,
 }
 
@@ -63,6 +66,9 @@ fn resolve() -> Option<&'static Real> {
         mremap: next(c"mremap"),
         madvise: next(c"madvise"),
         mprotect: next(c"mprotect"),
+        mlock: next(c"mlock"),
+        mlock2: next(c"mlock2"),
+        mlockall: next(c"mlockall"),
         exit_now: next(c"_exit"),
     };
     // The `Real` lives in the bootstrap heap, which is never freed.

@@ -929,6 +929,8 @@ fn allocation_edges_behave_as_without_strata() {
         out.status.success()
             && stdout.contains(&format!("fixed-file: refused errno {}", libc::EINVAL))
             && stdout.contains(&format!("fixed-remap: refused errno {}", libc::EINVAL))
+            && stdout.contains(&format!("mlock: refused errno {}", libc::ENOMEM))
+            && stdout.contains(&format!("mlockall: refused errno {}", libc::ENOMEM))
             && stdout.contains("rest ok")
             && stderr.contains("MAP_FIXED"),
         "{out:?}"

@@ -3,7 +3,8 @@
  * ways, a hole punched in a mapping, mremap growing and shrinking, MAP_FIXED of fresh
  * anonymous memory over part of a mapping. Prints ALL OK or what failed.
  * `alloc_edges fixed-file` instead maps a file with MAP_FIXED over part of a large anonymous
- * mapping and prints what mmap answered (strata run refuses it: it would split the arena). */
+ * mapping, moves one there with mremap, and locks it, printing what each call answered
+ * (strata run refuses them: they would split the arena, or lock pages it must evict). */
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,6 +31,9 @@ static int fixed_file(void) {
   void *moved = mremap(fm, 1*MiB, 1*MiB, MREMAP_MAYMOVE|MREMAP_FIXED, m + 5*MiB);
   if (moved == MAP_FAILED) printf("fixed-remap: refused errno %d\n", errno);
   else printf("fixed-remap: moved\n");
+  /* Locking paged memory. */
+  if (mlock(m, 1*MiB)) printf("mlock: refused errno %d\n", errno); else { printf("mlock: locked\n"); munlock(m, 1*MiB); }
+  if (mlockall(MCL_CURRENT)) printf("mlockall: refused errno %d\n", errno); else { printf("mlockall: locked\n"); munlockall(); }
   /* The rest of the mapping is intact either way. */
   for (size_t i = 0; i < 8*MiB; i += 4096) if ((i < 2*MiB || i >= 3*MiB) && (i < 5*MiB || i >= 6*MiB) && m[i] != 7) { printf("lost at %zu\n", i); return 1; }
   printf("rest ok\n");
