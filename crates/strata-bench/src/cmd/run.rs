@@ -78,6 +78,8 @@ struct Row {
     /// budget, the rest of the program, and a memory store's contents). Kernel rows: 0, as
     /// their memory group holds them to the limit.
     peak_rss_bytes: u64,
+    /// The program's own figure, where it prints one (stress-ng: bogo ops/s, real time).
+    program_figure: Option<f64>,
     /// 1-minute load average when the run started (2 cores shared with others).
     load_before: f64,
     /// Exited 0 and printed the reference output.
@@ -113,6 +115,25 @@ fn load_average() -> f64 {
 
 /// Programs by name with their command lines.
 type Programs = Vec<(String, Vec<String>)>;
+
+/// Where a program writes its own figure: stress-ng's YAML report (`--yaml`), read after each
+/// run and removed before the next.
+fn figure_file(dir: &Path, program: &str) -> Option<PathBuf> {
+    (program == "stress-ng").then(|| dir.join("run-stress-ng-metrics.yaml"))
+}
+
+/// The program's own figure from its report file (removed once read): stress-ng's
+/// `bogo-ops-per-second-real-time`.
+fn own_figure(file: Option<&Path>) -> Option<f64> {
+    let file = file?;
+    let text = std::fs::read_to_string(file).ok();
+    let _ = std::fs::remove_file(file);
+    text?.lines().find_map(|l| {
+        l.trim()
+            .strip_prefix("bogo-ops-per-second-real-time:")
+            .and_then(|v| v.trim().parse().ok())
+    })
+}
 
 /// The programs, with data of `data` bytes. Sort's input file is written into `dir` (and
 /// removed when the returned guards drop).
@@ -163,6 +184,11 @@ fn programs(
                 "--vm-ops".into(),
                 "4".into(),
                 "--vm-keep".into(),
+                "--metrics-brief".into(),
+                "--yaml".into(),
+                figure_file(dir, "stress-ng")
+                    .map(|f| f.to_string_lossy().into_owned())
+                    .unwrap_or_default(),
             ],
             other => bail!("unknown program {other:?}; choose from sort, numpy, stress-ng"),
         };
@@ -264,6 +290,7 @@ pub fn run(args: &RunBenchArgs) -> anyhow::Result<()> {
     let mut swappiness = None;
     for (name, program) in &programs {
         let load = load_average();
+        let figure = figure_file(&dir, name);
         let (wall, ok, reference) = timed(program, time_limit, &[])?;
         if !ok {
             bail!(
@@ -281,6 +308,7 @@ pub fn run(args: &RunBenchArgs) -> anyhow::Result<()> {
             oom_retries: 0,
             over_limit_s: 0.0,
             peak_rss_bytes: 0,
+            program_figure: own_figure(figure.as_deref()),
             fault_wait_s: 0.0,
             load_before: load,
             ok: true,
@@ -312,6 +340,7 @@ pub fn run(args: &RunBenchArgs) -> anyhow::Result<()> {
                         oom_retries: r.oom_retries,
                         over_limit_s: r.over_limit_seconds,
                         peak_rss_bytes: 0,
+                        program_figure: own_figure(figure.as_deref()),
                         fault_wait_s: 0.0,
                         load_before,
                         ok: good && swap.is_on(),
@@ -336,6 +365,7 @@ pub fn run(args: &RunBenchArgs) -> anyhow::Result<()> {
                     )
                     .map(|mut r| {
                         r.name_run(name, repeat, load_before);
+                        r.program_figure = own_figure(figure.as_deref());
                         r
                     })?
                 };
@@ -456,6 +486,7 @@ fn strata_row(
         oom_retries: 0,
         over_limit_s: 0.0,
         peak_rss_bytes,
+        program_figure: None,
         fault_wait_s: t["fault_wait_ns"].as_u64().unwrap_or(0) as f64 / 1e9,
         load_before: 0.0,
         ok: good,
@@ -470,7 +501,7 @@ fn strata_row(
 fn print_row(r: Option<&Row>) {
     if let Some(r) = r {
         eprintln!(
-            "{:<10} {:<36} {:>8.2} s  faults {:>9}  in {:>10}  out {:>10}  oom retries {:>4} ({:.2} s over)  peak RSS {:>10}  load {:.1}  {}",
+            "{:<10} {:<36} {:>8.2} s  faults {:>9}  in {:>10}  out {:>10}  oom retries {:>4} ({:.2} s over)  peak RSS {:>10}{}  load {:.1}  {}",
             r.program,
             label(&r.contestant),
             r.wall_s,
@@ -484,6 +515,9 @@ fn print_row(r: Option<&Row>) {
             } else {
                 "-".into()
             },
+            r.program_figure
+                .map(|f| format!("  own figure {f:.1}"))
+                .unwrap_or_default(),
             r.load_before,
             if r.ok { "ok" } else { &r.note }
         );
