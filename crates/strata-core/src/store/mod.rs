@@ -10,6 +10,7 @@
 mod faulty;
 mod file;
 mod memory;
+mod sys;
 
 pub use faulty::{FaultCounts, FaultPlan, FaultPlanError, FaultyStore};
 pub use file::{FileStore, FileStoreOpenError, FileStoreOptions};
