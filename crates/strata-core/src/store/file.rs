@@ -189,6 +189,13 @@ impl FileStore {
         self.queued_writes.load(Ordering::Relaxed)
     }
 
+    /// Whether the kernel refused this store an `io_uring` (a seccomp filter, as in a
+    /// container's default profile, or `kernel.io_uring_disabled`): batches are then written
+    /// one request at a time.
+    pub fn ring_refused(&self) -> bool {
+        self.no_ring.load(Ordering::Relaxed)
+    }
+
     /// An idle ring, or a new one; None where the kernel refuses rings.
     fn take_ring(&self) -> Option<WriteRing> {
         if let Some(ring) = self.rings.lock().unwrap_or_else(|e| e.into_inner()).pop() {
