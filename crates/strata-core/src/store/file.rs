@@ -2,9 +2,13 @@
 
 use std::fs::{File, OpenOptions};
 use std::io;
+use std::os::fd::AsFd;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
+use super::sys::WriteRing;
 use super::{Store, StoreError, check_range};
 use crate::units::format_size;
 
@@ -84,6 +88,12 @@ pub struct FileStore {
     size: u64,
     direct: bool,
     read_only: bool,
+    /// Idle rings for [`Store::write_batch`], one taken per batch in flight.
+    rings: Mutex<Vec<WriteRing>>,
+    /// The kernel refused a ring once: batches are written one request at a time.
+    no_ring: AtomicBool,
+    /// Requests written through a ring (see [`FileStore::queued_writes`]).
+    queued_writes: AtomicU64,
 }
 
 impl FileStore {
@@ -140,6 +150,9 @@ impl FileStore {
             size,
             direct: options.direct,
             read_only: options.read_only,
+            rings: Mutex::new(Vec::new()),
+            no_ring: AtomicBool::new(false),
+            queued_writes: AtomicU64::new(0),
         })
     }
 
@@ -168,6 +181,84 @@ impl FileStore {
     /// The file's path.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// How many requests of [`Store::write_batch`] went to the file through an `io_uring`
+    /// (all at once) rather than one `pwrite` after another: 0 where the kernel refuses rings.
+    pub fn queued_writes(&self) -> u64 {
+        self.queued_writes.load(Ordering::Relaxed)
+    }
+
+    /// Whether the kernel refused this store an `io_uring` (a seccomp filter, as in a
+    /// container's default profile, or `kernel.io_uring_disabled`): batches are then written
+    /// one request at a time.
+    pub fn ring_refused(&self) -> bool {
+        self.no_ring.load(Ordering::Relaxed)
+    }
+
+    /// An idle ring, or a new one; None where the kernel refuses rings.
+    fn take_ring(&self) -> Option<WriteRing> {
+        if let Some(ring) = self.rings.lock().unwrap_or_else(|e| e.into_inner()).pop() {
+            return Some(ring);
+        }
+        if self.no_ring.load(Ordering::Relaxed) {
+            return None;
+        }
+        match WriteRing::new() {
+            Ok(ring) => Some(ring),
+            Err(_) => {
+                self.no_ring.store(true, Ordering::Relaxed);
+                None
+            }
+        }
+    }
+
+    /// Whether a batch request may go through a ring: `O_DIRECT` needs it aligned (the rest
+    /// take the bounce buffer of [`Store::write_at`]), and a ring entry carries at most
+    /// [`WriteRing::MAX_REQUEST`] bytes.
+    fn ring_fits(&self, offset: u64, buf: &[u8]) -> bool {
+        !buf.is_empty()
+            && buf.len() <= WriteRing::MAX_REQUEST
+            && (!self.direct || Self::is_aligned(offset, buf.len(), buf.as_ptr()))
+    }
+
+    /// Writes `requests` (checked, writable, not overlapping, each [`FileStore::ring_fits`])
+    /// through a ring, all at once; None when no ring is available (nothing was written).
+    fn write_queued(&self, requests: &[(u64, &[u8])]) -> Option<Result<(), StoreError>> {
+        let mut ring = self.take_ring()?;
+        let results = ring.write_many(self.file.as_fd(), requests);
+        if !ring.is_broken() {
+            let mut idle = self.rings.lock().unwrap_or_else(|e| e.into_inner());
+            idle.push(ring);
+        }
+        let mut first_error = None;
+        let mut written = 0u64;
+        for (&(offset, buf), result) in requests.iter().zip(results) {
+            // A short write (the kernel may stop early) or an interrupted one is finished
+            // here; any other error fails the batch, after the other requests are written.
+            let done = match result {
+                Ok(n) => n.min(buf.len()),
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock
+                    ) =>
+                {
+                    0
+                }
+                Err(e) => {
+                    first_error.get_or_insert_with(|| self.io_error("write", offset, buf.len(), e));
+                    continue;
+                }
+            };
+            if done == buf.len() {
+                written += 1;
+            } else if let Err(e) = self.write_at(offset + done as u64, &buf[done..]) {
+                first_error.get_or_insert(e);
+            }
+        }
+        self.queued_writes.fetch_add(written, Ordering::Relaxed);
+        Some(first_error.map_or(Ok(()), Err))
     }
 
     fn io_error(&self, op: &'static str, offset: u64, len: usize, source: io::Error) -> StoreError {
@@ -315,6 +406,33 @@ impl Store for FileStore {
         }
     }
 
+    /// Every request is checked first (a bad one fails the batch before anything is
+    /// written); then, where the kernel allows, the aligned requests go to the file through an
+    /// `io_uring` all at once (see `sys.rs` for why), and the rest one by one. Overlapping
+    /// requests are written in order, one by one, so the last one wins as with `write_at`.
+    fn write_batch(&self, requests: &[(u64, &[u8])]) -> Result<(), StoreError> {
+        for &(offset, buf) in requests {
+            check_range(self, offset, buf.len())?;
+        }
+        let mut rest = requests.to_vec();
+        if !self.read_only && !overlapping(requests) {
+            let (queued, others): (Vec<_>, Vec<_>) = requests
+                .iter()
+                .copied()
+                .partition(|&(offset, buf)| self.ring_fits(offset, buf));
+            if queued.len() >= 2
+                && let Some(written) = self.write_queued(&queued)
+            {
+                written?;
+                rest = others;
+            }
+        }
+        for (offset, buf) in rest {
+            self.write_at(offset, buf)?;
+        }
+        Ok(())
+    }
+
     fn flush(&self) -> Result<(), StoreError> {
         if self.read_only {
             return Ok(());
@@ -327,6 +445,16 @@ impl Store for FileStore {
     fn describe(&self) -> String {
         format!("file:{} ({})", self.path.display(), format_size(self.size))
     }
+}
+
+/// Whether any two requests of a batch share a byte.
+fn overlapping(requests: &[(u64, &[u8])]) -> bool {
+    let mut spans: Vec<(u64, u64)> = requests
+        .iter()
+        .map(|&(offset, buf)| (offset, offset + buf.len() as u64))
+        .collect();
+    spans.sort_unstable();
+    spans.windows(2).any(|w| w[1].0 < w[0].1)
 }
 
 /// A heap buffer whose slice starts on a `DIRECT_ALIGN` boundary, built without unsafe code by

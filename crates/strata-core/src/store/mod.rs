@@ -11,6 +11,7 @@ mod faulty;
 mod file;
 mod memory;
 mod packed;
+mod sys;
 
 pub use faulty::{FaultCounts, FaultPlan, FaultPlanError, FaultyStore};
 pub use file::{FileStore, FileStoreOpenError, FileStoreOptions};

@@ -4,6 +4,9 @@ use super::RegionError;
 use super::shared::{MAX_RUN_BYTES, Shared};
 use crate::pages::{State, word};
 
+/// Dirty pages a flush claims and writes back together.
+const FLUSH_BATCH: usize = 64;
+
 impl Shared {
     /// Write-protects `page` and writes it to the store. The caller owns the page in a
     /// transition state. On success the page is protected and equal to the store's copy.
@@ -87,8 +90,14 @@ impl Shared {
             .collect()
     }
 
+    /// Writes every dirty page back and marks it clean. Pages are claimed (moved to
+    /// `Flushing`) in batches of [`FLUSH_BATCH`] and written with [`Shared::write_back_many`],
+    /// so a flush of scattered pages costs a few queued store writes per batch rather than one
+    /// synchronous write (and one write-protect call) per page. A page whose write fails stays
+    /// dirty and the first error is returned, after every other page was tried.
     pub(super) fn flush_dirty(&self) -> Result<(), RegionError> {
         let mut first_error = None;
+        let mut claimed: Vec<(usize, u64)> = Vec::with_capacity(FLUSH_BATCH);
         for f in 0..self.frames.len() {
             let page = self.frames.owner(f);
             if page == crate::pages::NO_PAGE {
@@ -108,19 +117,43 @@ impl Shared {
             {
                 continue;
             }
-            match self.write_back(page) {
-                Ok(()) => self.finish(page, word::with_state(w, State::Clean)),
-                Err(e) => {
-                    self.stats.add_error();
-                    self.finish(page, word::with_state(w, State::Dirty));
-                    first_error.get_or_insert(e);
-                }
+            claimed.push((page, w));
+            if claimed.len() == FLUSH_BATCH {
+                self.flush_claimed(&mut claimed, &mut first_error);
             }
         }
+        self.flush_claimed(&mut claimed, &mut first_error);
         match first_error {
             Some(e) => Err(e),
             None => Ok(()),
         }
+    }
+
+    /// Writes back the `claimed` pages (each moved from `Dirty`, word `w`, to `Flushing` by
+    /// this thread), marks the written ones clean and the failed ones dirty again, and empties
+    /// `claimed`.
+    fn flush_claimed(
+        &self,
+        claimed: &mut Vec<(usize, u64)>,
+        first_error: &mut Option<RegionError>,
+    ) {
+        claimed.sort_unstable_by_key(|&(page, _)| page);
+        let pages: Vec<usize> = claimed.iter().map(|&(page, _)| page).collect();
+        let mut failed = self.write_back_many(&pages);
+        failed.sort_unstable_by_key(|(page, _)| *page);
+        for &(page, w) in claimed.iter() {
+            match failed.binary_search_by_key(&page, |(p, _)| *p) {
+                Ok(_) => {
+                    self.stats.add_error();
+                    self.finish(page, word::with_state(w, State::Dirty));
+                }
+                Err(_) => self.finish(page, word::with_state(w, State::Clean)),
+            }
+        }
+        if let Some((_, e)) = failed.into_iter().next() {
+            first_error.get_or_insert(e);
+        }
+        claimed.clear();
     }
 
     /// The page's word once no thread is in the middle of a transition on it.

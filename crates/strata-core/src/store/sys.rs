@@ -1,0 +1,149 @@
+//! Raw system calls of the stores: an `io_uring` that writes a batch of positioned buffers
+//! to one file with one system call.
+//!
+//! Why: on a virtual disk a synchronous `O_DIRECT` `pwrite` of 4 KiB costs about 28 us of CPU
+//! (system time: the block layer, the virtio doorbell, the completion interrupt and the
+//! wake-up), and an eviction batch of scattered pages is dozens of them, one after another,
+//! each waiting the disk's full latency. Queued together they cost about 4 us of CPU each and
+//! the disk serves them in parallel (`fio` on the benchmark VM: 16 k writes/s one at a time,
+//! 90 k/s 64 at a time).
+
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd};
+use std::time::Duration;
+
+use io_uring::{IoUring, opcode, types};
+
+/// Entries of one ring: an evictor's batch (64 pages) fits in one submission.
+const RING_ENTRIES: u32 = 64;
+
+/// How long to keep retrying a wait for writes the kernel already holds before giving up on
+/// the process (see [`WriteRing::write_many`]).
+const STUCK_WAIT: Duration = Duration::from_secs(10);
+
+/// One `io_uring` used for batches of writes, by one thread at a time.
+pub(super) struct WriteRing {
+    ring: IoUring,
+    /// Entries were queued that never reached the kernel: the ring must be dropped (which
+    /// discards them) rather than used again, or a later submission would send them.
+    broken: bool,
+}
+
+impl std::fmt::Debug for WriteRing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WriteRing").finish_non_exhaustive()
+    }
+}
+
+impl WriteRing {
+    /// A new ring, or the reason the kernel refused one (too old, `io_uring_disabled`,
+    /// a seccomp filter, the locked-memory limit): callers then write one request at a time.
+    pub(super) fn new() -> io::Result<Self> {
+        Ok(Self {
+            ring: IoUring::new(RING_ENTRIES)?,
+            broken: false,
+        })
+    }
+
+    /// Whether the ring must be dropped instead of used again.
+    pub(super) fn is_broken(&self) -> bool {
+        self.broken
+    }
+
+    /// The longest request a ring entry can carry; longer ones are written without the ring.
+    pub(super) const MAX_REQUEST: usize = 1 << 30;
+
+    /// Writes every `(offset, bytes)` of `requests` to `fd` at once and returns, for each, how
+    /// many bytes the kernel wrote (possibly fewer than asked: the caller finishes the rest)
+    /// or its error. Every request is complete (or failed) when this returns, so the borrowed
+    /// buffers are free again. Requests must be at most [`WriteRing::MAX_REQUEST`] bytes.
+    pub(super) fn write_many(
+        &mut self,
+        fd: BorrowedFd<'_>,
+        requests: &[(u64, &[u8])],
+    ) -> Vec<io::Result<usize>> {
+        let mut results: Vec<io::Result<usize>> = Vec::with_capacity(requests.len());
+        results.resize_with(requests.len(), || Ok(0));
+        let chunk = RING_ENTRIES as usize;
+        for (c, part) in requests.chunks(chunk).enumerate() {
+            let base = c * chunk;
+            let mut queued = 0usize;
+            {
+                let mut sq = self.ring.submission();
+                for (i, (offset, bytes)) in part.iter().enumerate() {
+                    let len = u32::try_from(bytes.len()).expect("requests are at most MAX_REQUEST");
+                    let entry = opcode::Write::new(types::Fd(fd.as_raw_fd()), bytes.as_ptr(), len)
+                        .offset(*offset)
+                        .build()
+                        .user_data((base + i) as u64);
+                    // SAFETY: the buffer is borrowed for this whole call and the call returns
+                    // only once the kernel has completed every entry it took (below), so the
+                    // bytes outlive the write; `fd` is borrowed for the call too.
+                    if unsafe { sq.push(&entry) }.is_err() {
+                        break; // cannot happen: the ring holds a whole chunk and starts empty
+                    }
+                    queued += 1;
+                }
+            }
+            for r in &mut results[base + queued..base + part.len()] {
+                *r = Err(io::Error::other("the io_uring submission queue was full"));
+            }
+            if let Err(e) = self.complete(queued) {
+                for r in &mut results[base..] {
+                    *r = Err(io::Error::new(e.kind(), e.to_string()));
+                }
+                break;
+            }
+            for cqe in self.ring.completion() {
+                let Ok(i) = usize::try_from(cqe.user_data()) else {
+                    continue;
+                };
+                if let Some(slot) = results.get_mut(i) {
+                    *slot = usize::try_from(cqe.result())
+                        .map_err(|_| io::Error::from_raw_os_error(-cqe.result()));
+                }
+            }
+        }
+        results
+    }
+
+    /// Submits the `queued` entries and waits until all of them have completed. An error
+    /// means none of them reached the kernel (the ring is then broken: dropping it discards
+    /// them) or the
+    /// wait for those it holds could not go on; the latter ends the process, because returning
+    /// while the kernel may still read the buffers could write bytes the caller has reused.
+    fn complete(&mut self, queued: usize) -> io::Result<()> {
+        let mut submitted = 0usize;
+        let started = std::time::Instant::now();
+        loop {
+            let done = self.ring.completion().len();
+            if submitted == queued && done >= queued {
+                return Ok(());
+            }
+            match self.ring.submit_and_wait(queued - done) {
+                Ok(n) => submitted += n,
+                Err(e)
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)
+                    ) => {}
+                Err(e) if submitted == 0 => {
+                    // Nothing reached the kernel; no later submission may send these buffers,
+                    // which this call stops borrowing.
+                    self.broken = true;
+                    return Err(e);
+                }
+                Err(e) => {
+                    if started.elapsed() > STUCK_WAIT {
+                        eprintln!(
+                            "strata-core: io_uring cannot wait for {queued} queued writes: {e}; \
+                             stopping rather than let them write reused memory"
+                        );
+                        std::process::abort();
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+        }
+    }
+}
