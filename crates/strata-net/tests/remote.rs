@@ -260,7 +260,14 @@ impl RawClient {
             Instant::now() + Duration::from_secs(5),
         )
         .unwrap();
-        let endpoint = worker.connect_worker(&welcome.node_address).unwrap();
+        // The node reaches a client on its host without peer-failure handling (so UCX may
+        // use shared memory); the two ends must agree.
+        let endpoint = if strata_net::handshake::on_this_host(&stream) {
+            worker.connect_worker_on_host(&welcome.node_address)
+        } else {
+            worker.connect_worker(&welcome.node_address)
+        }
+        .unwrap();
         Self {
             worker,
             endpoint,

@@ -85,10 +85,15 @@ impl IoLoop {
                 &own_address,
                 options.timeout,
             )?;
-            let endpoint = io
-                .worker
-                .connect_worker(&welcome.node_address)
-                .map_err(ucx(name))?;
+            // A node on this host is reached over shared memory when both sides allow it;
+            // such an endpoint cannot see the node die, so the front-door connection is
+            // watched instead (`IoLoop::run`).
+            let endpoint = if handshake::on_this_host(&door) {
+                io.worker.connect_worker_on_host(&welcome.node_address)
+            } else {
+                io.worker.connect_worker(&welcome.node_address)
+            }
+            .map_err(ucx(name))?;
             io.nodes.push(Node {
                 name: name.clone(),
                 session: welcome.session,
