@@ -341,6 +341,8 @@ mod layout_test;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::cell::RefCell;
+    use std::rc::Rc;
 
     #[test]
     fn a_missing_ucx_is_a_clear_error() {
@@ -418,5 +420,111 @@ mod tests {
             "an empty address must be refused"
         );
         drop(endpoint.close(true));
+    }
+
+    /// Sends `payload` from `a` to `b` over `endpoint` and waits for it (5 s at most).
+    fn deliver(
+        a: &Worker,
+        b: &Worker,
+        endpoint: &Endpoint,
+        got: &RefCell<Vec<u8>>,
+        payload: &[u8],
+    ) {
+        // SAFETY: `payload` outlives the loop below, which waits for the send to complete.
+        let mut sent =
+            unsafe { endpoint.am_send(9, b"", payload.as_ptr(), payload.len(), true) }.unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while got.borrow().len() < payload.len() || sent.poll().is_none() {
+            a.progress();
+            b.progress();
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no message over shared memory"
+            );
+        }
+        assert!(got.borrow()[..] == *payload, "the message arrived damaged");
+    }
+
+    #[test]
+    fn shared_memory_serves_on_host_endpoints_only() {
+        // Shared memory only: no TCP to fall back to.
+        let context = Context::new(&ContextOptions {
+            transports: Some("posix,sysv".into()),
+            rma: false,
+        })
+        .unwrap();
+        let (a, b) = (
+            Worker::new(&context).unwrap(),
+            Worker::new(&context).unwrap(),
+        );
+        let got = Rc::new(RefCell::new(Vec::new()));
+        let sink = Rc::clone(&got);
+        b.set_am_handler(9, move |m| {
+            sink.borrow_mut()
+                .extend_from_slice(m.data().unwrap_or_default());
+            AmAction::Done
+        })
+        .unwrap();
+        let address = b.address().unwrap();
+        // UCX offers shared memory only to endpoints without peer-failure handling.
+        let e = a.connect_worker(&address).unwrap_err();
+        println!("peer-failure endpoint over shared memory: {e}");
+        let endpoint = a.connect_worker_on_host(&address).unwrap();
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .subsec_nanos();
+        println!("seed {seed}");
+        let mut state = u64::from(seed) | 1;
+        // A page larger than one shared-memory fragment (8 KiB), of random bytes.
+        let payload: Vec<u8> = (0..64 << 10)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                state.to_le_bytes()[0]
+            })
+            .collect();
+        deliver(&a, &b, &endpoint, &got, &payload);
+        got.borrow_mut().clear();
+        deliver(&a, &b, &endpoint, &got, &payload[..100]);
+        drop(endpoint.close(true));
+    }
+
+    #[test]
+    fn a_wait_wakes_when_a_watched_connection_closes() {
+        use std::os::fd::AsFd;
+        use std::time::{Duration, Instant};
+        let context = Context::new(&ContextOptions {
+            transports: Some("tcp".into()),
+            rma: false,
+        })
+        .unwrap();
+        let worker = Worker::new(&context).unwrap();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let near = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (mut far, _) = listener.accept().unwrap();
+        while worker.progress() > 0 {}
+        // Data from the peer is not a closing: the wait runs to its timeout.
+        std::io::Write::write_all(&mut far, b"x").unwrap();
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_millis(200) {
+            let closed = worker
+                .wait_watching(Duration::from_millis(50), &[near.as_fd()])
+                .unwrap();
+            assert!(closed.is_empty(), "{closed:?}");
+            while worker.progress() > 0 {}
+        }
+        drop(far);
+        let started = Instant::now();
+        let closed = worker
+            .wait_watching(Duration::from_secs(10), &[near.as_fd()])
+            .unwrap();
+        assert_eq!(closed, vec![0]);
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            started.elapsed()
+        );
     }
 }
