@@ -470,21 +470,6 @@ impl NodeLoop {
             let mut busy = self.handle_events();
             busy |= self.complete_pending();
             if !busy {
-                let spin = *NODE_SPIN;
-                if !spin.is_zero() {
-                    let end = std::time::Instant::now() + spin;
-                    let mut got = false;
-                    while std::time::Instant::now() < end {
-                        if self.worker.progress() > 0 {
-                            got = true;
-                            break;
-                        }
-                        std::hint::spin_loop();
-                    }
-                    if got {
-                        continue;
-                    }
-                }
                 // A short timeout bounds how late a stop request (or signal) is noticed.
                 if let Err(e) = self.worker.wait(Duration::from_millis(100)) {
                     tracing::error!(error = %e, "waiting for UCX events failed");
@@ -892,12 +877,3 @@ pub fn install_shutdown_signals() {
 pub fn shutdown_signalled() -> bool {
     SHUTDOWN_SIGNALLED.load(Ordering::SeqCst)
 }
-
-static NODE_SPIN: std::sync::LazyLock<Duration> = std::sync::LazyLock::new(|| {
-    Duration::from_micros(
-        std::env::var("STRATA_NODE_SPIN_US")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0),
-    )
-});

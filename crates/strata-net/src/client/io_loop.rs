@@ -252,41 +252,10 @@ impl IoLoop {
                 wake_at = wake_at.min(t);
             }
             if wake_at > now && self.replies.borrow().is_empty() {
-                if !self.in_flight.is_empty() && self.spin(shared, wake_at) {
-                    continue;
-                }
                 self.wait_or_notice_closed_doors(wake_at - now);
             }
         }
         self.goodbye();
-    }
-
-    /// Polls the worker and the submission queue for a short while before sleeping: true
-    /// when something came.
-    fn spin(&mut self, shared: &Shared, until: Instant) -> bool {
-        let spin = *SPIN;
-        if spin.is_zero() {
-            return false;
-        }
-        let end = (Instant::now() + spin).min(until);
-        loop {
-            if self.worker.progress() > 0 || !self.replies.borrow().is_empty() {
-                return true;
-            }
-            if shared
-                .queue
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .as_ref()
-                .is_some_and(|q| !q.is_empty())
-            {
-                return true;
-            }
-            if Instant::now() >= end {
-                return false;
-            }
-            std::hint::spin_loop();
-        }
     }
 
     /// Sleeps until UCX has work, a submission wakes the worker, `timeout` passes, or a
@@ -626,12 +595,3 @@ fn lost_error(node: &str, reason: &str) -> StoreError {
         ),
     }
 }
-
-static SPIN: std::sync::LazyLock<Duration> = std::sync::LazyLock::new(|| {
-    Duration::from_micros(
-        std::env::var("STRATA_NET_SPIN_US")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0),
-    )
-});
