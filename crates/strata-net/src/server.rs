@@ -431,6 +431,7 @@ impl NodeLoop {
         let context = Context::new(&ContextOptions {
             transports: options.transports.clone(),
             rma: options.one_sided,
+            settings: crate::ucx_settings(),
         })?;
         let worker = Worker::new(&context)?;
         let inbox: Rc<RefCell<VecDeque<Incoming>>> = Rc::default();
@@ -471,7 +472,14 @@ impl NodeLoop {
             busy |= self.complete_pending();
             if !busy {
                 // A short timeout bounds how late a stop request (or signal) is noticed.
-                if let Err(e) = self.worker.wait(Duration::from_millis(100)) {
+                // Replies still going out may wait for room in a shared-memory FIFO, which
+                // frees without waking this worker: look again soon.
+                let idle = if self.pending.is_empty() {
+                    Duration::from_millis(100)
+                } else {
+                    Duration::from_millis(1)
+                };
+                if let Err(e) = self.worker.wait(idle) {
                     tracing::error!(error = %e, "waiting for UCX events failed");
                     std::thread::sleep(Duration::from_millis(1));
                 }

@@ -245,6 +245,7 @@ impl RawClient {
         let context = Context::new(&ContextOptions {
             transports: Some(TLS.into()),
             rma: true,
+            settings: Vec::new(),
         })
         .unwrap();
         let worker = Worker::new(&context).unwrap();

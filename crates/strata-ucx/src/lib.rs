@@ -160,6 +160,9 @@ pub struct ContextOptions {
     pub transports: Option<String>,
     /// Ask for one-sided RMA (`put`/`get`) in addition to active messages.
     pub rma: bool,
+    /// Further UCX settings, names without the `UCX_` prefix (such as `SYSV_FIFO_SIZE`),
+    /// applied over the `UCX_*` environment.
+    pub settings: Vec<(String, String)>,
 }
 
 /// A UCP context: the library instance holding transports and memory registrations.
@@ -202,6 +205,23 @@ impl Context {
                     "ucp_config_modify(TLS)",
                     code,
                     "name transports UCX knows (see `ucx_info -d`), such as tcp",
+                )?;
+            }
+            for (name, value) in &options.settings {
+                let (c_name, c_value) = CString::new(name.as_str())
+                    .ok()
+                    .zip(CString::new(value.as_str()).ok())
+                    .ok_or_else(|| {
+                        UcxError::InvalidArgument(format!("UCX setting {name}={value:?}"))
+                    })?;
+                // SAFETY: config is a live config object; both strings are NUL-terminated.
+                let code =
+                    unsafe { (api.ucp_config_modify)(config, c_name.as_ptr(), c_value.as_ptr()) };
+                check(
+                    &api,
+                    "ucp_config_modify",
+                    code,
+                    "name a UCX setting this UCX knows (see `ucx_info -c`) with a valid value",
                 )?;
             }
             let mut features = sys::UCP_FEATURE_AM | sys::UCP_FEATURE_WAKEUP;
@@ -364,6 +384,7 @@ mod tests {
         let context = Context::new(&ContextOptions {
             transports: Some("tcp".into()),
             rma: true,
+            settings: Vec::new(),
         })
         .unwrap();
         let worker = Worker::new(&context).unwrap();
@@ -376,6 +397,7 @@ mod tests {
         let e = Context::new(&ContextOptions {
             transports: Some("no-such-transport".into()),
             rma: false,
+            settings: Vec::new(),
         })
         .unwrap_err();
         assert!(e.to_string().contains("UCX"), "{e}");
@@ -387,6 +409,7 @@ mod tests {
         let context = Context::new(&ContextOptions {
             transports: Some("tcp".into()),
             rma: false,
+            settings: Vec::new(),
         })
         .unwrap();
         let (a, b) = (
@@ -451,6 +474,7 @@ mod tests {
         let context = Context::new(&ContextOptions {
             transports: Some("posix,sysv".into()),
             rma: false,
+            settings: Vec::new(),
         })
         .unwrap();
         let (a, b) = (
@@ -492,12 +516,49 @@ mod tests {
     }
 
     #[test]
+    fn settings_reach_the_transports() {
+        // Shared memory over sysv only, with FIFOs of `size` elements (MM_ applies to sysv and
+        // posix): can two workers talk?
+        let talk = |size: &str| -> Result<(), UcxError> {
+            let context = Context::new(&ContextOptions {
+                transports: Some("sysv".into()),
+                rma: false,
+                settings: vec![("MM_FIFO_SIZE".into(), size.into())],
+            })?;
+            let (a, b) = (Worker::new(&context)?, Worker::new(&context)?);
+            let got = Rc::new(RefCell::new(Vec::new()));
+            let sink = Rc::clone(&got);
+            b.set_am_handler(9, move |m| {
+                sink.borrow_mut()
+                    .extend_from_slice(m.data().unwrap_or_default());
+                AmAction::Done
+            })?;
+            let endpoint = a.connect_worker_on_host(&b.address()?)?;
+            deliver(&a, &b, &endpoint, &got, &[7u8; 20000]);
+            Ok(())
+        };
+        talk("1024").unwrap();
+        // UCX takes FIFO sizes that are powers of two only: with 3 the transport does not
+        // open, so the setting did reach it.
+        let e = talk("3").unwrap_err();
+        println!("FIFO of 3: {e}");
+        let e = Context::new(&ContextOptions {
+            transports: None,
+            rma: false,
+            settings: vec![("A\0B".into(), "1".into())],
+        })
+        .unwrap_err();
+        assert!(matches!(e, UcxError::InvalidArgument(_)), "{e}");
+    }
+
+    #[test]
     fn a_wait_wakes_when_a_watched_connection_closes() {
         use std::os::fd::AsFd;
         use std::time::{Duration, Instant};
         let context = Context::new(&ContextOptions {
             transports: Some("tcp".into()),
             rma: false,
+            settings: Vec::new(),
         })
         .unwrap();
         let worker = Worker::new(&context).unwrap();

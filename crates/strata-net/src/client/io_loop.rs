@@ -247,7 +247,15 @@ impl IoLoop {
                 break;
             }
             let now = Instant::now();
-            let mut wake_at = now + Duration::from_millis(50);
+            // Requests still going out may wait for room in a shared-memory FIFO, which
+            // frees without waking this worker: look again soon.
+            let sending = self.in_flight.values().any(|f| !f.requests.is_empty());
+            let mut wake_at = now
+                + if sending {
+                    Duration::from_millis(1)
+                } else {
+                    Duration::from_millis(50)
+                };
             for t in [next_pace, next_deadline].into_iter().flatten() {
                 wake_at = wake_at.min(t);
             }

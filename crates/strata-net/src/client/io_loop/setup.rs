@@ -35,6 +35,7 @@ impl IoLoop {
         let context = Context::new(&ContextOptions {
             transports: options.transports.clone(),
             rma: options.access == AccessPath::OneSided,
+            settings: crate::ucx_settings(),
         })
         .map_err(ucx(first))?;
         let worker = Worker::new(&context).map_err(ucx(first))?;
