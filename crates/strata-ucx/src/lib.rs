@@ -445,6 +445,24 @@ mod tests {
         drop(endpoint.close(true));
     }
 
+    type Collected = Rc<RefCell<Vec<u8>>>;
+
+    /// Two workers: `a` to send, `b` collecting the data of active messages 9 into the
+    /// returned vector.
+    fn sender_and_collector(
+        context: &Arc<Context>,
+    ) -> Result<(Worker, Worker, Collected), UcxError> {
+        let (a, b) = (Worker::new(context)?, Worker::new(context)?);
+        let got = Rc::new(RefCell::new(Vec::new()));
+        let sink = Rc::clone(&got);
+        b.set_am_handler(9, move |m| {
+            sink.borrow_mut()
+                .extend_from_slice(m.data().unwrap_or_default());
+            AmAction::Done
+        })?;
+        Ok((a, b, got))
+    }
+
     /// Sends `payload` from `a` to `b` over `endpoint` and waits for it (5 s at most).
     fn deliver(
         a: &Worker,
@@ -477,18 +495,7 @@ mod tests {
             settings: Vec::new(),
         })
         .unwrap();
-        let (a, b) = (
-            Worker::new(&context).unwrap(),
-            Worker::new(&context).unwrap(),
-        );
-        let got = Rc::new(RefCell::new(Vec::new()));
-        let sink = Rc::clone(&got);
-        b.set_am_handler(9, move |m| {
-            sink.borrow_mut()
-                .extend_from_slice(m.data().unwrap_or_default());
-            AmAction::Done
-        })
-        .unwrap();
+        let (a, b, got) = sender_and_collector(&context).unwrap();
         let address = b.address().unwrap();
         // UCX offers shared memory only to endpoints without peer-failure handling.
         let e = a.connect_worker(&address).unwrap_err();
@@ -525,14 +532,7 @@ mod tests {
                 rma: false,
                 settings: vec![("MM_FIFO_SIZE".into(), size.into())],
             })?;
-            let (a, b) = (Worker::new(&context)?, Worker::new(&context)?);
-            let got = Rc::new(RefCell::new(Vec::new()));
-            let sink = Rc::clone(&got);
-            b.set_am_handler(9, move |m| {
-                sink.borrow_mut()
-                    .extend_from_slice(m.data().unwrap_or_default());
-                AmAction::Done
-            })?;
+            let (a, b, got) = sender_and_collector(&context)?;
             let endpoint = a.connect_worker_on_host(&b.address()?)?;
             deliver(&a, &b, &endpoint, &got, &[7u8; 20000]);
             Ok(())

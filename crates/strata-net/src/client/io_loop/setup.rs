@@ -35,7 +35,7 @@ impl IoLoop {
         let context = Context::new(&ContextOptions {
             transports: options.transports.clone(),
             rma: options.access == AccessPath::OneSided,
-            settings: crate::ucx_settings(),
+            settings: crate::ucx_settings(options.transports.as_deref()),
         })
         .map_err(ucx(first))?;
         let worker = Worker::new(&context).map_err(ucx(first))?;
