@@ -31,8 +31,10 @@ use sha2::Sha256;
 pub const NODE_MAGIC: [u8; 8] = *b"STRATA-N";
 /// First bytes of the client's proof.
 pub const CLIENT_MAGIC: [u8; 8] = *b"STRATA-C";
-/// Handshake version; a node refuses another.
-pub const HANDSHAKE_VERSION: u64 = 2;
+/// Handshake version; a node refuses another. Version 3: two ends on one host (see
+/// [`on_this_host`]) connect their UCX endpoints without peer-failure handling so UCX may use
+/// shared memory; both ends must agree on that, or the endpoints never pair.
+pub const HANDSHAKE_VERSION: u64 = 3;
 /// Largest UCX worker address either side accepts (InfiniBand addresses are a few hundred
 /// bytes; this leaves room for many devices).
 pub const MAX_WORKER_ADDRESS: usize = 8 << 10;
@@ -391,4 +393,14 @@ pub fn client_side(
 /// A fresh random session.
 pub fn new_session() -> Session {
     random()
+}
+
+/// Whether a TCP connection joins two ends on this host (in one network namespace): the
+/// kernel gave it the same local and peer address. Both sides of a front door ask this to
+/// decide whether UCX may use shared memory between them.
+pub fn on_this_host(stream: &TcpStream) -> bool {
+    match (stream.local_addr(), stream.peer_addr()) {
+        (Ok(local), Ok(peer)) => local.ip() == peer.ip(),
+        _ => false,
+    }
 }

@@ -577,6 +577,7 @@ fn hostile_node(listener: std::net::TcpListener, seed: u64, end: Instant) {
     let context = Context::new(&ContextOptions {
         transports: Some(TLS.into()),
         rma: false,
+        settings: Vec::new(),
     })
     .unwrap();
     let worker = Worker::new(&context).unwrap();

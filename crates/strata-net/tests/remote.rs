@@ -32,8 +32,12 @@ fn rng(test: &str) -> StdRng {
 }
 
 fn node(capacity: u64) -> MemoryNode {
-    let mut o = ServeOptions::new("127.0.0.1:0".parse().unwrap(), capacity, TOKEN);
-    o.transports = Some(TLS.into());
+    node_on("127.0.0.1:0".parse().unwrap(), capacity, TLS)
+}
+
+fn node_on(listen: SocketAddr, capacity: u64, transports: &str) -> MemoryNode {
+    let mut o = ServeOptions::new(listen, capacity, TOKEN);
+    o.transports = Some(transports.into());
     MemoryNode::start(o)
         .expect("start a memory node on 127.0.0.1 (is UCX installed? apt-get install libucx0)")
 }
@@ -225,6 +229,8 @@ fn client_side_bounds_are_checked() {
 type Replies = std::rc::Rc<std::cell::RefCell<Vec<(ReplyHeader, Vec<u8>)>>>;
 
 struct RawClient {
+    /// Send requests' data eagerly (as clients do) or let UCX choose (rendezvous when big).
+    eager: bool,
     worker: Worker,
     endpoint: strata_ucx::Endpoint,
     replies: Replies,
@@ -239,6 +245,7 @@ impl RawClient {
         let context = Context::new(&ContextOptions {
             transports: Some(TLS.into()),
             rma: true,
+            settings: Vec::new(),
         })
         .unwrap();
         let worker = Worker::new(&context).unwrap();
@@ -260,8 +267,16 @@ impl RawClient {
             Instant::now() + Duration::from_secs(5),
         )
         .unwrap();
-        let endpoint = worker.connect_worker(&welcome.node_address).unwrap();
+        // The node reaches a client on its host without peer-failure handling (so UCX may
+        // use shared memory); the two ends must agree.
+        let endpoint = if strata_net::handshake::on_this_host(&stream) {
+            worker.connect_worker_on_host(&welcome.node_address)
+        } else {
+            worker.connect_worker(&welcome.node_address)
+        }
+        .unwrap();
         Self {
+            eager: true,
             worker,
             endpoint,
             replies,
@@ -303,7 +318,7 @@ impl RawClient {
         // SAFETY: `data` outlives the loop below, which waits for the send and the reply.
         let mut request = unsafe {
             self.endpoint
-                .am_send(AM_REQUEST, header, data.as_ptr(), data.len(), true)
+                .am_send(AM_REQUEST, header, data.as_ptr(), data.len(), self.eager)
         }
         .unwrap();
         let deadline = Instant::now() + wait;
@@ -517,7 +532,13 @@ fn child_memory_node() {
     let Ok(capacity) = std::env::var("NET_TEST_CHILD_NODE") else {
         return;
     };
-    let n = node(capacity.parse().unwrap());
+    let listen = std::env::var("NET_TEST_CHILD_LISTEN").unwrap_or_else(|_| "127.0.0.1:0".into());
+    let transports = std::env::var("NET_TEST_CHILD_TLS").unwrap_or_else(|_| TLS.into());
+    let n = node_on(
+        listen.parse().unwrap(),
+        capacity.parse().unwrap(),
+        &transports,
+    );
     println!("LISTENING {}", n.address());
     std::thread::sleep(Duration::from_secs(60));
 }
@@ -529,9 +550,16 @@ struct ChildNode {
 
 impl ChildNode {
     fn start() -> Self {
-        let mut child = Command::new(std::env::current_exe().unwrap())
+        Self::start_with(&[], Command::new(std::env::current_exe().unwrap()))
+    }
+
+    /// Starts the child with `env` set, through `command` (this test binary, or a wrapper
+    /// such as `ip netns exec NS` that runs it).
+    fn start_with(env: &[(&str, &str)], mut command: Command) -> Self {
+        let mut child = command
             .args(["--exact", "child_memory_node", "--ignored", "--nocapture"])
             .env("NET_TEST_CHILD_NODE", (64u64 << 20).to_string())
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .spawn()
             .unwrap();
@@ -763,4 +791,185 @@ fn a_pager_region_pages_through_a_compressed_remote_store() {
     let mut direct = vec![0u8; size as usize];
     store.read_at(0, &mut direct).unwrap();
     assert!(direct == reference);
+}
+
+/// Shared memory only, so nothing can fall back to TCP.
+const SHM: &str = "posix,sysv";
+
+#[test]
+fn a_node_on_this_host_serves_over_shared_memory_without_one_sided_access() {
+    let mut rng = rng("shared_memory");
+    let n = node_on("127.0.0.1:0".parse().unwrap(), 64 << 20, SHM);
+    let mut o = options(&[n.address()], AccessPath::Messages);
+    o.transports = Some(SHM.into());
+    let door = std::net::TcpStream::connect(n.address()).unwrap();
+    assert!(strata_net::handshake::on_this_host(&door));
+    drop(door);
+    let store = RemoteStore::connect(4 << 20, o.clone()).unwrap();
+    exercise(&store, &mut rng, 150);
+    drop(store);
+    // Shared memory gives no one-sided access: the node has no RMA there and lends no key.
+    o.access = AccessPath::OneSided;
+    let e = RemoteStore::connect(1 << 20, o).unwrap_err();
+    assert!(e.to_string().contains("one-sided"), "{e}");
+    let mut so = ServeOptions::new("127.0.0.1:0".parse().unwrap(), 1 << 20, TOKEN);
+    so.transports = Some(SHM.into());
+    so.one_sided = true;
+    assert!(matches!(
+        MemoryNode::start(so),
+        Err(strata_net::ServeError::OneSidedNeedsHardware)
+    ));
+}
+
+#[test]
+fn a_killed_node_on_this_host_is_noticed_through_its_front_door() {
+    let mut rng = rng("killed_shm_node");
+    let child = ChildNode::start_with(
+        &[("NET_TEST_CHILD_TLS", SHM)],
+        Command::new(std::env::current_exe().unwrap()),
+    );
+    let mut o = options(&[child.address], AccessPath::Messages);
+    o.transports = Some(SHM.into());
+    // Far longer than the bound below: only the front door can tell in time.
+    o.timeout = Duration::from_secs(30);
+    let store = RemoteStore::connect(1 << 20, o).unwrap();
+    let mut page = vec![0u8; 16 << 10];
+    rng.fill_bytes(&mut page);
+    store.write_at(0, &page).unwrap();
+    let mut back = vec![0u8; 16 << 10];
+    store.read_at(0, &mut back).unwrap();
+    assert_eq!(back, page);
+    child.signal(libc::SIGKILL);
+    let killed = Instant::now();
+    let e = loop {
+        match store.read_at(0, &mut back) {
+            Ok(()) => {
+                assert_eq!(back, page, "a read after the kill returned wrong data");
+                assert!(killed.elapsed() < Duration::from_secs(5), "no error");
+            }
+            Err(e) => break e,
+        }
+    };
+    let took = killed.elapsed();
+    assert!(took < Duration::from_secs(3), "took {took:?}");
+    assert!(e.to_string().contains("front-door"), "{e}");
+    println!("killed node on this host: {e} after {took:?}");
+}
+
+#[test]
+fn the_node_refuses_rendezvous_writes_unread() {
+    let mut rng = rng("rendezvous");
+    let n = node(8 << 20);
+    let mut c = RawClient::connect(n.address());
+    let region = c.call(Op::Alloc, 0, 0, 4 << 20, &[]);
+    assert_eq!(region.status, Status::Ok);
+    let mut data = vec![0u8; 2 << 20];
+    rng.fill_bytes(&mut data);
+    // Not eager: UCX sends 2 MiB by rendezvous, which would have the node fetch the bytes
+    // from where the client's address and key say.
+    c.eager = false;
+    let reply = c.call(Op::Write, region.region, 0, data.len() as u64, &data);
+    assert_eq!(reply.status, Status::BadRequest);
+    assert_eq!(n.counters().bytes_written.load(Ordering::Relaxed), 0);
+    c.eager = true;
+    let reply = c.call(Op::Write, region.region, 0, 4096, &data[..4096]);
+    assert_eq!(reply.status, Status::Ok);
+    assert_eq!(n.counters().bytes_written.load(Ordering::Relaxed), 4096);
+}
+
+/// A network namespace joined to this one by a veth pair: another host address on this
+/// host. Removed (with its veth pair) when dropped.
+struct NetNs {
+    name: String,
+    outer: String,
+    inner: String,
+}
+
+impl NetNs {
+    /// `None` where namespaces cannot be made (not root, no iproute2).
+    fn create(rng: &mut StdRng) -> Option<Self> {
+        let tag = rng.random_range(0..1_000_000u32);
+        let (b, c) = (rng.random_range(16..250u8), rng.random_range(1..250u8));
+        let ns = Self {
+            name: format!("strata-net-{tag}"),
+            outer: format!("10.{b}.{c}.1"),
+            inner: format!("10.{b}.{c}.2"),
+        };
+        let (outside, inside) = (format!("snt{tag}a"), format!("snt{tag}b"));
+        let ip = |args: &[&str]| {
+            Command::new("ip")
+                .args(args)
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        if !ip(&["netns", "add", &ns.name]) {
+            return None;
+        }
+        let outer = format!("{}/30", ns.outer);
+        let inner = format!("{}/30", ns.inner);
+        let ok = ip(&[
+            "link", "add", &outside, "type", "veth", "peer", "name", &inside,
+        ]) && ip(&["link", "set", &inside, "netns", &ns.name])
+            && ip(&["addr", "add", &outer, "dev", &outside])
+            && ip(&["link", "set", &outside, "up"])
+            && ip(&["-n", &ns.name, "addr", "add", &inner, "dev", &inside])
+            && ip(&["-n", &ns.name, "link", "set", &inside, "up"])
+            && ip(&["-n", &ns.name, "link", "set", "lo", "up"]);
+        if !ok {
+            let _ = ip(&["link", "del", &outside]);
+            drop(ns);
+            return None;
+        }
+        Some(ns)
+    }
+}
+
+impl Drop for NetNs {
+    fn drop(&mut self) {
+        // Deleting the namespace deletes its veth end, and with it the pair.
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .status();
+    }
+}
+
+#[test]
+fn a_node_at_another_host_address_is_reached_over_tcp() {
+    let mut rng = rng("other_host");
+    let Some(ns) = NetNs::create(&mut rng) else {
+        println!("skipped: cannot make a network namespace here (needs root and iproute2)");
+        return;
+    };
+    let mut command = Command::new("ip");
+    command.args(["netns", "exec", &ns.name]);
+    command.arg(std::env::current_exe().unwrap());
+    let listen = format!("{}:0", ns.inner);
+    // UCX may choose among all its transports on both sides; shared memory must not be
+    // among them for a node whose front door has another address than ours.
+    let child = ChildNode::start_with(
+        &[
+            ("NET_TEST_CHILD_LISTEN", &listen),
+            ("NET_TEST_CHILD_TLS", "all"),
+        ],
+        command,
+    );
+    // The two ends of a front door to the namespace have different addresses.
+    let door = std::net::TcpStream::connect(child.address).unwrap();
+    assert!(!strata_net::handshake::on_this_host(&door));
+    drop(door);
+    let mut o = options(&[child.address], AccessPath::Messages);
+    o.transports = None;
+    o.timeout = Duration::from_secs(30);
+    let store = RemoteStore::connect(4 << 20, o).unwrap();
+    exercise(&store, &mut rng, 100);
+    child.signal(libc::SIGKILL);
+    let (e, _) = first_failure(&store);
+    assert!(matches!(e, StoreError::Unavailable { .. }), "{e}");
+    println!(
+        "node at {} (from {}): after the kill: {e}",
+        ns.inner, ns.outer
+    );
+    drop(store);
+    drop(child);
 }

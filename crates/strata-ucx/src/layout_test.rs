@@ -65,6 +65,10 @@ fn layout_matches_headers() {
         ("UCS_ERR_LAST", i64::try_from(UCS_ERR_LAST).unwrap()),
         ("UCS_THREAD_MODE_SINGLE", i64::from(UCS_THREAD_MODE_SINGLE)),
         (
+            "UCP_ERR_HANDLING_MODE_NONE",
+            i64::from(UCP_ERR_HANDLING_MODE_NONE),
+        ),
+        (
             "UCP_ERR_HANDLING_MODE_PEER",
             i64::from(UCP_ERR_HANDLING_MODE_PEER),
         ),

@@ -160,6 +160,9 @@ pub struct ContextOptions {
     pub transports: Option<String>,
     /// Ask for one-sided RMA (`put`/`get`) in addition to active messages.
     pub rma: bool,
+    /// Further UCX settings, names without the `UCX_` prefix (such as `SYSV_FIFO_SIZE`),
+    /// applied over the `UCX_*` environment.
+    pub settings: Vec<(String, String)>,
 }
 
 /// A UCP context: the library instance holding transports and memory registrations.
@@ -202,6 +205,23 @@ impl Context {
                     "ucp_config_modify(TLS)",
                     code,
                     "name transports UCX knows (see `ucx_info -d`), such as tcp",
+                )?;
+            }
+            for (name, value) in &options.settings {
+                let (c_name, c_value) = CString::new(name.as_str())
+                    .ok()
+                    .zip(CString::new(value.as_str()).ok())
+                    .ok_or_else(|| {
+                        UcxError::InvalidArgument(format!("UCX setting {name}={value:?}"))
+                    })?;
+                // SAFETY: config is a live config object; both strings are NUL-terminated.
+                let code =
+                    unsafe { (api.ucp_config_modify)(config, c_name.as_ptr(), c_value.as_ptr()) };
+                check(
+                    &api,
+                    "ucp_config_modify",
+                    code,
+                    "name a UCX setting this UCX knows (see `ucx_info -c`) with a valid value",
                 )?;
             }
             let mut features = sys::UCP_FEATURE_AM | sys::UCP_FEATURE_WAKEUP;
@@ -341,6 +361,8 @@ mod layout_test;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::cell::RefCell;
+    use std::rc::Rc;
 
     #[test]
     fn a_missing_ucx_is_a_clear_error() {
@@ -362,6 +384,7 @@ mod tests {
         let context = Context::new(&ContextOptions {
             transports: Some("tcp".into()),
             rma: true,
+            settings: Vec::new(),
         })
         .unwrap();
         let worker = Worker::new(&context).unwrap();
@@ -374,6 +397,7 @@ mod tests {
         let e = Context::new(&ContextOptions {
             transports: Some("no-such-transport".into()),
             rma: false,
+            settings: Vec::new(),
         })
         .unwrap_err();
         assert!(e.to_string().contains("UCX"), "{e}");
@@ -385,6 +409,7 @@ mod tests {
         let context = Context::new(&ContextOptions {
             transports: Some("tcp".into()),
             rma: false,
+            settings: Vec::new(),
         })
         .unwrap();
         let (a, b) = (
@@ -418,5 +443,149 @@ mod tests {
             "an empty address must be refused"
         );
         drop(endpoint.close(true));
+    }
+
+    type Collected = Rc<RefCell<Vec<u8>>>;
+
+    /// Two workers: `a` to send, `b` collecting the data of active messages 9 into the
+    /// returned vector.
+    fn sender_and_collector(
+        context: &Arc<Context>,
+    ) -> Result<(Worker, Worker, Collected), UcxError> {
+        let (a, b) = (Worker::new(context)?, Worker::new(context)?);
+        let got = Rc::new(RefCell::new(Vec::new()));
+        let sink = Rc::clone(&got);
+        b.set_am_handler(9, move |m| {
+            sink.borrow_mut()
+                .extend_from_slice(m.data().unwrap_or_default());
+            AmAction::Done
+        })?;
+        Ok((a, b, got))
+    }
+
+    /// Sends `payload` from `a` to `b` over `endpoint` and waits for it (5 s at most).
+    fn deliver(
+        a: &Worker,
+        b: &Worker,
+        endpoint: &Endpoint,
+        got: &RefCell<Vec<u8>>,
+        payload: &[u8],
+    ) {
+        // SAFETY: `payload` outlives the loop below, which waits for the send to complete.
+        let mut sent =
+            unsafe { endpoint.am_send(9, b"", payload.as_ptr(), payload.len(), true) }.unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while got.borrow().len() < payload.len() || sent.poll().is_none() {
+            a.progress();
+            b.progress();
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no message over shared memory"
+            );
+        }
+        assert!(got.borrow()[..] == *payload, "the message arrived damaged");
+    }
+
+    #[test]
+    fn shared_memory_serves_on_host_endpoints_only() {
+        // Shared memory only: no TCP to fall back to.
+        let context = Context::new(&ContextOptions {
+            transports: Some("posix,sysv".into()),
+            rma: false,
+            settings: Vec::new(),
+        })
+        .unwrap();
+        let (a, b, got) = sender_and_collector(&context).unwrap();
+        let address = b.address().unwrap();
+        // UCX offers shared memory only to endpoints without peer-failure handling.
+        let e = a.connect_worker(&address).unwrap_err();
+        println!("peer-failure endpoint over shared memory: {e}");
+        let endpoint = a.connect_worker_on_host(&address).unwrap();
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .subsec_nanos();
+        println!("seed {seed}");
+        let mut state = u64::from(seed) | 1;
+        // A page larger than one shared-memory fragment (8 KiB), of random bytes.
+        let payload: Vec<u8> = (0..64 << 10)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                state.to_le_bytes()[0]
+            })
+            .collect();
+        deliver(&a, &b, &endpoint, &got, &payload);
+        got.borrow_mut().clear();
+        deliver(&a, &b, &endpoint, &got, &payload[..100]);
+        drop(endpoint.close(true));
+    }
+
+    #[test]
+    fn settings_reach_the_transports() {
+        // Shared memory over sysv only, with FIFOs of `size` elements (MM_ applies to sysv and
+        // posix): can two workers talk?
+        let talk = |size: &str| -> Result<(), UcxError> {
+            let context = Context::new(&ContextOptions {
+                transports: Some("sysv".into()),
+                rma: false,
+                settings: vec![("MM_FIFO_SIZE".into(), size.into())],
+            })?;
+            let (a, b, got) = sender_and_collector(&context)?;
+            let endpoint = a.connect_worker_on_host(&b.address()?)?;
+            deliver(&a, &b, &endpoint, &got, &[7u8; 20000]);
+            Ok(())
+        };
+        talk("1024").unwrap();
+        // UCX takes FIFO sizes that are powers of two only: with 3 the transport does not
+        // open, so the setting did reach it.
+        let e = talk("3").unwrap_err();
+        println!("FIFO of 3: {e}");
+        let e = Context::new(&ContextOptions {
+            transports: None,
+            rma: false,
+            settings: vec![("A\0B".into(), "1".into())],
+        })
+        .unwrap_err();
+        assert!(matches!(e, UcxError::InvalidArgument(_)), "{e}");
+    }
+
+    #[test]
+    fn a_wait_wakes_when_a_watched_connection_closes() {
+        use std::os::fd::AsFd;
+        use std::time::{Duration, Instant};
+        let context = Context::new(&ContextOptions {
+            transports: Some("tcp".into()),
+            rma: false,
+            settings: Vec::new(),
+        })
+        .unwrap();
+        let worker = Worker::new(&context).unwrap();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let near = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (mut far, _) = listener.accept().unwrap();
+        while worker.progress() > 0 {}
+        // Data from the peer is not a closing: the wait runs to its timeout.
+        std::io::Write::write_all(&mut far, b"x").unwrap();
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_millis(200) {
+            let closed = worker
+                .wait_watching(Duration::from_millis(50), &[near.as_fd()])
+                .unwrap();
+            assert!(closed.is_empty(), "{closed:?}");
+            while worker.progress() > 0 {}
+        }
+        drop(far);
+        let started = Instant::now();
+        let closed = worker
+            .wait_watching(Duration::from_secs(10), &[near.as_fd()])
+            .unwrap();
+        assert_eq!(closed, vec![0]);
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            started.elapsed()
+        );
     }
 }

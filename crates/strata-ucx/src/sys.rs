@@ -37,6 +37,7 @@ pub const UCP_API_MAJOR: c_uint = 1;
 pub const UCP_API_MINOR: c_uint = 13;
 
 pub const UCS_THREAD_MODE_SINGLE: ucs_thread_mode_t = 0;
+pub const UCP_ERR_HANDLING_MODE_NONE: ucp_err_handling_mode_t = 0;
 pub const UCP_ERR_HANDLING_MODE_PEER: ucp_err_handling_mode_t = 1;
 pub const UCS_MEMORY_TYPE_HOST: ucs_memory_type_t = 0;
 

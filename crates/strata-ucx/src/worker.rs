@@ -3,6 +3,7 @@
 use std::cell::{Cell, RefCell};
 use std::ffi::c_void;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::os::fd::{AsRawFd, BorrowedFd};
 use std::ptr;
 use std::rc::Rc;
 use std::sync::{Arc, Mutex};
@@ -359,10 +360,21 @@ impl Worker {
     /// Blocks until UCX has something to do, a [`WorkerWaker`] fires, or `timeout` passes.
     /// Call [`Worker::progress`] until it returns 0 before waiting.
     pub fn wait(&self, timeout: Duration) -> Result<(), UcxError> {
+        self.wait_watching(timeout, &[]).map(drop)
+    }
+
+    /// Like [`Worker::wait`], and also wakes when the peer of one of `sockets` (connected
+    /// stream sockets) closes its end or the connection fails. Returns the indices of those
+    /// sockets; data waiting on a socket does not wake the worker.
+    pub fn wait_watching(
+        &self,
+        timeout: Duration,
+        sockets: &[BorrowedFd<'_>],
+    ) -> Result<Vec<usize>, UcxError> {
         // SAFETY: the worker is live and used from this thread.
         let code = unsafe { (self.api().ucp_worker_arm)(self.raw()) };
         if code == sys::UCS_ERR_BUSY {
-            return Ok(()); // events are pending: go and progress
+            return Ok(Vec::new()); // events are pending: go and progress
         }
         check(
             self.api(),
@@ -379,15 +391,31 @@ impl Worker {
             code,
             "the context needs wake-up support",
         )?;
-        let mut pollfd = libc::pollfd {
+        let mut pollfds = Vec::with_capacity(1 + sockets.len());
+        pollfds.push(libc::pollfd {
             fd,
             events: libc::POLLIN,
             revents: 0,
-        };
+        });
+        // POLLRDHUP: the peer shut its side down; POLLHUP and POLLERR are always reported.
+        pollfds.extend(sockets.iter().map(|socket| libc::pollfd {
+            fd: socket.as_raw_fd(),
+            events: libc::POLLRDHUP,
+            revents: 0,
+        }));
         let millis = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
-        // SAFETY: pollfd is one valid element; EINTR and timeouts just return to the caller.
-        unsafe { libc::poll(&mut pollfd, 1, millis) };
-        Ok(())
+        let count = libc::nfds_t::try_from(pollfds.len()).unwrap_or(libc::nfds_t::MAX);
+        // SAFETY: pollfds holds `count` valid elements, each naming an open descriptor (the
+        // worker's event fd, and sockets the caller's borrows keep open); EINTR and timeouts
+        // just return to the caller.
+        unsafe { libc::poll(pollfds.as_mut_ptr(), count, millis) };
+        let closed = libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR | libc::POLLNVAL;
+        Ok(pollfds[1..]
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.revents & closed != 0)
+            .map(|(index, _)| index)
+            .collect())
     }
 
     /// Installs `handler` for active messages with `id`. Handlers run inside
@@ -562,12 +590,35 @@ impl Worker {
     }
 
     /// Connects to the worker whose [`Worker::address`] is `address` (no listener, no
-    /// connection manager). The connection completes during progress.
+    /// connection manager). The connection completes during progress. UCX reports the
+    /// peer's failure through [`Worker::take_endpoint_errors`]; it uses only transports that
+    /// can (TCP, InfiniBand), never shared memory.
     pub fn connect_worker(&self, address: &[u8]) -> Result<Endpoint, UcxError> {
+        self.connect_worker_as(address, sys::UCP_ERR_HANDLING_MODE_PEER)
+    }
+
+    /// Like [`Worker::connect_worker`], for a peer known to run on this host: UCX may then
+    /// pick shared memory (`posix`, `sysv`), whose round trip on one host is several times
+    /// shorter than TCP over loopback. Shared-memory transports cannot detect a dead peer
+    /// (UCX 1.13 offers them only to endpoints without peer-failure handling), so the
+    /// caller must watch the peer another way, such as a TCP connection whose closing it
+    /// polls with [`Worker::wait_watching`]; errors UCX does see are still reported through
+    /// [`Worker::take_endpoint_errors`]. Over a transport that is not shared memory the
+    /// endpoint works as well, only without UCX's keep-alive.
+    pub fn connect_worker_on_host(&self, address: &[u8]) -> Result<Endpoint, UcxError> {
+        self.connect_worker_as(address, sys::UCP_ERR_HANDLING_MODE_NONE)
+    }
+
+    fn connect_worker_as(
+        &self,
+        address: &[u8],
+        err_mode: sys::ucp_err_handling_mode_t,
+    ) -> Result<Endpoint, UcxError> {
         if address.is_empty() {
             return Err(UcxError::InvalidArgument("an empty worker address".into()));
         }
         let mut params = self.endpoint_params();
+        params.err_mode = err_mode;
         params.field_mask |= sys::UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
         params.address = address.as_ptr().cast::<sys::ucp_address>();
         self.create_endpoint(&params)

@@ -6,6 +6,7 @@ mod setup;
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
 use std::net::TcpStream;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -179,23 +180,16 @@ impl IoLoop {
             detail: format!("asked for {length} bytes, the node sent {got}"),
         };
         match data {
+            // Nodes reply eagerly (the page travels with the reply). Receiving rendezvous
+            // data would make this client fetch it from wherever the node's worker address
+            // and key say (on one host, `cma` reads any process the client may trace), so
+            // it is refused unread.
             ReplyData::Held(held) if held.is_rendezvous() => {
-                if held.length() != length {
-                    flight.failed = Some(wrong_length(held.length()));
-                    held.release(&self.worker);
-                    return;
-                }
-                // SAFETY: the caller's buffer has `length` writable bytes and stays alive
-                // until this piece finishes, which waits for this request.
-                match unsafe { held.receive_into(&self.worker, buffer) } {
-                    Ok(request) => flight.requests.push(request),
-                    Err(e) => {
-                        flight.failed = Some(StoreError::Unavailable {
-                            store: format!("remote:{node_name}"),
-                            reason: e.to_string(),
-                        });
-                    }
-                }
+                held.release(&self.worker);
+                flight.failed = Some(StoreError::Unavailable {
+                    store: format!("remote:{node_name}"),
+                    reason: "the node sent a rendezvous reply, which this client does not take; run a memory node of this version".into(),
+                });
             }
             other => {
                 let bytes: &[u8] = match &other {
@@ -253,15 +247,47 @@ impl IoLoop {
                 break;
             }
             let now = Instant::now();
-            let mut wake_at = now + Duration::from_millis(50);
+            // Requests still going out may wait for room in a shared-memory FIFO, which
+            // frees without waking this worker: look again soon.
+            let sending = self.in_flight.values().any(|f| !f.requests.is_empty());
+            let mut wake_at = now
+                + if sending {
+                    Duration::from_millis(1)
+                } else {
+                    Duration::from_millis(50)
+                };
             for t in [next_pace, next_deadline].into_iter().flatten() {
                 wake_at = wake_at.min(t);
             }
             if wake_at > now && self.replies.borrow().is_empty() {
-                let _ = self.worker.wait(wake_at - now);
+                self.wait_or_notice_closed_doors(wake_at - now);
             }
         }
         self.goodbye();
+    }
+
+    /// Sleeps until UCX has work, a submission wakes the worker, `timeout` passes, or a
+    /// node's front-door connection closes; such a node is lost (the node stopped or died:
+    /// a shared-memory endpoint would not tell, and a TCP one may tell later).
+    fn wait_or_notice_closed_doors(&mut self, timeout: Duration) {
+        let watched: Vec<usize> = (0..self.nodes.len())
+            .filter(|&i| self.nodes[i].lost.is_none() && self.nodes[i].door.is_some())
+            .collect();
+        let closed = {
+            let doors: Vec<BorrowedFd<'_>> = watched
+                .iter()
+                .filter_map(|&i| self.nodes[i].door.as_ref().map(AsFd::as_fd))
+                .collect();
+            self.worker
+                .wait_watching(timeout, &doors)
+                .unwrap_or_default()
+        };
+        for position in closed {
+            self.lose_node(
+                watched[position],
+                "the node closed its front-door connection (it stopped or died)".into(),
+            );
+        }
     }
 
     /// Issues waiting pieces up to the in-flight limit; returns when paced pieces may go.

@@ -18,6 +18,9 @@ use crate::handshake::{self, HandshakeError, Session};
 /// session (or `None` when it cannot take it).
 pub(super) struct Admission {
     pub(super) client_address: Vec<u8>,
+    /// The client runs on this host (its connection's two ends share an address), so the
+    /// node may reach it over shared memory; the door watches its connection either way.
+    pub(super) on_host: bool,
     pub(super) answer: mpsc::Sender<Option<Session>>,
 }
 
@@ -200,6 +203,7 @@ impl Door {
 
     fn handshake(&self, mut stream: TcpStream, peer: IpAddr, deadline: Instant) {
         let mut session = None;
+        let on_host = handshake::on_this_host(&stream);
         let outcome = handshake::node_side(
             &mut stream,
             self.options.token.as_bytes(),
@@ -210,6 +214,7 @@ impl Door {
                 self.admit
                     .send(DoorEvent::Admit(Admission {
                         client_address: admitted.client_address,
+                        on_host,
                         answer,
                     }))
                     .ok()?;

@@ -35,6 +35,7 @@ impl IoLoop {
         let context = Context::new(&ContextOptions {
             transports: options.transports.clone(),
             rma: options.access == AccessPath::OneSided,
+            settings: crate::ucx_settings(options.transports.as_deref()),
         })
         .map_err(ucx(first))?;
         let worker = Worker::new(&context).map_err(ucx(first))?;
@@ -85,10 +86,15 @@ impl IoLoop {
                 &own_address,
                 options.timeout,
             )?;
-            let endpoint = io
-                .worker
-                .connect_worker(&welcome.node_address)
-                .map_err(ucx(name))?;
+            // A node on this host is reached over shared memory when both sides allow it;
+            // such an endpoint cannot see the node die, so the front-door connection is
+            // watched instead (`IoLoop::run`).
+            let endpoint = if handshake::on_this_host(&door) {
+                io.worker.connect_worker_on_host(&welcome.node_address)
+            } else {
+                io.worker.connect_worker(&welcome.node_address)
+            }
+            .map_err(ucx(name))?;
             io.nodes.push(Node {
                 name: name.clone(),
                 session: welcome.session,
