@@ -25,16 +25,34 @@ pub const DEFAULT_PAGE: u64 = 64 << 10;
 /// 9.7-11.3 s (1.6 GB read), 16 KiB 17.6-23.3 s (5.5 GB), 64 KiB 41.7 s (22.5 GB), all about
 /// 340 k faults; file store 4 KiB 19.3 s, 16 KiB 25.3 s.
 pub const DEEP_PAGE: u64 = 4 << 10;
-/// [`DEEP_PAGE`] for a memory node: each page is a request whose round trip (about 125 us
-/// on loopback) outweighs its bytes, so fewer, larger pages win: `sort` at 6x over a node
-/// on loopback took 60 s with 16 KiB pages and 99 s with 4 KiB (single runs).
+/// [`DEEP_PAGE`] for memory nodes across a network: each page is a request whose round trip
+/// outweighs its bytes, so fewer, larger pages win: `sort` at 6x over a node reached by TCP
+/// (loopback, before nodes on this host used shared memory) took 60 s with 16 KiB pages and
+/// 99 s with 4 KiB (single runs). A node on this host, over shared memory, gets
+/// [`DEEP_PAGE`]: 143 s at 4 KiB against 195 s at 16 KiB (single runs, load 2-4).
 pub const DEEP_PAGE_REMOTE: u64 = 16 << 10;
+
+/// Whether `store` reaches a memory node on another host (any node whose address is not a
+/// loopback one): pages then cross a network, where [`DEEP_PAGE_REMOTE`] pays.
+pub fn across_a_network(store: &StoreKind) -> bool {
+    let StoreKind::Remote { nodes } = store else {
+        return false;
+    };
+    nodes.iter().any(|node| {
+        let host = node.rsplit_once(':').map_or(node.as_str(), |(h, _)| h);
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        !(host == "localhost"
+            || host
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback()))
+    })
+}
 /// See [`DEEP_PAGE`]: at 3x (`sort` of 32 MiB in 32 MiB: 64 KiB 2.98 s, 16 KiB 3.47 s) and
 /// 4x (`stress-ng` sequential sweeps) the default page is as fast or faster.
 pub const DEEP_OVERSUBSCRIPTION: u64 = 4;
 
 /// The arena's page size: `configured` when the user gave one (`page_size_given`), else
-/// [`DEEP_PAGE`] ([`DEEP_PAGE_REMOTE`] over memory nodes) when the first large request (a
+/// [`DEEP_PAGE`] ([`DEEP_PAGE_REMOTE`] over memory nodes on other hosts) when the first large request (a
 /// program's main buffer, usually: `sort -S`, an array, a mapping) is more than
 /// [`DEEP_OVERSUBSCRIPTION`] times the budget, else `configured` (the default).
 pub fn page_for(
@@ -227,6 +245,22 @@ impl Options {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_nodes_on_other_hosts_count_as_across_a_network() {
+        let remote = |nodes: &[&str]| StoreKind::Remote {
+            nodes: nodes.iter().map(ToString::to_string).collect(),
+        };
+        assert!(!across_a_network(&StoreKind::Memory));
+        assert!(!across_a_network(&remote(&["127.0.0.1:7400"])));
+        assert!(!across_a_network(&remote(&[
+            "127.0.0.2:7400",
+            "[::1]:7400"
+        ])));
+        assert!(!across_a_network(&remote(&["localhost:7400"])));
+        assert!(across_a_network(&remote(&["10.0.0.5:7400"])));
+        assert!(across_a_network(&remote(&["127.0.0.1:7400", "node1:7400"])));
+    }
 
     #[test]
     fn the_default_arena_fits_an_address_space_limit() {

@@ -213,7 +213,7 @@ impl Runtime {
             options.pager.page_bytes,
             options.pager.buffer_bytes,
             first_request,
-            matches!(options.store.kind, StoreKind::Remote { .. }),
+            crate::options::across_a_network(&options.store.kind),
         );
         let page = options.pager.page_bytes;
         let arena_bytes = options.arena_bytes.div_ceil(page) * page;

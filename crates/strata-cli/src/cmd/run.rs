@@ -32,7 +32,7 @@ pub struct RunArgs {
     /// values, which may come back changed by up to the tolerance (STRATA_RUN_LOSSY=floats).
     #[arg(long)]
     lossy_floats: bool,
-    /// Pager page size (STRATA_PAGE_SIZE). Default 64KiB, or 4KiB (16KiB over a memory node)
+    /// Pager page size (STRATA_PAGE_SIZE). Default 64KiB, or 4KiB (16KiB over memory nodes on other hosts)
     /// when the program's first large request is over 4x the budget.
     #[arg(long)]
     page_size: Option<String>,
