@@ -797,21 +797,19 @@ fn the_page_size_follows_the_first_request_unless_given() {
     assert_eq!(page_of(48, Some("64KiB")), 64 << 10);
 }
 
-#[test]
-fn small_pages_over_a_large_arena_cost_no_memory_until_used() {
-    let Some(_) = strata() else { return };
-    let dir = scratch("tables");
+/// Runs `write_once MIB SEED` with the library preloaded by hand (8 MiB budget, 4 KiB pages
+/// over the default 64 GiB arena, plus `env`) and returns its report and peak resident bytes.
+fn write_once_preloaded(name: &str, mib: &str, env: &[(&str, &str)]) -> (serde_json::Value, u64) {
+    let dir = scratch(name);
     let prog = compile("write_once", &dir);
     let stats = dir.join("stats.jsonl");
-    // 4 KiB pages over the default 64 GiB arena: 16 M pages, a 128 MiB page table. Before,
-    // the interposer's allocator wrote the table's zeros, so the process was 145 MiB
-    // resident before its first fault, against an 8 MiB budget.
     let mut c = Command::new(&prog);
-    c.args(["4", &(seed() % 251).to_string()])
+    c.args([mib, &(1 + seed() % 250).to_string()])
         .env("LD_PRELOAD", target_dir().join("libstrata_run.so"))
         .env("STRATA_RUN_MEMORY", "8MiB")
         .env("STRATA_PAGE_SIZE", "4KiB")
-        .env("STRATA_RUN_STATS", &stats);
+        .env("STRATA_RUN_STATS", &stats)
+        .envs(env.iter().copied());
     let out = run(c, Duration::from_secs(60));
     assert!(out.status.success(), "{out:?}");
     let line = std::fs::read_to_string(&stats).expect("report written at exit");
@@ -820,6 +818,16 @@ fn small_pages_over_a_large_arena_cost_no_memory_until_used() {
         .as_u64()
         .expect("peak_rss_bytes in the report");
     println!("peak resident: {} KiB", peak >> 10);
+    (v, peak)
+}
+
+#[test]
+fn small_pages_over_a_large_arena_cost_no_memory_until_used() {
+    let Some(_) = strata() else { return };
+    // 4 KiB pages over the default 64 GiB arena: 16 M pages, a 128 MiB page table. Before,
+    // the interposer's allocator wrote the table's zeros, so the process was 145 MiB
+    // resident before its first fault, against an 8 MiB budget.
+    let (v, peak) = write_once_preloaded("tables", "4", &[]);
     assert!(
         peak > 0 && peak < 48 << 20,
         "peak resident {peak} bytes: {v}"
@@ -833,25 +841,8 @@ fn small_pages_over_a_large_arena_cost_no_memory_until_used() {
 #[test]
 fn a_compressed_memory_store_holds_pages_at_their_compressed_size() {
     let Some(_) = strata() else { return };
-    let dir = scratch("packed");
-    let prog = compile("write_once", &dir);
-    let stats = dir.join("stats.jsonl");
-    let mut c = Command::new(&prog);
-    c.args(["96", &(1 + seed() % 250).to_string()])
-        .env("LD_PRELOAD", target_dir().join("libstrata_run.so"))
-        .env("STRATA_RUN_MEMORY", "8MiB")
-        .env("STRATA_PAGE_SIZE", "4KiB")
-        .env("STRATA_CODEC", "lz4")
-        .env("STRATA_RUN_STATS", &stats);
-    let out = run(c, Duration::from_secs(60));
-    assert!(out.status.success(), "{out:?}");
-    let line = std::fs::read_to_string(&stats).expect("report written at exit");
-    let v: serde_json::Value = serde_json::from_str(line.lines().next().unwrap()).unwrap();
-    let peak = v["peak_rss_bytes"]
-        .as_u64()
-        .expect("peak_rss_bytes in the report");
+    let (v, peak) = write_once_preloaded("packed", "96", &[("STRATA_CODEC", "lz4")]);
     let evictions = v["stats"]["evictions"].as_u64().unwrap_or(0);
-    println!("peak resident: {} KiB, {evictions} evictions", peak >> 10);
     assert!(evictions > 10_000, "the budget did not bind: {v}");
     assert!(
         peak > 0 && peak < 40 << 20,
