@@ -370,14 +370,18 @@ const PASS_FLAGS: c_int = libc::MAP_FIXED
     | libc::MAP_32BIT
     | libc::MAP_LOCKED;
 
-fn is_ours_to_map(addr: *mut c_void, len: usize, prot: c_int, flags: c_int, fd: c_int) -> bool {
-    addr.is_null()
-        && fd == -1
+/// Whether a mapping asks for what arena memory is: private, anonymous, read-write, with
+/// none of [`PASS_FLAGS`] but those in `allowed`.
+fn plain_anonymous(prot: c_int, flags: c_int, fd: c_int, allowed: c_int) -> bool {
+    fd == -1
         && prot == libc::PROT_READ | libc::PROT_WRITE
         && flags & libc::MAP_ANONYMOUS != 0
         && flags & libc::MAP_PRIVATE != 0
-        && flags & PASS_FLAGS == 0
-        && wants_arena(len)
+        && flags & PASS_FLAGS & !allowed == 0
+}
+
+fn is_ours_to_map(addr: *mut c_void, len: usize, prot: c_int, flags: c_int, fd: c_int) -> bool {
+    addr.is_null() && plain_anonymous(prot, flags, fd, 0) && wants_arena(len)
 }
 
 /// # Safety
@@ -427,12 +431,10 @@ fn fixed_over_arena(
     flags: c_int,
     fd: c_int,
 ) -> *mut c_void {
-    let fresh_anonymous = fd == -1
-        && prot == libc::PROT_READ | libc::PROT_WRITE
-        && flags & libc::MAP_ANONYMOUS != 0
-        && flags & libc::MAP_PRIVATE != 0
-        && flags & (PASS_FLAGS & !libc::MAP_FIXED) == 0;
-    if fresh_anonymous && runtime::inside_arena(addr as usize, len) && !runtime::forked() {
+    if plain_anonymous(prot, flags, fd, libc::MAP_FIXED)
+        && runtime::inside_arena(addr as usize, len)
+        && !runtime::forked()
+    {
         // SAFETY: the program owns the range it maps over (its own arena memory).
         unsafe { std::ptr::write_bytes(addr.cast::<u8>(), 0, len) };
         return addr;
