@@ -166,21 +166,8 @@ impl Store for PackedMemoryStore {
 #[allow(clippy::cast_possible_truncation)] // test sizes are small
 mod tests {
     use super::*;
-
-    /// A small deterministic generator (tests print their seed).
-    struct Lcg(u64);
-    impl Lcg {
-        fn next(&mut self) -> u64 {
-            self.0 = self
-                .0
-                .wrapping_mul(6_364_136_223_846_793_005)
-                .wrapping_add(1_442_695_040_888_963_407);
-            self.0 >> 33
-        }
-        fn below(&mut self, n: u64) -> u64 {
-            self.next() % n
-        }
-    }
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
 
     #[test]
     fn reads_back_what_a_flat_buffer_holds_under_random_writes() {
@@ -188,26 +175,26 @@ mod tests {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(7, |d| d.as_nanos() as u64);
         println!("seed {seed}");
-        let mut rng = Lcg(seed);
+        let mut rng = StdRng::seed_from_u64(seed);
         for slot in [1u64, 7, 24, 4120] {
             let size = slot * 37 + 5;
             let store = PackedMemoryStore::new(size, slot);
             let mut flat = vec![0u8; size as usize];
             for _ in 0..400 {
-                let offset = rng.below(size);
-                let len = rng.below((size - offset).min(3 * slot + 9)) as usize;
-                if rng.below(3) == 0 {
+                let offset = rng.random_range(0..size);
+                let len = rng.random_range(0..(size - offset).min(3 * slot + 9)) as usize;
+                if rng.random_range(0..3) == 0 {
                     // Runs of zeros, so slots shrink and vanish as well as grow.
                     let bytes = vec![0u8; len];
                     store.write_at(offset, &bytes).unwrap();
                     flat[offset as usize..offset as usize + len].copy_from_slice(&bytes);
                 } else {
-                    let bytes: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
+                    let bytes: Vec<u8> = (0..len).map(|_| rng.random::<u8>()).collect();
                     store.write_at(offset, &bytes).unwrap();
                     flat[offset as usize..offset as usize + len].copy_from_slice(&bytes);
                 }
-                let offset = rng.below(size);
-                let len = rng.below(size - offset + 1) as usize;
+                let offset = rng.random_range(0..size);
+                let len = rng.random_range(0..size - offset + 1) as usize;
                 let mut got = vec![0xAAu8; len];
                 store.read_at(offset, &mut got).unwrap();
                 assert_eq!(
