@@ -72,7 +72,7 @@ typedef struct strata_space_handle_t {
     uint32_t protected_quota;
     uint64_t ring;
     uint32_t tier;
-    uint32_t migrate_after; /* element accesses before a page not resident migrates (0: always) */
+    uint32_t migrate_after; /* element accesses before a page not resident migrates (0: always; bit 31: reads only) */
     uint64_t peer;
 } strata_space_handle_t;
 

@@ -52,6 +52,9 @@ pub const ERR_STORE: u64 = 8;
 pub const TIER_HOST_COPY: u32 = 0;
 /// Tier chain: a pinned host cache over a store, through the request ring.
 pub const TIER_RING: u32 = 1;
+/// In a handle's `migrate_after`: element reads go in place, writes always migrate (the count
+/// is in the low 16 bits).
+pub const MIGRATE_READS_ONLY: u32 = 1 << 31;
 /// Hit counter shards.
 pub const HIT_SHARDS: usize = 32;
 /// u64s between hit shards.
@@ -397,6 +400,7 @@ pub fn static_check_source() -> String {
          static_assert(STRATA_SLOT_PRESENT == {}ull && STRATA_SLOT_ERROR == {}ull && STRATA_SLOT_GEN_SHIFT == {}, \"slot words\");\n\
          static_assert(sizeof(StrataWriteBack) == {}, \"write-back control\");\n\
          static_assert(STRATA_REMOTE_COUNT_MASK == {}ull && STRATA_REMOTE_WRITERS_MASK == {}ull, \"remote record\");\n\
+         static_assert(STRATA_MIGRATE_READS_ONLY == {}u, \"reads-only remote access\");\n\
          static_assert(STRATA_FAULT_HIST_BUCKETS == {} && STRATA_FAULT_HIST_MIN_LOG2 == {}, \"fault histogram\");\n\
          extern \"C\" __global__ void strata_static_layout_check() {{}}\n",
         size_of::<SpaceHandle<'static>>(),
@@ -430,6 +434,7 @@ pub fn static_check_source() -> String {
         size_of::<WriteBackControl>(),
         REMOTE_COUNT_MASK,
         REMOTE_WRITERS_MASK,
+        MIGRATE_READS_ONLY,
         FAULT_HIST_BUCKETS,
         FAULT_HIST_MIN_LOG2,
     )

@@ -80,6 +80,7 @@ fn pages_switching_modes_mid_kernel_lose_no_write_and_serve_no_wrong_read() {
                 RemoteAccess::MigrateAfter(3),
                 RemoteAccess::MigrateAfter(16),
                 RemoteAccess::Auto,
+                RemoteAccess::ReadsOnly,
                 RemoteAccess::Off,
             ] {
                 let cache = frames * page;
@@ -136,6 +137,12 @@ fn pages_switching_modes_mid_kernel_lose_no_write_and_serve_no_wrong_read() {
                 match remote {
                     RemoteAccess::Off => {
                         assert_eq!(st.remote_reads + st.remote_writes, 0, "{what}");
+                    }
+                    RemoteAccess::ReadsOnly => {
+                        assert_eq!(st.remote_writes, 0, "{what}: a write went in place");
+                        if ratio == 8 {
+                            assert!(st.remote_reads > 0 && st.faults > 0, "{what}");
+                        }
                     }
                     // A space the cache holds whole soon has every page resident.
                     _ if ratio < 8 => {}

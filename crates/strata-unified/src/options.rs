@@ -116,11 +116,12 @@ impl UnifiedOptions {
                 strata_gpu::space::default_write_back()
             },
             peers: Vec::new(),
-            // Remote access writes the host copy in place from kernels, behind the CPU-write
-            // tracker's hashes (such a page would look written by the CPU, and by the GPU too
-            // if it later migrated and was dirtied in the same kernel: a false conflict).
-            // Every miss migrates until the tracker counts remote writes as GPU writes.
-            remote_access: strata_gpu::space::RemoteAccess::Off,
+            // Reads of pages not resident go in place over the bus (a pointer chase by one
+            // thread reads a hop instead of copying a whole page with one lane). Writes always
+            // migrate: a write in place would land in the host copy behind the CPU-write
+            // tracker's hashes (the page would look written by the CPU, and by the GPU too if
+            // it later migrated and was dirtied in the same kernel: a false conflict).
+            remote_access: strata_gpu::space::RemoteAccess::ReadsOnly,
         };
         SpacePlan::new(rounded, &space)?;
         Ok(space)

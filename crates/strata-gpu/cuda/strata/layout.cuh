@@ -45,6 +45,10 @@ typedef unsigned int strata_u32;
 #define STRATA_REMOTE_WRITER_SHIFT 24
 #define STRATA_REMOTE_WRITER_ONE (1ull << STRATA_REMOTE_WRITER_SHIFT)
 #define STRATA_REMOTE_WRITERS_MASK (0xFFull << STRATA_REMOTE_WRITER_SHIFT)
+// In StrataSpace::migrate_after: reads go in place, writes always migrate; the threshold is
+// the low 16 bits.
+#define STRATA_MIGRATE_READS_ONLY 0x80000000u
+#define STRATA_MIGRATE_AFTER_MASK 0xFFFFu
 
 // ---- frame table (one entry per frame of the page cache) --------------------------------------
 #define STRATA_NO_PAGE 0xFFFFFFFFu
@@ -153,7 +157,8 @@ struct StrataSpace {
     strata_u32 tier;             // STRATA_TIER_*
     strata_u32 migrate_after;    // access count (decaying) at which a page not resident
                                  // migrates into a frame; until then element accesses go
-                                 // over the bus in place (remote.cuh). 0: every miss migrates
+                                 // over the bus in place (remote.cuh). 0: every miss migrates;
+                                 // | STRATA_MIGRATE_READS_ONLY: only reads go in place
     struct StrataPeer* peer;     // the peer tier above the host copy (GPU memory), or null
 };
 

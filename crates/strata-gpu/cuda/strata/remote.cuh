@@ -29,7 +29,9 @@
 //
 // Only spaces whose lower tier is a full host copy serve accesses remotely (STRATA_TIER_RING's
 // host cache holds some pages only). With a peer tier, reads go remote but writes migrate: a
-// write in place would leave a stale clean copy in a peer slot.
+// write in place would leave a stale clean copy in a peer slot. Unified allocations do the same
+// (STRATA_MIGRATE_READS_ONLY): a pointer chase by one thread reads each hop over the bus
+// instead of copying a whole page with one lane (about 0.5 ms per 64 KiB page).
 #pragma once
 
 namespace strata {
@@ -40,11 +42,16 @@ enum RemoteAnswer { REMOTE_NO = 0, REMOTE_SERVED = 1 };
 // Remote reads count one access in this many (adding this many), to spare atomics.
 #define STRATA_REMOTE_READ_SAMPLE 4u
 
-__device__ __forceinline__ bool remote_reads_on(const StrataSpace& s) {
-    return s.migrate_after != 0 && s.tier == STRATA_TIER_HOST_COPY;
+__device__ __forceinline__ strata_u32 migrate_after(const StrataSpace& s) {
+    return s.migrate_after & STRATA_MIGRATE_AFTER_MASK;
 }
+__device__ __forceinline__ bool remote_reads_on(const StrataSpace& s) {
+    return migrate_after(s) != 0 && s.tier == STRATA_TIER_HOST_COPY;
+}
+// Unified allocations read in place but migrate on writes (STRATA_MIGRATE_READS_ONLY): their
+// CPU-write tracker must see every GPU write as a write to a GPU frame.
 __device__ __forceinline__ bool remote_writes_on(const StrataSpace& s) {
-    return remote_reads_on(s) && s.peer == nullptr;
+    return remote_reads_on(s) && s.peer == nullptr && !(s.migrate_after & STRATA_MIGRATE_READS_ONLY);
 }
 
 // The current epoch (8 bits). It advances with the accesses served in place: once per
@@ -54,7 +61,7 @@ __device__ __forceinline__ bool remote_writes_on(const StrataSpace& s) {
 // page is about equally hot (uniform random access), none does, and the resident set stays
 // put instead of churning for no gain.
 __device__ __forceinline__ strata_u64 remote_epoch(const StrataSpace& s) {
-    const unsigned shift = (63u - __clzll(s.pages | 1ull)) + (31u - __clz(s.migrate_after | 1u)) - 2u;
+    const unsigned shift = (63u - __clzll(s.pages | 1ull)) + (31u - __clz(migrate_after(s) | 1u)) - 2u;
     const strata_u64 served = load_relaxed(&s.counters->remote_reads) + load_relaxed(&s.counters->remote_writes);
     return (served >> shift) & 0xFFull;
 }
@@ -63,7 +70,7 @@ __device__ __forceinline__ strata_u64 remote_epoch(const StrataSpace& s) {
 // the cache costs no eviction), else after migrate_after.
 __device__ __forceinline__ strata_u64 remote_threshold(const StrataSpace& s) {
     if (load_relaxed(&s.counters->free_frames) != 0) return 2;
-    return s.migrate_after;
+    return migrate_after(s);
 }
 
 __device__ __forceinline__ strata_u64 cas_acquire(strata_u64* p, strata_u64 expected, strata_u64 desired) {

@@ -172,6 +172,9 @@ pub enum RemoteAccess {
     /// Migrate a page once its (decaying) access count reaches `n` (2 to 65535); explicit, so
     /// a space over a store refuses it.
     MigrateAfter(u32),
+    /// Reads as [`RemoteAccess::Auto`]; every write migrates its page. For data whose GPU
+    /// writes must land in GPU frames (unified allocations find them there). Off over a store.
+    ReadsOnly,
 }
 
 impl RemoteAccess {
@@ -194,6 +197,11 @@ impl RemoteAccess {
             RemoteAccess::Off => Ok(0),
             RemoteAccess::Auto => Ok(if host_copy {
                 RemoteAccess::default_migrate_after(page_size)
+            } else {
+                0
+            }),
+            RemoteAccess::ReadsOnly => Ok(if host_copy {
+                RemoteAccess::default_migrate_after(page_size) | crate::layout::MIGRATE_READS_ONLY
             } else {
                 0
             }),
@@ -601,6 +609,14 @@ mod tests {
         assert!(RemoteAccess::default_migrate_after(2 << 20) <= 65535);
         // Auto is off over a store; an explicit threshold there is refused with the way out.
         assert_eq!(RemoteAccess::Auto.resolve(4096, false).unwrap(), 0);
+        // Reads only: Auto's threshold with the flag the device reads; off over a store too.
+        let r = RemoteAccess::ReadsOnly.resolve(64 << 10, true).unwrap();
+        assert_eq!(
+            r & crate::layout::MIGRATE_READS_ONLY,
+            crate::layout::MIGRATE_READS_ONLY
+        );
+        assert_eq!(r & 0xFFFF, RemoteAccess::default_migrate_after(64 << 10));
+        assert_eq!(RemoteAccess::ReadsOnly.resolve(4096, false).unwrap(), 0);
         let e = RemoteAccess::MigrateAfter(4)
             .resolve(4096, false)
             .unwrap_err();
