@@ -282,7 +282,9 @@ impl UnifiedOverStore {
     /// A unified allocation of `size` bytes over `store` (its first `size` bytes, rounded up
     /// to whole pages, which the store must hold): a pager region of `cpu_cache_bytes` for the
     /// CPU, a GPU cache of `options.cache_bytes` over a pinned host cache of `cpu_cache_bytes`
-    /// for kernels. `options.dirty_tracking` is not used (each side's own writes are logged).
+    /// for kernels. Host memory taken: `cpu_cache_bytes` twice (the pager's buffer and the
+    /// space's pinned host cache; at least 4 pages), plus the ring's pinned staging (up to
+    /// 64 MiB). `options.dirty_tracking` is not used (each side's own writes are logged).
     /// The store's bytes are the allocation's initial contents.
     pub fn new(
         strata: &Strata,

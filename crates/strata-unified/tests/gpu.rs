@@ -592,12 +592,12 @@ fn store_words(u: &strata_unified::UnifiedOverStore) -> &[u64] {
 }
 
 /// The edges a user reaches over a store, with a size that is not a multiple of the page and
-/// a CPU cache of 4 pages: the GPU side's host read (`read_back`) after a sync to the GPU
-/// equals the CPU's bytes; GPU-side host writes (`fill_from_slice`, unaligned, across pages
-/// and into the last partial page) reach the CPU at the sync to the CPU; both sides writing
-/// in one phase refuses both syncs until the merging sync, which keeps every write to pages
-/// one side wrote; a store that refuses writes fails the sync in either direction with
-/// nothing lost, and the repeated sync succeeds.
+/// caches smaller than the data (GPU 32 pages, CPU 16, data 49): the GPU side's host read
+/// (`read_back`) after a sync to the GPU equals the CPU's bytes; GPU-side host writes
+/// (`fill_from_slice`, unaligned, across pages and into the last partial page) reach the CPU
+/// at the sync to the CPU; both sides writing in one phase refuses both syncs until the
+/// merging sync, which keeps every write to pages one side wrote; a store that refuses writes
+/// fails the sync in either direction with nothing lost, and the repeated sync succeeds.
 #[test]
 fn over_a_store_host_paths_and_edges() {
     use std::sync::Arc;
@@ -612,10 +612,10 @@ fn over_a_store_host_paths_and_edges() {
     let faulty = Arc::new(FaultyStore::new(memory.clone(), rng.random()));
     let opts = UnifiedOptions {
         page_size: page,
-        cache_bytes: 4 * page,
+        cache_bytes: 32 * page,
         ..UnifiedOptions::default()
     };
-    let mut u = UnifiedOverStore::new(&strata, faulty.clone(), size, &opts, 4 * page).unwrap();
+    let mut u = UnifiedOverStore::new(&strata, faulty.clone(), size, &opts, 16 * page).unwrap();
     assert_eq!(u.as_slice().len() as u64, size);
     let mut replay = vec![0u8; size as usize];
     rng.fill(&mut replay[..]);
@@ -655,7 +655,7 @@ fn over_a_store_host_paths_and_edges() {
     // Both sides write in one GPU phase: the CPU to a word of a page the kernel leaves alone.
     let update = m.function("update").unwrap();
     let n = size / 8;
-    let (salt, every) = (mix(rng.random()), 1u64 << 12);
+    let (salt, every) = (mix(rng.random()), 1u64 << 14);
     let kernel_writes = |i: u64| mix(i ^ salt).is_multiple_of(every);
     let quiet = (0..rounded / page)
         .find(|&p| !(p * page / 8..((p + 1) * page / 8).min(n)).any(kernel_writes))
