@@ -36,6 +36,9 @@
 //!   as out of range: use `strata::Unified<T>`.
 //! * The size need not be a multiple of the page size; the store must hold the whole last
 //!   page (the GPU side pages whole pages).
+//! * Dropping the allocation writes both sides' dirty pages to the store, the CPU's first:
+//!   sync to the CPU before dropping after kernels, or a page both sides wrote ends up with
+//!   one side's bytes.
 
 use std::collections::BTreeSet;
 use std::ops::Range;
