@@ -12,7 +12,7 @@
 use std::ops::Range;
 
 use super::{Space, SpaceError};
-use crate::layout::{FrameEntry, NO_PAGE, PageWord, RESIDENT};
+use crate::layout::{DeviceCounters, FrameEntry, NO_PAGE, PageWord, RESIDENT};
 
 /// Frame flag: the frame is in the protected segment (`STRATA_FRAME_PROTECTED`, layout.cuh).
 const FRAME_PROTECTED: u32 = 2;
@@ -222,11 +222,10 @@ impl Space {
         for run in runs(&freed_frames) {
             self.frames.upload(run.start * 8, &frames[run])?;
         }
-        if protected_freed > 0 {
-            let mut c = self.counters()?;
-            c.protected_now = c.protected_now.saturating_sub(protected_freed);
-            self.counters.upload(0, std::slice::from_ref(&c))?;
-        }
+        // The frames are free again, as after the device's eviction (which counts them back):
+        // a later sweep that takes one counts it out, so without this the count would wrap.
+        let c = counted_free(self.counters()?, out.dropped, protected_freed);
+        self.counters.upload(0, std::slice::from_ref(&c))?;
         Ok(out)
     }
 
@@ -265,6 +264,14 @@ impl Space {
     }
 }
 
+/// The device counters after `dropped` frames were freed by the host, `protected` of them
+/// from the protected segment.
+fn counted_free(mut c: DeviceCounters, dropped: u64, protected: u32) -> DeviceCounters {
+    c.protected_now = c.protected_now.saturating_sub(protected);
+    c.free_frames += dropped;
+    c
+}
+
 fn to_offset(page: u64) -> Result<usize, SpaceError> {
     usize::try_from(page * 8).map_err(|_| SpaceError::Invalid("page index too large".into()))
 }
@@ -283,7 +290,19 @@ fn runs(sorted: &[usize]) -> Vec<Range<usize>> {
 
 #[cfg(test)]
 mod tests {
-    use super::runs;
+    use super::{counted_free, runs};
+    use crate::layout::DeviceCounters;
+
+    #[test]
+    fn dropped_frames_count_as_free_again() {
+        let mut c = DeviceCounters::initial();
+        c.free_frames = 3;
+        c.protected_now = 2;
+        let after = counted_free(c, 5, 3);
+        assert_eq!(after.free_frames, 8);
+        assert_eq!(after.protected_now, 0, "never below zero");
+        assert_eq!(counted_free(c, 0, 0).free_frames, 3);
+    }
 
     #[test]
     fn runs_group_consecutive_frames() {
