@@ -297,3 +297,100 @@ fn bad_stores_and_caches_are_refused_saying_what_to_do() {
     assert!(e.to_string().contains("at least 262144 bytes"), "{e}");
     check_store_and_cache(&store, 128 << 10, 64 << 10, 256 << 10).unwrap();
 }
+
+/// Random sequences of every step, right and wrong, against a replay: CPU writes, GPU-side
+/// store writes, syncs both ways, syncs out of order (refused with nothing lost), CPU writes
+/// during a GPU phase to pages the GPU leaves alone and the merging sync; small buffers so the
+/// pager evicts (and writes) on its own throughout. After each sync to the GPU the store holds
+/// the CPU's bytes; after each sync to the CPU the CPU sees every write of both sides.
+#[test]
+fn random_step_sequences_keep_both_sides_coherent() {
+    let mut rng = rng();
+    for _ in 0..6 {
+        let page: u64 = if rng.random_bool(0.5) { 4096 } else { 64 << 10 };
+        let pages: u64 = rng.random_range(1..40);
+        let rounded = page * pages;
+        let size = rounded - rng.random_range(0..page);
+        let buffer = page * rng.random_range(4..=pages.max(4));
+        let inner: Arc<dyn Store> = Arc::new(MemoryStore::new(rounded));
+        let mut side = cpu_side(inner.clone(), size, page, buffer);
+        let what = format!("page {page}, size {size}, buffer {buffer}");
+        let mut replay = vec![0u8; rounded as usize];
+        let mut in_gpu_phase = false;
+        let mut cpu_pages: BTreeSet<u64> = BTreeSet::new(); // written since the last hand-over
+        let mut gpu_pages: BTreeSet<u64> = BTreeSet::new(); // written in this GPU phase
+        for step in 0..60 {
+            let at = format!("{what}, step {step}");
+            match (in_gpu_phase, rng.random_range(0..4)) {
+                (false, 0 | 1) => {
+                    let n = rng.random_range(1..3 * pages + 2);
+                    cpu_pages.extend(cpu_writes(&mut side, &mut replay, n, &mut rng));
+                }
+                (false, 2) => {
+                    // A sync to the CPU in a CPU phase after CPU writes: refused.
+                    if !cpu_pages.is_empty() {
+                        let e = side.refuse_cpu_writes().unwrap_err();
+                        assert!(matches!(e, UnifiedError::PhaseOrder(_)), "{at}: {e}");
+                    }
+                }
+                (false, _) => {
+                    let got = side.hand_to_gpu().unwrap();
+                    assert_eq!(got, cpu_pages.iter().copied().collect::<Vec<_>>(), "{at}");
+                    assert!(
+                        store_bytes(inner.as_ref(), size as usize) == replay[..size as usize],
+                        "{at}: the store holds the CPU's bytes"
+                    );
+                    cpu_pages.clear();
+                    in_gpu_phase = true;
+                }
+                (true, 0 | 1) => {
+                    let theirs = random_pages(&mut rng, pages, pages.div_ceil(3));
+                    let theirs: Vec<u64> = theirs
+                        .into_iter()
+                        .filter(|p| !cpu_pages.contains(p))
+                        .collect();
+                    gpu_writes(&side.gpu_log, page, &mut replay, &theirs, &mut rng);
+                    gpu_pages.extend(theirs);
+                }
+                (true, 2) => {
+                    // Out of order: a second sync to the GPU, refused if the GPU wrote.
+                    if gpu_pages.is_empty() {
+                        // Allowed: it hands over what the CPU wrote in this phase (if any).
+                        let got = side.hand_to_gpu().unwrap();
+                        assert_eq!(got, cpu_pages.iter().copied().collect::<Vec<_>>(), "{at}");
+                        cpu_pages.clear();
+                    } else {
+                        let e = side.hand_to_gpu().unwrap_err();
+                        assert!(matches!(e, UnifiedError::PhaseOrder(_)), "{at}: {e}");
+                    }
+                    // The CPU (wrongly) writes a page the GPU has not written in this phase.
+                    if let Some(p) = (0..pages).find(|p| !gpu_pages.contains(p)) {
+                        let b = (p * page) as usize
+                            + rng.random_range(0..(size - p * page).min(page)) as usize;
+                        replay[b] ^= 0xa5;
+                        side.region.as_mut_slice()[b] ^= 0xa5;
+                        cpu_pages.insert(p);
+                    }
+                }
+                (true, _) => {
+                    if cpu_pages.is_empty() {
+                        side.refuse_cpu_writes().unwrap();
+                        let got = side.take_from_gpu().unwrap();
+                        assert_eq!(got, gpu_pages.iter().copied().collect::<Vec<_>>(), "{at}");
+                    } else {
+                        assert!(side.refuse_cpu_writes().is_err(), "{at}");
+                        let (got, both) = side.merge_from_gpu(|| Ok(())).unwrap();
+                        assert_eq!(got, gpu_pages.iter().copied().collect::<Vec<_>>(), "{at}");
+                        assert!(both.is_empty(), "{at}: {both:?}");
+                    }
+                    assert!(
+                        side.region.as_slice() == &replay[..size as usize],
+                        "{at}: the CPU sees both sides' writes"
+                    );
+                    gpu_pages.clear();
+                    in_gpu_phase = false;
+                }
+            }
+        }
+    }
+}
