@@ -12,7 +12,7 @@
 #   (`build nocli` skips the strata binary, for runs without the benchmark)
 #
 # `run` takes step names (default: all): tests c example bench; also tests-quick (the GPU
-# tests of data that fits the cache, a subset).
+# tests of data that fits the cache, a subset) and tests-store (the allocations over a store).
 set -u -o pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
@@ -78,6 +78,9 @@ run() {
             for t in "$CARRY"/tests/*; do
                 step "test-$(basename "$t")" timeout 240 "$t" --test-threads 1 --nocapture
             done
+            ;;
+        tests-store)
+            step test-gpu-store timeout 180 "$CARRY/tests/gpu" --test-threads 1 --nocapture over_a_store
             ;;
         tests-quick)
             step test-gpu-quick timeout 120 "$CARRY/tests/gpu" --test-threads 1 --nocapture \

@@ -89,6 +89,9 @@ impl Error {
                     U::BeyondHostMemory { .. } => Status::Unsupported,
                     U::Conflict { .. } => Status::Conflict,
                     U::ReadMostlyWritten { .. } => Status::ReadMostly,
+                    // Allocations over a store (not offered through C yet).
+                    U::PhaseOrder(_) => Status::Invalid,
+                    U::Region { .. } => Status::Region,
                 }
             }
             Error::Space(e) => Error::space_status(e),

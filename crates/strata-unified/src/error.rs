@@ -25,7 +25,7 @@ pub enum UnifiedError {
     },
     /// The allocation does not fit in host memory.
     #[error(
-        "{size} bytes do not fit in the host's available memory ({available} bytes): this version keeps the data of a unified allocation in pinned host memory, and allocations larger than host memory (over a store or pager region) are not supported yet; allocate less, or use a GPU space over a store (strata_gpu::Strata::space_over_store) for such data"
+        "{size} bytes do not fit in the host's available memory ({available} bytes): a Unified keeps its data in pinned host memory; for data larger than host memory put it in a store (a file, a memory node) and use UnifiedOverStore::new (its GPU path has not yet run on a GPU in this version), or allocate less"
     )]
     BeyondHostMemory {
         /// Requested size.
@@ -43,6 +43,20 @@ pub enum UnifiedError {
         pages: Vec<u64>,
         /// Page size in bytes.
         page_size: u64,
+    },
+    /// A sync of an allocation over a store out of the phase order it needs (nothing was
+    /// moved); the message says which sync to call.
+    #[error("sync out of order on a unified allocation over a store: {0}")]
+    PhaseOrder(String),
+    /// The CPU side (pager region) of an allocation over a store failed.
+    #[error(
+        "the CPU side (pager region) of a unified allocation over a store failed while {during}: {source}; nothing was lost: pages the store did not take stay dirty in the region (or listed for the next sync), so fix the store and repeat the call"
+    )]
+    Region {
+        /// What the allocation was doing.
+        during: &'static str,
+        /// The pager's error.
+        source: strata_pager::RegionError,
     },
     /// A kernel wrote pages advised read-mostly.
     #[error(

@@ -47,14 +47,15 @@
 //! only copy pages down during kernels); a larger one keeps it. Measured against CUDA managed
 //! memory in `results/README.md`.
 //!
-//! # Limits of this version
-//! The data must fit host memory (pinned); larger allocations are refused with
-//! [`UnifiedError::BeyondHostMemory`]. The design for larger data (a pager region over a store
-//! for the CPU, a space over the same store for kernels, each side's store writes logged so a
-//! sync drops exactly the other side's stale copies) was built and withdrawn: the pager's
-//! `Region::flush` misses pages rewritten after `Region::evict`, so a sync to the GPU would
-//! leave kernels reading stale pages (see the crate's results README). One GPU per
-//! allocation.
+//! # Data larger than host memory
+//! A [`Unified`] keeps its data in pinned host memory and refuses sizes beyond it
+//! ([`UnifiedError::BeyondHostMemory`]). [`UnifiedOverStore`] keeps the data in a store (a
+//! file, a memory node): the CPU side is a pager region over the store, the GPU side a space
+//! over the same store, and each side's writes to the store are logged so a sync drops exactly
+//! the other side's stale copies. Its rules are stricter (whole-allocation syncs in strict
+//! alternation, out-of-order syncs refused with nothing moved; no hints, replicas or discard);
+//! see [`over_store`]. **Its GPU path has not yet run on a GPU in this version** (its CPU half
+//! is tested without one). One GPU per allocation.
 //!
 //! The benchmark against CUDA managed memory is `strata bench unified` (crate strata-bench).
 #![warn(missing_docs)]
@@ -62,6 +63,7 @@
 pub mod cpu_tracker;
 mod error;
 mod options;
+pub mod over_store;
 pub mod page_state;
 mod sys;
 mod unified;
@@ -70,6 +72,7 @@ pub mod write_watch;
 pub use cpu_tracker::DirtyTracking;
 pub use error::UnifiedError;
 pub use options::{Advice, Location, UnifiedOptions, host_available};
+pub use over_store::{LoggingStore, UnifiedOverStore};
 pub use unified::{SyncReport, Unified, UnifiedHandle, UnifiedStats};
 
 /// The device header for unified allocations (`strata/unified.cuh`), to write out beside

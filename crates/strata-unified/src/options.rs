@@ -71,6 +71,19 @@ impl UnifiedOptions {
     /// Checks the options for an allocation of `size` bytes (no GPU needed) and returns the
     /// space options the allocation will use.
     pub fn validate(&self, size: u64) -> Result<SpaceOptions, UnifiedError> {
+        // Host memory first: for a huge size it is the error that says what to do.
+        if let Some(rounded) = size.checked_next_multiple_of(self.page_size.max(1))
+            && let Some(available) = host_available()
+            && rounded > available
+        {
+            return Err(UnifiedError::BeyondHostMemory { size, available });
+        }
+        self.validate_geometry(size)
+    }
+
+    /// [`UnifiedOptions::validate`] without the host-memory check, for allocations over a
+    /// store ([`crate::UnifiedOverStore`]), whose data need not fit in host memory.
+    pub fn validate_geometry(&self, size: u64) -> Result<SpaceOptions, UnifiedError> {
         if size == 0 {
             return Err(UnifiedError::Invalid(
                 "a unified allocation needs at least one byte: ask for size > 0".into(),
@@ -87,11 +100,6 @@ impl UnifiedOptions {
             .ok_or_else(|| {
                 UnifiedError::Invalid(format!("{size} bytes is too large to address"))
             })?;
-        if let Some(available) = host_available()
-            && rounded > available
-        {
-            return Err(UnifiedError::BeyondHostMemory { size, available });
-        }
         if self.cache_bytes < 2 * self.page_size {
             return Err(UnifiedError::Invalid(format!(
                 "a GPU cache of {} bytes holds fewer than 2 pages of {}: ask for at least {} bytes",
@@ -172,12 +180,21 @@ mod tests {
         };
         assert!(msg(o.validate(1 << 20)).contains("fewer than 2 pages"));
         let huge = msg(UnifiedOptions::default().validate(u64::MAX - 5));
-        assert!(
-            huge.contains("too large") || huge.contains("not supported yet"),
-            "{huge}"
-        );
+        assert!(huge.contains("too large"), "{huge}");
         let beyond = msg(UnifiedOptions::default().validate(1 << 60));
         assert!(beyond.contains("larger than host memory"), "{beyond}");
+        assert!(beyond.contains("UnifiedOverStore"), "{beyond}");
+        // Over a store a size beyond host memory passes the geometry checks (the store holds
+        // the data); 1 TiB in 64 KiB pages.
+        assert!(matches!(
+            UnifiedOptions::default().validate(1 << 40),
+            Err(UnifiedError::BeyondHostMemory { .. })
+        ));
+        let geometry = UnifiedOptions::default()
+            .validate_geometry(1 << 40)
+            .unwrap();
+        assert_eq!(geometry.page_size, 64 << 10);
+        assert!(msg(UnifiedOptions::default().validate_geometry(0)).contains("size > 0"));
         let sr = UnifiedOptions {
             policy: EvictionPolicy::ScanResistant {
                 protected_fraction: 2.0,

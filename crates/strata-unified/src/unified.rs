@@ -68,7 +68,7 @@ pub struct UnifiedStats {
 }
 
 impl SyncReport {
-    fn add(&mut self, o: &SyncReport) {
+    pub(crate) fn add(&mut self, o: &SyncReport) {
         self.cpu_written += o.cpu_written;
         self.gpu_copies_dropped += o.gpu_copies_dropped;
         self.written_down += o.written_down;
@@ -115,7 +115,7 @@ fn to_usize(v: u64) -> usize {
 
 /// Launches `function` with `args`, waits for the whole context and surfaces the access errors
 /// kernels reported on `space`: the GPU phase of a launch helper.
-fn run_kernel(
+pub(crate) fn run_kernel(
     function: &Function,
     grid: Grid,
     args: Args,
@@ -132,7 +132,7 @@ fn run_kernel(
 }
 
 /// Runs of consecutive page indices.
-fn runs(pages: &[u64]) -> Vec<Range<u64>> {
+pub(crate) fn runs(pages: &[u64]) -> Vec<Range<u64>> {
     let mut out: Vec<Range<u64>> = Vec::new();
     for &p in pages {
         match out.last_mut() {

@@ -1,13 +1,14 @@
 //! GPU tests of unified allocations (skipped without a CUDA driver): alternating CPU and GPU
 //! phases with writes on both sides checked against a CPU replay, at sizes that fit the GPU
 //! cache and at 2x and 8x it; read-mostly pages never written back; discard drops; a list
-//! the CPU built walked by a kernel; conflicts reported with nothing lost.
+//! the CPU built walked by a kernel; conflicts reported with nothing lost; allocations over a
+//! store (`UnifiedOverStore`): phases against a replay, the host paths and the edges.
 #![allow(clippy::cast_possible_truncation)] // test code on 64-bit targets only
 
 use rand::{Rng, SeedableRng};
 use strata_gpu::driver::{Args, DeviceBuffer, Function, Grid};
 use strata_gpu::{KernelModule, Strata};
-use strata_unified::{Advice, DirtyTracking, Unified, UnifiedError, UnifiedOptions};
+use strata_unified::{Advice, DirtyTracking, Unified, UnifiedError, UnifiedHandle, UnifiedOptions};
 
 const KERNELS: &str = include_str!("kernels.cu");
 
@@ -46,6 +47,16 @@ fn words_mut(u: &mut Unified) -> &mut [u64] {
 
 fn grid(f: &Function) -> Grid {
     f.full_grid(256).expect("grid")
+}
+
+/// Launches the `update` kernel with a handle taken by hand (no launch helper, no sync).
+fn launch_update(update: &Function, h: UnifiedHandle<'_>, n: u64, salt: u64, every: u64) {
+    update
+        .launch(
+            grid(update),
+            &Args::new().arg(h).arg(n).arg(salt).arg(every),
+        )
+        .unwrap();
 }
 
 /// A kernel sum of words [a, b) (the GPU's view), through a sync to the GPU.
@@ -129,12 +140,7 @@ fn phases(cache_divisor: u64, tracking: DirtyTracking) {
         } else {
             u.sync_to_gpu(0..bytes).unwrap();
             let h = u.handle();
-            update
-                .launch(
-                    grid(&update),
-                    &Args::new().arg(h).arg(n).arg(salt).arg(every),
-                )
-                .unwrap();
+            launch_update(&update, h, n, salt, every);
             u.space().check_errors().unwrap();
             u.sync_to_cpu(0..bytes).unwrap();
         }
@@ -487,4 +493,244 @@ fn bad_ranges_are_refused_with_a_gpu() {
         Unified::new(&strata, 1 << 60, &UnifiedOptions::default()),
         Err(UnifiedError::BeyondHostMemory { .. })
     ));
+}
+/// An allocation over a store, with a CPU cache (pager buffer, host cache) a quarter of the
+/// data and a GPU cache a quarter of it: alternating CPU writes and GPU read-modify-writes,
+/// every word checked against a replay; only the pages one side wrote are dropped on the
+/// other; syncs out of order are refused with nothing moved.
+#[test]
+fn over_a_store_larger_than_both_caches() {
+    use std::sync::Arc;
+    use strata_unified::UnifiedOverStore;
+    let Some((strata, m)) = setup() else { return };
+    let mut rng = rng();
+    let page: u64 = 64 << 10;
+    let bytes: u64 = 32 << 20;
+    let n = bytes / 8;
+    let store: Arc<dyn strata_core::Store> = Arc::new(strata_core::MemoryStore::new(bytes));
+    let opts = UnifiedOptions {
+        page_size: page,
+        cache_bytes: bytes / 4,
+        ..UnifiedOptions::default()
+    };
+    let mut u = UnifiedOverStore::new(&strata, store.clone(), bytes, &opts, bytes / 4).unwrap();
+    let mut replay: Vec<u64> = (0..n).map(|_| rng.random()).collect();
+    for (i, &v) in replay.iter().enumerate() {
+        u.as_mut_slice()[i * 8..i * 8 + 8].copy_from_slice(&v.to_ne_bytes());
+    }
+    let update = m.function("update").unwrap();
+    let pages = bytes / page;
+    for round in 0..5u64 {
+        let touched = if round == 0 {
+            0
+        } else {
+            rng.random_range(1..pages / 2)
+        };
+        let mut cpu_pages = std::collections::BTreeSet::new();
+        for _ in 0..touched {
+            let p = rng.random_range(0..pages);
+            cpu_pages.insert(p);
+            let i = (p * page / 8 + rng.random_range(0..page / 8)) as usize;
+            let v: u64 = rng.random();
+            replay[i] = v;
+            u.as_mut_slice()[i * 8..i * 8 + 8].copy_from_slice(&v.to_ne_bytes());
+        }
+        let salt = mix(round ^ 0xfeed);
+        let every = 1 + round % 3;
+        let r = u
+            .launch(&update, grid(&update), |h| {
+                Args::new().arg(h).arg(n).arg(salt).arg(every)
+            })
+            .unwrap();
+        if round > 0 {
+            assert_eq!(
+                r.cpu_written,
+                cpu_pages.len() as u64,
+                "round {round}: {r:?}"
+            );
+        }
+        for (i, w) in replay.iter_mut().enumerate() {
+            if mix(i as u64 ^ salt).is_multiple_of(every) {
+                *w = mix(*w ^ salt);
+            }
+        }
+        let got: &[u64] = bytemuck::cast_slice(u.as_slice());
+        let bad = (0..n as usize).find(|&i| got[i] != replay[i]);
+        assert!(
+            bad.is_none(),
+            "round {round}: word {} is {:#x}, replay says {:#x}",
+            bad.unwrap(),
+            got[bad.unwrap()],
+            replay[bad.unwrap()]
+        );
+    }
+    // The store holds the same bytes once synced.
+    let mut b = vec![0u8; 8];
+    let i = rng.random_range(0..n);
+    store.read_at(i * 8, &mut b).unwrap();
+    assert_eq!(
+        u64::from_ne_bytes(b.try_into().unwrap()),
+        replay[i as usize]
+    );
+    // Out of order: a kernel's writes not synced before the next sync to the GPU.
+    u.sync_to_gpu().unwrap();
+    let h = u.handle();
+    launch_update(&update, h, n, 1u64, 1u64);
+    u.space().check_errors().unwrap();
+    let e = u.sync_to_gpu().unwrap_err();
+    assert!(matches!(e, UnifiedError::PhaseOrder(_)), "{e}");
+    u.sync_to_cpu().unwrap();
+    for w in &mut replay {
+        *w = mix(*w ^ 1); // every = 1: each word
+    }
+    // The CPU writing during a GPU phase: refused at the sync to the CPU.
+    u.sync_to_gpu().unwrap();
+    u.as_mut_slice()[0] ^= 1;
+    replay[0] ^= 1;
+    let e = u.sync_to_cpu().unwrap_err();
+    assert!(matches!(e, UnifiedError::PhaseOrder(_)), "{e}");
+    u.sync_to_gpu().unwrap();
+    u.sync_to_cpu().unwrap();
+    let got: &[u64] = bytemuck::cast_slice(u.as_slice());
+    assert!(got == &replay[..], "nothing was lost by the refused syncs");
+    eprintln!("over a store: {:?}", u.stats());
+}
+
+/// Words of an allocation over a store (the CPU's view).
+fn store_words(u: &strata_unified::UnifiedOverStore) -> &[u64] {
+    let whole = u.as_slice().len() / 8 * 8;
+    bytemuck::cast_slice(&u.as_slice()[..whole])
+}
+
+/// The edges a user reaches over a store, with a size that is not a multiple of the page and
+/// caches smaller than the data (GPU 32 pages, CPU 16, data 49): the GPU side's host read
+/// (`read_back`) after a sync to the GPU equals the CPU's bytes; GPU-side host writes
+/// (`fill_from_slice`, unaligned, across pages and into the last partial page) reach the CPU
+/// at the sync to the CPU; both sides writing in one phase refuses both syncs until the
+/// merging sync, which keeps every write to pages one side wrote; a store that refuses writes
+/// fails the sync in either direction with nothing lost, and the repeated sync succeeds.
+#[test]
+fn over_a_store_host_paths_and_edges() {
+    use std::sync::Arc;
+    use strata_core::store::{FaultPlan, FaultyStore};
+    use strata_unified::UnifiedOverStore;
+    let Some((strata, m)) = setup() else { return };
+    let mut rng = rng();
+    let page: u64 = 64 << 10;
+    let size: u64 = 3 * (1 << 20) + 12345;
+    let rounded = size.next_multiple_of(page);
+    let memory: Arc<dyn strata_core::Store> = Arc::new(strata_core::MemoryStore::new(rounded));
+    let faulty = Arc::new(FaultyStore::new(memory.clone(), rng.random()));
+    let opts = UnifiedOptions {
+        page_size: page,
+        cache_bytes: 32 * page,
+        ..UnifiedOptions::default()
+    };
+    let mut u = UnifiedOverStore::new(&strata, faulty.clone(), size, &opts, 16 * page).unwrap();
+    assert_eq!(u.as_slice().len() as u64, size);
+    let mut replay = vec![0u8; size as usize];
+    rng.fill(&mut replay[..]);
+    u.as_mut_slice().copy_from_slice(&replay);
+    let r = u.sync_to_gpu().unwrap();
+    assert_eq!(r.cpu_written, rounded / page, "{r:?}");
+    // The GPU side's host path reads the CPU's bytes.
+    let mut seen = vec![0u8; size as usize];
+    u.space().read_back(0, &mut seen).unwrap();
+    assert!(
+        seen == replay,
+        "read_back after sync_to_gpu equals the CPU's bytes"
+    );
+
+    // GPU-side host writes: unaligned, across a page boundary, into the last partial page.
+    let mut touched = std::collections::BTreeSet::new();
+    for (at, len) in [
+        (page - 3, 10u64),
+        (5 * page + 1, 2 * page),
+        (size - 100, 100),
+    ] {
+        let bytes: Vec<u8> = (0..len).map(|_| rng.random()).collect();
+        replay[at as usize..(at + len) as usize].copy_from_slice(&bytes);
+        u.space_mut().fill_from_slice(at, &bytes).unwrap();
+        touched.extend(at / page..(at + len).div_ceil(page));
+    }
+    let e = u.sync_to_gpu().unwrap_err();
+    assert!(matches!(e, UnifiedError::PhaseOrder(_)), "{e}");
+    assert!(e.to_string().contains("call sync_to_cpu"), "{e}");
+    let r = u.sync_to_cpu().unwrap();
+    assert_eq!(r.written_down, touched.len() as u64, "{r:?}");
+    assert!(
+        u.as_slice() == &replay[..],
+        "the CPU sees the GPU side's writes"
+    );
+
+    // Both sides write in one GPU phase: the CPU to a word of a page the kernel leaves alone.
+    let update = m.function("update").unwrap();
+    let n = size / 8;
+    let (salt, every) = (mix(rng.random()), 1u64 << 14);
+    let kernel_writes = |i: u64| mix(i ^ salt).is_multiple_of(every);
+    let quiet = (0..rounded / page)
+        .find(|&p| !(p * page / 8..((p + 1) * page / 8).min(n)).any(kernel_writes))
+        .expect("a page the kernel does not write");
+    u.sync_to_gpu().unwrap();
+    let h = u.handle();
+    launch_update(&update, h, n, salt, every);
+    u.space().check_errors().unwrap();
+    let at = (quiet * page) as usize;
+    u.as_mut_slice()[at] ^= 0x5a;
+    replay[at] ^= 0x5a;
+    for i in (0..n).filter(|&i| kernel_writes(i)) {
+        let b = (i * 8) as usize;
+        let w = u64::from_ne_bytes(replay[b..b + 8].try_into().unwrap());
+        replay[b..b + 8].copy_from_slice(&mix(w ^ salt).to_ne_bytes());
+    }
+    let e = u.sync_to_cpu().unwrap_err();
+    assert!(e.to_string().contains("sync_to_cpu_merging"), "{e}");
+    let e = u.sync_to_gpu().unwrap_err();
+    assert!(matches!(e, UnifiedError::PhaseOrder(_)), "{e}");
+    let (_, both) = u.sync_to_cpu_merging().unwrap();
+    assert!(both.is_empty(), "pages both wrote: {both:?}");
+    assert!(u.as_slice() == &replay[..], "both sides' writes kept");
+    u.sync_to_gpu().unwrap();
+    u.space().read_back(0, &mut seen).unwrap();
+    assert!(seen == replay, "the GPU side agrees after the next sync");
+    u.sync_to_cpu().unwrap();
+
+    // A store that refuses writes: to the GPU (the CPU's pages), then to the CPU (the GPU's).
+    let p = rng.random_range(0..size);
+    u.as_mut_slice()[p as usize] ^= 1;
+    replay[p as usize] ^= 1;
+    faulty
+        .set_plan(FaultPlan {
+            write_error: 1.0,
+            ..FaultPlan::default()
+        })
+        .unwrap();
+    let e = u.sync_to_gpu().unwrap_err();
+    assert!(matches!(e, UnifiedError::Region { .. }), "{e}");
+    faulty.heal();
+    u.sync_to_gpu().unwrap();
+    let h = u.handle();
+    launch_update(&update, h, n, salt, 1u64);
+    u.space().check_errors().unwrap();
+    for i in 0..n {
+        let b = (i * 8) as usize;
+        let w = u64::from_ne_bytes(replay[b..b + 8].try_into().unwrap());
+        replay[b..b + 8].copy_from_slice(&mix(w ^ salt).to_ne_bytes());
+    }
+    faulty
+        .set_plan(FaultPlan {
+            write_error: 1.0,
+            ..FaultPlan::default()
+        })
+        .unwrap();
+    let e = u.sync_to_cpu().unwrap_err();
+    eprintln!("sync_to_cpu with a failing store: {e}");
+    faulty.heal();
+    u.sync_to_cpu().unwrap();
+    assert!(
+        u.as_slice() == &replay[..],
+        "nothing lost by the failed syncs"
+    );
+    assert_eq!(store_words(&u).len() as u64, n);
+    eprintln!("over a store, edges: {:?}", u.stats());
 }

@@ -112,9 +112,54 @@ impl Space {
     pub fn drop_pages(&self, pages: &[u64]) -> Result<DroppedPages, SpaceError> {
         if !matches!(self.backing, crate::tier::Backing::HostCopy(_)) || self.peer.is_some() {
             return Err(SpaceError::Invalid(
-                "dropping GPU copies without write-back needs a space whose only other copy is its pinned host copy (Strata::space without peers)".into(),
+                "dropping GPU copies without write-back needs a space whose only other copy is its pinned host copy (Strata::space without peers); for a space over a store use drop_clean_copies".into(),
             ));
         }
+        self.drop_frames(pages, false)
+    }
+
+    /// For a space over a store whose store was written by someone else (a coherence layer's
+    /// CPU side): frees every copy the space holds of the listed pages (ascending, distinct),
+    /// the GPU frames and the host cache's slots, so the next access reads the store. The
+    /// copies must be clean: if a listed page is dirty in a GPU frame the call is refused with
+    /// nothing dropped (write it down with [`Space::flush`] first, or it would be lost); a
+    /// dirty host-cache slot of a listed page is written to the store before it is dropped
+    /// (as the ring's invalidate does), so the caller must have flushed the space since the
+    /// kernels that wrote it. Spaces with a host copy use [`Space::drop_pages`]; peers are
+    /// refused. Waits for every kernel queued on the GPU first; returns the GPU frames freed.
+    pub fn drop_clean_copies(&self, pages: &[u64]) -> Result<u64, SpaceError> {
+        let crate::tier::Backing::Store(store) = &self.backing else {
+            return Err(SpaceError::Invalid(
+                "drop_clean_copies is for spaces over a store: use drop_pages for a space with a host copy".into(),
+            ));
+        };
+        if self.peer.is_some() {
+            return Err(SpaceError::Invalid(
+                "dropping copies of a space with a peer tier is not supported: its pages may sit in peer slots this call does not reach".into(),
+            ));
+        }
+        // Frames first, so a dirty one refuses the call before anything changed; then the
+        // host cache's slots, which the next load would otherwise read instead of the store.
+        let dropped = self.drop_frames(pages, true)?;
+        let mut listed: Vec<usize> = Vec::with_capacity(pages.len());
+        for &p in pages {
+            listed.push(
+                usize::try_from(p).map_err(|_| {
+                    SpaceError::Invalid("page index too large for this host".into())
+                })?,
+            );
+        }
+        let server = store.server()?;
+        for run in runs(&listed) {
+            server.invalidate(run.start as u64..run.end as u64)?;
+        }
+        Ok(dropped.dropped)
+    }
+
+    /// Frees the GPU frames of the listed pages without write-back (the page-table and frame
+    /// edits of the device's eviction); with `refuse_dirty`, a dirty page refuses the whole
+    /// call before anything changes.
+    fn drop_frames(&self, pages: &[u64], refuse_dirty: bool) -> Result<DroppedPages, SpaceError> {
         let Some((first, mut words)) = self.words_of_listed(pages, "drop_pages")? else {
             return Ok(DroppedPages::default());
         };
@@ -138,6 +183,11 @@ impl Space {
             if w.pins != 0 {
                 return Err(SpaceError::Invalid(format!(
                     "page {p} is pinned with no kernel running (a kernel ended holding it): nothing was dropped"
+                )));
+            }
+            if refuse_dirty && w.dirty {
+                return Err(SpaceError::Invalid(format!(
+                    "page {p} holds GPU writes not written down: flush the space before dropping its copies (nothing was dropped)"
                 )));
             }
             let f = w.frame as usize;
