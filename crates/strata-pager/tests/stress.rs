@@ -118,7 +118,31 @@ fn exercise(case: Case) {
         expect[i] = v;
     }
     region.flush().expect("flush");
-    assert!(read_all(&*store) == expect, "store after flush");
+    let stored = read_all(&*store);
+    if stored != expect {
+        // Say which pages lost what, and whether the region itself still shows the write (a
+        // lost write-back) or not (a lost write): the two point at different code.
+        let resident = region.as_slice();
+        let wrong: Vec<String> = (0..size)
+            .filter(|&i| stored[i] != expect[i])
+            .take(8)
+            .map(|i| {
+                format!(
+                    "byte {i} (page {}): store {:#04x}, expected {:#04x}, original {:#04x}, region {:#04x}",
+                    i / page,
+                    stored[i],
+                    expect[i],
+                    data[i],
+                    resident[i]
+                )
+            })
+            .collect();
+        panic!(
+            "store after flush differs:\n{}\n{}",
+            wrong.join("\n"),
+            region.stats()
+        );
+    }
     let stats = region.stats();
     assert_eq!(stats.errors, 0, "{stats}");
     drop(region);

@@ -92,14 +92,15 @@ impl Shared {
         }
     }
 
-    /// Evicts `page` whose word was `w` (resident). Ok(false): the page changed meanwhile.
-    /// Its frame goes back to the free list.
-    pub(super) fn evict_page(&self, page: usize, w: u64) -> Result<bool, RegionError> {
+    /// Evicts `page` whose word was `w` (resident). `Ok(None)`: the word changed meanwhile
+    /// (the caller looks again); `Ok(Some(dropped))`: whether the page left memory (it stays,
+    /// clean, when the kernel refused to drop it). Its frame goes back to the free list.
+    pub(super) fn evict_page(&self, page: usize, w: u64) -> Result<Option<bool>, RegionError> {
         if !self
             .pages
             .cas(page, w, word::with_state(w, State::Evicting))
         {
-            return Ok(false);
+            return Ok(None);
         }
         let (frames, error) = self.complete_evictions(vec![(page, w)]);
         for f in &frames {
@@ -107,7 +108,7 @@ impl Shared {
         }
         match error {
             Some(e) => Err(e),
-            None => Ok(!frames.is_empty()),
+            None => Ok(Some(!frames.is_empty())),
         }
     }
 
@@ -253,35 +254,44 @@ impl Shared {
         let mut dropped = 0;
         let mut first_error = None;
         for page in first..last {
-            let w = self.settled(page);
-            match word::state(w) {
-                // evict_page returns the frame to the free list itself: pushing it here too
-                // would list it twice, and two pages would then share one frame, the second
-                // invisible to flush and eviction (its writes never reached the store).
-                State::Clean | State::Dirty => match self.evict_page(page, w) {
-                    Ok(true) => dropped += 1,
-                    Ok(false) => {}
-                    Err(e) => {
-                        self.stats.add_error();
-                        first_error.get_or_insert(e);
+            // A failed compare-and-swap (the clock cleared a reference bit, a fault noted that
+            // it waits) is retried: only a page that is no longer resident is left alone.
+            loop {
+                let w = self.settled(page);
+                match word::state(w) {
+                    // evict_page returns the frame to the free list itself: pushing it here
+                    // too would list it twice, and two pages would then share one frame, the
+                    // second invisible to flush and eviction (its writes never reached the
+                    // store).
+                    State::Clean | State::Dirty => match self.evict_page(page, w) {
+                        Ok(Some(true)) => dropped += 1,
+                        Ok(Some(false)) => {}
+                        Ok(None) => continue,
+                        Err(e) => {
+                            self.stats.add_error();
+                            first_error.get_or_insert(e);
+                        }
+                    },
+                    State::Poisoned => {
+                        if !self
+                            .pages
+                            .cas(page, w, word::with_state(w, State::Evicting))
+                        {
+                            continue;
+                        }
+                        let cleared = self.map.advise(
+                            page * self.page_bytes,
+                            self.page_bytes,
+                            libc::MADV_DONTNEED,
+                        );
+                        if let Err(e) = cleared {
+                            eprintln!("strata-pager: clearing a poisoned page failed: {e}");
+                        }
+                        self.finish(page, self.released(page, State::Absent));
                     }
-                },
-                State::Poisoned
-                    if self
-                        .pages
-                        .cas(page, w, word::with_state(w, State::Evicting)) =>
-                {
-                    let cleared = self.map.advise(
-                        page * self.page_bytes,
-                        self.page_bytes,
-                        libc::MADV_DONTNEED,
-                    );
-                    if let Err(e) = cleared {
-                        eprintln!("strata-pager: clearing a poisoned page failed: {e}");
-                    }
-                    self.finish(page, self.released(page, State::Absent));
+                    _ => {}
                 }
-                _ => {}
+                break;
             }
         }
         match first_error {

@@ -178,6 +178,8 @@ pub fn run_child(
     let mut child = std::process::Command::new(std::env::current_exe().expect("test binary"))
         .args(["--exact", test, "--nocapture", "--test-threads=1"])
         .env(var, value)
+        // The panic message, not a backtrace, must be among the lines a failure report keeps.
+        .env("RUST_BACKTRACE", "0")
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
