@@ -8,7 +8,9 @@
 use rand::{Rng, SeedableRng};
 use strata_gpu::driver::{Args, DeviceBuffer, Function, Grid};
 use strata_gpu::{KernelModule, Strata};
-use strata_unified::{Advice, DirtyTracking, Unified, UnifiedError, UnifiedHandle, UnifiedOptions};
+use strata_unified::{
+    Advice, DirtyTracking, Location, Unified, UnifiedError, UnifiedHandle, UnifiedOptions,
+};
 
 const KERNELS: &str = include_str!("kernels.cu");
 
@@ -212,7 +214,9 @@ fn only_changed_pages_move() {
     let bytes = 16 << 20;
     let mut u = Unified::new(&strata, bytes, &UnifiedOptions::default()).unwrap();
     let fill = m.function("fill").unwrap();
-    // Load everything into the cache.
+    // Load everything into the cache (a kernel's reads alone leave some pages in the host
+    // copy: pages not resident are read in place until they earn a frame).
+    u.prefetch(0..bytes, Location::Gpu).unwrap();
     let n = bytes / 8;
     gpu_sum(&mut u, &m, 0, n);
     let w = words_mut(&mut u);
