@@ -46,6 +46,12 @@ pub struct UnifiedOptions {
     pub dirty_tracking: DirtyTracking,
     /// Eviction policy of the GPU cache.
     pub policy: EvictionPolicy,
+    /// Kernels read pages that are not in the GPU cache in place over the bus until a page
+    /// has been read often enough to earn a frame (writes always bring their page in). Pays
+    /// off where a page is touched a few times before it would be evicted (pointer chasing,
+    /// sparse gathers, data larger than the cache); `false` brings every missed page in.
+    /// Default `true`.
+    pub reads_in_place: bool,
 }
 
 impl Default for UnifiedOptions {
@@ -55,6 +61,7 @@ impl Default for UnifiedOptions {
             cache_bytes: 1 << 30,
             dirty_tracking: DirtyTracking::Hash,
             policy: EvictionPolicy::Clock,
+            reads_in_place: true,
         }
     }
 }
@@ -129,7 +136,11 @@ impl UnifiedOptions {
             // migrate: a write in place would land in the host copy behind the CPU-write
             // tracker's hashes (the page would look written by the CPU, and by the GPU too if
             // it later migrated and was dirtied in the same kernel: a false conflict).
-            remote_access: strata_gpu::space::RemoteAccess::ReadsOnly,
+            remote_access: if self.reads_in_place {
+                strata_gpu::space::RemoteAccess::ReadsOnly
+            } else {
+                strata_gpu::space::RemoteAccess::Off
+            },
         };
         SpacePlan::new(rounded, &space)?;
         Ok(space)
@@ -139,6 +150,21 @@ impl UnifiedOptions {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reads_in_place_is_the_default_and_writes_always_migrate() {
+        use strata_gpu::space::RemoteAccess;
+        let on = UnifiedOptions::default().validate(1 << 20).unwrap();
+        assert_eq!(on.remote_access, RemoteAccess::ReadsOnly);
+        let off = UnifiedOptions {
+            reads_in_place: false,
+            ..UnifiedOptions::default()
+        };
+        assert_eq!(
+            off.validate(1 << 20).unwrap().remote_access,
+            RemoteAccess::Off
+        );
+    }
 
     #[test]
     fn good_options_pass_and_bad_ones_say_what_to_do() {

@@ -31,6 +31,10 @@ pub struct UnifiedBenchArgs {
     /// Seed of the produced data (default: from the clock, printed).
     #[arg(long)]
     pub seed: Option<u64>,
+    /// Strata's allocations read pages not in the GPU cache in place until they earn a frame
+    /// (the default); `false` brings every missed page in (the behaviour before).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub reads_in_place: bool,
     /// Write results to DIR/unified.json, .svg and .png.
     #[arg(long, default_value = ".")]
     pub out: PathBuf,
@@ -56,6 +60,7 @@ pub fn bench(args: &UnifiedBenchArgs) -> anyhow::Result<()> {
         ratios: args.ratios.clone(),
         cases: args.cases.clone(),
         seed,
+        reads_in_place: args.reads_in_place,
     };
     let rows = run_unified(&opts)?;
     println!(
@@ -74,7 +79,7 @@ pub fn bench(args: &UnifiedBenchArgs) -> anyhow::Result<()> {
     }
     let body = serde_json::json!({
         "size": args.size, "rounds": args.rounds, "page_size": args.page_size,
-        "cache": args.cache, "seed": seed, "rows": rows,
+        "cache": args.cache, "seed": seed, "reads_in_place": args.reads_in_place, "rows": rows,
     });
     let ceilings = CeilingsUsed {
         source: "none (times include CPU phases and syncs)".into(),

@@ -51,6 +51,8 @@ pub struct UnifiedBenchOptions {
     pub cases: Vec<String>,
     /// Seed of the produced data.
     pub seed: u64,
+    /// Strata's allocations read missed pages in place ([`UnifiedOptions::reads_in_place`]).
+    pub reads_in_place: bool,
 }
 
 /// One contestant's result in one case.
@@ -252,6 +254,7 @@ impl Ctx<'_> {
                 page_size: self.opts.page_size,
                 cache_bytes: cache,
                 dirty_tracking: tracking,
+                reads_in_place: self.opts.reads_in_place,
                 ..UnifiedOptions::default()
             },
         )?)

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# scripts/gpu-session.sh: one device call that checks main and measures one workload, within
+# the 10-minute limit of a call (built beforehand with `scripts/gpu-check.sh build`, which
+# also carries the `strata` binary the workloads use; carry [".carry"]).
+#
+#   bash scripts/gpu-session.sh [tests] [bfs25] [micro]
+#     tests  every GPU test binary (scripts/gpu-check.sh run info gpu_tests)
+#     bfs25  BFS on a Kronecker scale-25 graph at 2x, Strata beside zero-copy and UVM
+#            (the issue-12 target), at the default dense fraction
+#     micro  `strata bench gpu-micro` (scripts/gpu-check.sh run gpu_micro)
+#     unified  the unified allocations' GPU tests, then `strata bench unified` (issue 14)
+# Logs land in $OUT (the device tool brings them back).
+set -u -o pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+OUT="${OUT:-$ROOT/gpu-logs}"
+mkdir -p "$OUT"
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(tests bfs25)
+for step in "${steps[@]}"; do
+    case "$step" in
+        tests) GPU_TEST_TIMEOUT="${GPU_TEST_TIMEOUT:-120}" OUT="$OUT" bash "$ROOT/scripts/gpu-check.sh" run info gpu_tests ;;
+        micro) OUT="$OUT" bash "$ROOT/scripts/gpu-check.sh" run gpu_micro ;;
+        unified)
+            (cd "$ROOT" && timeout 240 .carry/tests/strata-unified__gpu --test-threads 1 --nocapture) \
+                >"$OUT/unified-tests.log" 2>&1
+            echo "unified tests: exit $? ($(grep -c '\.\.\. ok' "$OUT/unified-tests.log") ok)"
+            mkdir -p "$OUT/unified"
+            timeout 300 "$ROOT/.carry/strata" bench unified --out "$OUT/unified" >"$OUT/unified-bench.log" 2>&1
+            echo "unified bench: exit $?"
+            ;;
+        bfs25)
+            mkdir -p "$ROOT/.carry/workloads"
+            cp "$ROOT/.carry/strata" "$ROOT/.carry/workloads/strata"
+            OUT="$OUT" STEP_TIMEOUT="${STEP_TIMEOUT:-330}" \
+                GRAPH_RUNS="--scale 25 --graph-file /tmp/k25.bin --algorithms bfs --oversubscription 2 --reps 3 --modes strata,zero-copy,uvm" \
+                bash "$ROOT/scripts/gpu-workloads.sh" run bench-graph
+            ;;
+        *) echo "unknown step $step (tests, bfs25, micro, unified)" >&2; exit 2 ;;
+    esac
+done
