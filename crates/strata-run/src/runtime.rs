@@ -192,6 +192,10 @@ struct State {
     blocks: BTreeMap<usize, Block>,
     peak_pages: u64,
     arena_allocs: u64,
+    /// Requests the arena had no room for (served by the C library instead, unpaged).
+    fallbacks: u64,
+    /// Bytes of those requests.
+    fallback_bytes: u64,
 }
 
 /// The started runtime.
@@ -203,6 +207,75 @@ pub struct Runtime {
     state: Mutex<State>,
     description: String,
     options: Options,
+    sized_by: ArenaSizedBy,
+}
+
+/// What chose the arena's size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ArenaSizedBy {
+    /// `STRATA_RUN_ARENA`.
+    Given,
+    /// The default ([`crate::options::default_arena`]).
+    Default,
+    /// The memory nodes' free capacity, below the default
+    /// ([`crate::options::arena_within_nodes`]).
+    MemoryNodes,
+}
+
+impl ArenaSizedBy {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Given => "STRATA_RUN_ARENA",
+            Self::Default => "default",
+            Self::MemoryNodes => "memory nodes",
+        }
+    }
+}
+
+/// The arena's size in whole pages, and what chose it. Over memory nodes, unless
+/// `STRATA_RUN_ARENA` gives it, the nodes are asked what they have free now (one
+/// authenticated TCP conversation each, about 1 ms on loopback; no UCX), and the arena is no
+/// larger than they can hold: a program that asks for more finds the arena full, as it would
+/// find memory full.
+fn arena_size(options: &Options, page: u64) -> Result<(u64, ArenaSizedBy), String> {
+    let arena = options.arena_bytes.div_ceil(page) * page;
+    if options.arena_given {
+        return Ok((arena, ArenaSizedBy::Given));
+    }
+    let StoreKind::Remote { nodes: names } = &options.store.kind else {
+        return Ok((arena, ArenaSizedBy::Default));
+    };
+    let nodes = strata_net::node_capacities(&options.store).map_err(|e| e.to_string())?;
+    let room = strata_net::largest_store_within(&options.store, page, &nodes);
+    let sized = crate::options::arena_within_nodes(arena, page, room, names, &nodes)
+        .map_err(|e| e.to_string())?;
+    Ok(if sized < arena {
+        (sized, ArenaSizedBy::MemoryNodes)
+    } else {
+        (arena, ArenaSizedBy::Default)
+    })
+}
+
+/// What to do when a memory node refused this process's arena for want of room (appended to
+/// that error; nothing for other errors).
+fn no_room_hint(e: &strata_net::OpenStoreError, sized_by: ArenaSizedBy, arena: u64) -> String {
+    use strata_net::{OpenStoreError, RemoteOpenError};
+    if !matches!(
+        e,
+        OpenStoreError::Remote(RemoteOpenError::NoCapacity { .. })
+    ) {
+        return String::new();
+    }
+    let size = strata_core::format_size(arena);
+    match sized_by {
+        ArenaSizedBy::Given => format!(
+            " (each process asks the memory nodes for its whole arena, STRATA_RUN_ARENA = {size}: unset STRATA_RUN_ARENA to size the arena to what the nodes have free, set it lower (at least the budget, as much as the program may page), or start the nodes with --capacity {} or more, with --overcommit beyond the node's memory: it commits memory only as pages arrive)",
+            size.replace(' ', "")
+        ),
+        ArenaSizedBy::Default | ArenaSizedBy::MemoryNodes => format!(
+            " (this process sized its arena, {size}, to what the nodes had free when it started, and another client took part of that since; set STRATA_RUN_ARENA to share the nodes between processes, or give the nodes more --capacity)"
+        ),
+    }
 }
 
 impl Runtime {
@@ -216,7 +289,9 @@ impl Runtime {
             crate::options::across_a_network(&options.store.kind),
         );
         let page = options.pager.page_bytes;
-        let arena_bytes = options.arena_bytes.div_ceil(page) * page;
+        let described = describe(&options.store);
+        let (arena_bytes, sized_by) = arena_size(&options, page)
+            .map_err(|e| format!("cannot open the store {described}: {e}"))?;
         let mut store_config = options.store.clone();
         let mut created: Option<std::path::PathBuf> = None;
         if let StoreKind::File { path } = &options.store.kind {
@@ -234,16 +309,6 @@ impl Runtime {
             };
             created = Some(file);
         }
-        let described = describe(&options.store);
-        let hint = if matches!(options.store.kind, StoreKind::Remote { .. }) {
-            format!(
-                " (each process asks the memory nodes for its whole arena, STRATA_RUN_ARENA = {}: set STRATA_RUN_ARENA lower, at least the budget and as much as the program may page, or start the nodes with --capacity {} or more, with --overcommit beyond the node's memory: it commits memory only as pages arrive)",
-                strata_core::format_size(arena_bytes),
-                strata_core::format_size(arena_bytes)
-            )
-        } else {
-            String::new()
-        };
         let store: Arc<dyn Store> = if matches!(options.store.kind, StoreKind::Remote { .. }) {
             // Connecting to memory nodes takes tens of milliseconds (UCX's start-up, the
             // handshake, the node setting up the arena): do it while the program runs. The
@@ -258,7 +323,7 @@ impl Runtime {
                     move || {
                         let _g = Guard::enter();
                         strata_net::open_store_with_page(&store_config, arena_bytes, page)
-                            .map_err(|e| format!("{e}{hint}"))
+                            .map_err(|e| format!("{e}{}", no_room_hint(&e, sized_by, arena_bytes)))
                     },
                     move |why| {
                         let _g = Guard::enter();
@@ -273,7 +338,7 @@ impl Runtime {
             )
         } else {
             let store = strata_net::open_store_with_page(&store_config, arena_bytes, page)
-                .map_err(|e| format!("cannot open the store {described}: {e}{hint}"));
+                .map_err(|e| format!("cannot open the store {described}: {e}"));
             // The store file is only a name until now: remove it at once, so that it goes
             // away with the process however the process ends.
             if let Some(file) = &created {
@@ -304,10 +369,13 @@ impl Runtime {
                 blocks: BTreeMap::new(),
                 peak_pages: 0,
                 arena_allocs: 0,
+                fallbacks: 0,
+                fallback_bytes: 0,
             }),
             description: described,
             options,
             region,
+            sized_by,
         };
         ARENA_START.store(base, Ordering::Release);
         ARENA_END.store(base + len, Ordering::Release);
@@ -346,6 +414,10 @@ impl Runtime {
         let (extent, user) = {
             let mut st = self.lock();
             let Some(extent) = st.arena.alloc(pages, zeroed) else {
+                // No room: the caller serves the request from the C library (unpaged),
+                // as it did before the arena existed; counted for the report.
+                st.fallbacks += 1;
+                st.fallback_bytes = st.fallback_bytes.saturating_add(size as u64);
                 return std::ptr::null_mut();
             };
             let addr = self.addr(&extent);
@@ -575,8 +647,12 @@ impl Runtime {
             "budget_bytes": self.options.pager.buffer_bytes,
             "page_bytes": self.options.pager.page_bytes,
             "threshold_bytes": self.options.threshold,
+            "arena_bytes": self.region.len() as u64,
+            "arena_sized_by": self.sized_by.as_str(),
             "arena_allocations": st.arena_allocs,
             "arena_peak_bytes": st.peak_pages * self.page as u64,
+            "arena_fallbacks": st.fallbacks,
+            "arena_fallback_bytes": st.fallback_bytes,
             "peak_rss_bytes": peak_rss_bytes(),
             "stats": stats,
             "counters": counters,
