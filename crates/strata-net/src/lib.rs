@@ -189,6 +189,23 @@ pub fn node_capacities(config: &StoreConfig) -> Result<Vec<NodeCapacity>, OpenSt
     )?)
 }
 
+/// Each node's free capacity in words, for messages: `HOST:PORT has 12 MiB of 1 GiB free`,
+/// joined by commas (`names` and `nodes` in the same order).
+pub fn describe_free(names: &[String], nodes: &[NodeCapacity]) -> String {
+    names
+        .iter()
+        .zip(nodes)
+        .map(|(name, n)| {
+            format!(
+                "{name} has {} of {} free",
+                strata_core::format_size(n.free),
+                strata_core::format_size(n.capacity)
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// The unit a remote store is striped in with pages of `page_bytes`: one page, or one codec
 /// slot, so that a page never straddles two nodes.
 fn stripe_bytes(codec: CodecKind, page_bytes: u64) -> u64 {

@@ -23,6 +23,11 @@
 //! - A memory-node store (`remote:`) is connected in the background: the program runs on
 //!   while it connects, and waits only when the budget is full and a page must go to the
 //!   node. If the connection fails, the process ends with exit status 125 and the reason.
+//! - Over memory nodes, an arena whose size `STRATA_RUN_ARENA` does not give is as large as
+//!   the nodes have free when the runtime starts (asked over their front doors, proving the
+//!   token), at most the default: see `runtime::arena_size`. A large request that finds the
+//!   arena full, there or anywhere, is served by the C library (unpaged), as if Strata were
+//!   not there, and counted in the report (`arena_fallbacks`).
 //! - A store that fails on a fault delivers `SIGBUS` to the faulting thread (as the pager
 //!   does); a message names the store and the error first.
 //! - File stores (`file:DIR`) are created in `DIR` and unlinked at once, so they vanish

@@ -194,20 +194,9 @@ pub fn arena_within_nodes(
 ) -> Result<u64, OptionsError> {
     let arena = limit.min(room) / page * page;
     if arena == 0 {
-        let free: Vec<String> = names
-            .iter()
-            .zip(nodes)
-            .map(|(name, n)| {
-                format!(
-                    "{name} has {} of {} free",
-                    strata_core::format_size(n.free),
-                    strata_core::format_size(n.capacity)
-                )
-            })
-            .collect();
         return Err(OptionsError::Bad(format!(
             "the memory nodes have no room for this process's memory ({}; an arena needs at least one page, {}, on each): other clients hold the rest; end some, start the nodes with a larger --capacity, or add nodes",
-            free.join(", "),
+            strata_net::describe_free(names, nodes),
             strata_core::format_size(page)
         )));
     }

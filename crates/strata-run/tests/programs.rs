@@ -176,14 +176,34 @@ impl TestNode {
         Self { node, store, token }
     }
 
-    /// The environment of a program over this node (also harmless for the other stores).
+    /// The environment of a program over this node (also harmless for the other stores). No
+    /// STRATA_RUN_ARENA: each process's arena is sized to what the node has free (1 GiB).
     fn env(&self) -> Vec<(&str, &str)> {
         vec![
             ("STRATA_REMOTE_TOKEN", self.token.as_str()),
             ("STRATA_REMOTE_TIMEOUT", "30"),
-            // Each process asks the node for its whole (virtual) arena.
-            ("STRATA_RUN_ARENA", "256MiB"),
         ]
+    }
+
+    /// Another client of this node holding `bytes` of it until dropped.
+    fn hold(&self, bytes: u64) -> strata_net::RemoteStore {
+        let mut o = strata_net::RemoteStoreOptions::new(
+            vec![self.node.address().to_string()],
+            self.token.clone(),
+            Duration::from_secs(30),
+        );
+        o.stripe_bytes = 1 << 20;
+        let store = strata_net::RemoteStore::connect(bytes, o).expect("another client");
+        let lent = self
+            .node
+            .counters()
+            .lent_bytes
+            .load(std::sync::atomic::Ordering::Relaxed);
+        assert!(
+            lent >= bytes,
+            "the node lends {lent} bytes, not the {bytes} held"
+        );
+        store
     }
 
     /// [`CONFIGS`] followed by this node without and with LZ4, each with `budget`.
@@ -289,16 +309,34 @@ fn a_memory_node_on_loopback_serves_the_arena() {
         written > 16 << 20 && read > 0,
         "the pages did not go through the memory node ({written} written, {read} read)"
     );
-    // A wrong token passes `strata run`'s check (it reads the node's greeting only); the
-    // program's own connection is refused, and the process ends saying so.
+    // A wrong token is refused by `strata run`'s check (it asks each node what it has free,
+    // proving the token), before the program starts.
     let once = compile("write_once", &dir);
+    let once = once.to_string_lossy();
     let mut c = under(
         &strata,
         &["--memory", "16MiB", "--store", &node.store],
-        &[&once.to_string_lossy(), "64", "7"],
+        &[&once, "64", "7"],
     );
-    c.env("STRATA_REMOTE_TOKEN", "strata-run-test-wrong-token")
-        .env("STRATA_RUN_ARENA", "256MiB");
+    c.env("STRATA_REMOTE_TOKEN", "strata-run-test-wrong-token");
+    let out = run(c, Duration::from_secs(60));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{out:?}");
+    assert!(
+        err.contains("refused this client") && err.contains("token"),
+        "{err}"
+    );
+    assert!(out.stdout.is_empty(), "a result without its data: {out:?}");
+    // Preloaded by hand, the process asks the node itself when it sizes its arena: the
+    // wrong token ends it there, saying so once.
+    std::thread::sleep(Duration::from_millis(600)); // the node throttles a failed proof
+    let mut c = Command::new(once.as_ref());
+    c.args(["64", "7"])
+        .env("LD_PRELOAD", target_dir().join("libstrata_run.so"))
+        .env("STRATA_RUN_MEMORY", "16MiB")
+        .env("STRATA_STORE", &node.store)
+        .env("STRATA_REMOTE_TOKEN", "strata-run-test-wrong-token")
+        .env_remove("STRATA_RUN_ARENA");
     let out = run(c, Duration::from_secs(60));
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(125), "{out:?}");
@@ -306,27 +344,208 @@ fn a_memory_node_on_loopback_serves_the_arena() {
         err.contains("cannot open the store") && err.contains("token"),
         "{err}"
     );
-    assert_eq!(
-        err.matches("cannot open the store").count(),
-        1,
-        "said once, by strata run: {err}"
+    assert_eq!(err.matches("cannot open the store").count(), 1, "{err}");
+    assert!(out.stdout.is_empty(), "a result without its data: {out:?}");
+    node.node.shutdown();
+}
+
+/// A text file of `mib` MiB of random lines (fresh each run) for `sort`.
+fn sort_input(dir: &Path, mib: usize) -> PathBuf {
+    let input = dir.join("input.txt");
+    let mut x = seed();
+    let mut text = String::with_capacity(mib << 20);
+    while text.len() < mib << 20 {
+        x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+        text.push_str(&format!("{:016x} {}\n", x, x >> 50));
+    }
+    std::fs::write(&input, text).expect("input");
+    input
+}
+
+/// `sort -S 48M` of `input` under `strata run` over `node` with a 16 MiB budget and no arena
+/// setting (plus `extra` options): its output must be plain sort's. Returns the process's
+/// report and `strata run`'s stderr.
+fn sort_over_node(
+    strata: &Path,
+    node: &TestNode,
+    input: &Path,
+    extra: &[&str],
+) -> (serde_json::Value, String) {
+    let i = input.to_string_lossy();
+    let program = ["sort", "-S", "48M", &i];
+    let want = run(native(&program), Duration::from_secs(60));
+    assert!(want.status.success(), "plain sort failed: {want:?}");
+    let stats = scratch("node-room").join(format!("report-{}.json", seed()));
+    let stats_s = stats.to_string_lossy();
+    let mut opts = vec![
+        "--memory",
+        "16MiB",
+        "--store",
+        &node.store,
+        "--stats",
+        &stats_s,
+    ];
+    opts.extend(extra);
+    let mut cmd = under(strata, &opts, &program);
+    cmd.envs(node.env()).env_remove("STRATA_RUN_ARENA");
+    let got = run(cmd, Duration::from_secs(60));
+    let err = String::from_utf8_lossy(&got.stderr).into_owned();
+    assert!(got.status.success(), "sort under strata run failed: {err}");
+    assert!(
+        got.stdout == want.stdout,
+        "sort under strata run printed something else"
+    );
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&stats).expect("--stats file")).expect("JSON");
+    let processes = report["processes"].as_array().expect("processes");
+    assert_eq!(processes.len(), 1, "{report}");
+    (processes[0].clone(), err)
+}
+
+/// The issue's own example: a node started with defaults (1 GiB), `strata run` with no arena
+/// setting. Before, each process asked the node for a 64 GiB arena and was refused; now the
+/// arena is sized to the node's free capacity, said only when the summary is asked for.
+#[test]
+fn a_default_node_serves_sort_with_no_arena_setting() {
+    let Some(strata) = strata() else { return };
+    let input = sort_input(&scratch("default-node"), 12);
+    let node = TestNode::start();
+    let (report, err) = sort_over_node(&strata, &node, &input, &["--summary"]);
+    assert_eq!(report["arena_bytes"], 1u64 << 30, "{report}");
+    assert_eq!(report["arena_sized_by"], "memory nodes", "{report}");
+    assert_eq!(report["arena_fallbacks"], 0, "{report}");
+    assert!(report["stats"]["faults"].as_u64() > Some(0), "{report}");
+    assert!(
+        err.contains("sized to what the memory nodes had free (1 GiB)"),
+        "said with --summary: {err}"
+    );
+    let (written, read) = node.moved();
+    assert!(
+        written > 16 << 20 && read > 0,
+        "{written} written, {read} read"
+    );
+    // Without --summary, nothing is said.
+    let (report, err) = sort_over_node(&strata, &node, &input, &[]);
+    assert_eq!(report["arena_bytes"], 1u64 << 30, "{report}");
+    assert!(err.is_empty(), "silent without --summary: {err}");
+    node.node.shutdown();
+}
+
+/// An arena the user set larger than the node holds is refused before the program starts,
+/// saying both numbers and what to do; preloaded by hand (no `strata run` to check first),
+/// the process ends with status 125 saying the same.
+#[test]
+fn an_arena_larger_than_the_node_is_refused_with_both_numbers() {
+    let Some(strata) = strata() else { return };
+    let dir = scratch("arena-too-large");
+    let marker = dir.join("started");
+    let m = marker.to_string_lossy().into_owned();
+    let node = TestNode::start();
+    let mut c = under(
+        &strata,
+        &["--memory", "16MiB", "--store", &node.store],
+        &["sh", "-c", "touch \"$0\"", &m],
+    );
+    c.envs(node.env()).env("STRATA_RUN_ARENA", "3GiB");
+    let out = run(c, Duration::from_secs(30));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{out:?}");
+    assert!(
+        err.contains("STRATA_RUN_ARENA (3 GiB)")
+            && err.contains("for 3 GiB")
+            && err.contains("1 GiB free")
+            && err.contains("unset STRATA_RUN_ARENA")
+            && err.contains("at most 1 GiB")
+            && err.contains("--capacity 3GiB"),
+        "{err}"
+    );
+    assert!(!marker.exists(), "the program started anyway");
+    // By hand: the library opens the store in the background; the node refuses the region
+    // and says how much it has free.
+    let prog = compile("write_once", &dir);
+    let mut c = Command::new(&prog);
+    c.args(["64", "7"])
+        .env("LD_PRELOAD", target_dir().join("libstrata_run.so"))
+        .env("STRATA_RUN_MEMORY", "16MiB")
+        .env("STRATA_RUN_ARENA", "3GiB")
+        .env("STRATA_STORE", &node.store)
+        .envs(node.env());
+    let out = run(c, Duration::from_secs(60));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(125), "{out:?}");
+    assert!(
+        err.contains("1 GiB free")
+            && err.contains("needs 3 GiB")
+            && err.contains("STRATA_RUN_ARENA = 3 GiB"),
+        "{err}"
     );
     assert!(out.stdout.is_empty(), "a result without its data: {out:?}");
+    node.node.shutdown();
+}
+
+/// A node whose capacity another client mostly holds: the arena takes what is left. When
+/// the program fits, it runs paged as ever; when its buffer does not fit, the buffer comes
+/// from the C library (unpaged, as when an arena is full), counted and said; when nothing is
+/// left, the run is refused before the program starts.
+#[test]
+fn a_node_mostly_taken_by_another_client_gives_what_it_has_left() {
+    let Some(strata) = strata() else { return };
+    let dir = scratch("node-taken");
+    let input = sort_input(&dir, 12);
+    let node = TestNode::start();
+    let (mib, gib) = (1u64 << 20, 1u64 << 30);
+    // 96 MiB left: sort's 48 MiB buffer fits and is paged through the node.
+    let held = node.hold(gib - 96 * mib);
+    let (report, err) = sort_over_node(&strata, &node, &input, &[]);
+    assert_eq!(report["arena_bytes"], 96 * mib, "{report}");
+    assert_eq!(report["arena_sized_by"], "memory nodes", "{report}");
+    assert_eq!(report["arena_fallbacks"], 0, "{report}");
+    assert!(report["stats"]["faults"].as_u64() > Some(0), "{report}");
+    assert!(err.is_empty(), "{err}");
+    // 24 MiB left: the buffer does not fit; the program still sorts, unpaged.
+    let more = node.hold(72 * mib);
+    let (report, err) = sort_over_node(&strata, &node, &input, &[]);
+    assert_eq!(report["arena_bytes"], 24 * mib, "{report}");
+    assert!(report["arena_fallbacks"].as_u64() >= Some(1), "{report}");
+    assert!(
+        report["arena_fallback_bytes"].as_u64() >= Some(48 * mib),
+        "{report}"
+    );
+    assert!(err.contains("found the arena full"), "{err}");
+    // Nothing left: refused before the program starts, naming what the node has free.
+    let last = node.hold(24 * mib);
+    let marker = dir.join("started");
+    let m = marker.to_string_lossy().into_owned();
+    let mut c = under(
+        &strata,
+        &["--memory", "16MiB", "--store", &node.store],
+        &["sh", "-c", "touch \"$0\"", &m],
+    );
+    c.envs(node.env()).env_remove("STRATA_RUN_ARENA");
+    let started = Instant::now();
+    let out = run(c, Duration::from_secs(30));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("no room") && err.contains("0 B of 1 GiB free"),
+        "{err}"
+    );
+    assert!(!marker.exists(), "the program started anyway");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    // Once the other client lets go, the node's room is back for the next run.
+    drop((held, more, last));
+    let (report, _) = sort_over_node(&strata, &node, &input, &[]);
+    assert_eq!(report["arena_bytes"], gib, "{report}");
     node.node.shutdown();
 }
 
 #[test]
 fn sort_of_a_file_larger_than_the_budget() {
     let Some(strata) = strata() else { return };
-    let dir = scratch("sort");
-    let input = dir.join("input.txt");
-    let mut x = seed();
-    let mut text = String::with_capacity(12 << 20);
-    while text.len() < 12 << 20 {
-        x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
-        text.push_str(&format!("{:016x} {}\n", x, x >> 50));
-    }
-    std::fs::write(&input, text).expect("input");
+    let input = sort_input(&scratch("sort"), 12);
     let i = input.to_string_lossy();
     same_output_everywhere(
         &strata,

@@ -306,20 +306,9 @@ fn check_node_room(
         .unwrap_or(0);
     let Some(arena) = arena else {
         if room == 0 {
-            let each: Vec<String> = names
-                .iter()
-                .zip(free)
-                .map(|(name, n)| {
-                    format!(
-                        "{name} has {} of {} free",
-                        format_size(n.free),
-                        format_size(n.capacity)
-                    )
-                })
-                .collect();
             bail!(
                 "the memory nodes have no room for the program's memory ({}; the arena needs at least one page, {}, on each): other clients hold the rest; end some, start the nodes with a larger --capacity, or add nodes",
-                each.join(", "),
+                strata_net::describe_free(names, free),
                 format_size(smallest_page)
             );
         }
@@ -505,5 +494,73 @@ mod sys {
         }
         // Signals whose default is to continue (or a core-dump limit) land here.
         std::process::exit(128 + sig)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn two_nodes() -> (StoreConfig, Vec<String>) {
+        let names = vec!["10.0.0.1:7400".to_string(), "10.0.0.2:7400".to_string()];
+        let store = StoreConfig::builder()
+            .kind(StoreKind::Remote {
+                nodes: names.clone(),
+            })
+            .token("strata-cli-test-token")
+            .build()
+            .unwrap();
+        (store, names)
+    }
+
+    fn free(free: u64, capacity: u64) -> strata_net::NodeCapacity {
+        strata_net::NodeCapacity { free, capacity }
+    }
+
+    /// Pages are striped evenly: two nodes with 1 GiB and 512 MiB free hold an arena of
+    /// 1 GiB; a 2 GiB arena is refused naming the node that lacks room and both numbers.
+    #[test]
+    fn an_arena_set_above_what_the_nodes_hold_is_refused_with_both_numbers() {
+        let (store, names) = two_nodes();
+        let (mib, gib) = (1u64 << 20, 1u64 << 30);
+        let nodes = [free(gib, gib), free(512 * mib, gib)];
+        let pages = candidate_pages(false, 64 << 10);
+        check_node_room(&store, &names, &nodes, Some(gib), &pages).unwrap();
+        check_node_room(&store, &names, &nodes, None, &pages).unwrap();
+        let e = check_node_room(&store, &names, &nodes, Some(2 * gib), &pages)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("STRATA_RUN_ARENA (2 GiB) asks memory node 10.0.0.2:7400 for 1 GiB")
+                && e.contains("it has 512 MiB free (of its 1 GiB capacity)")
+                && e.contains("at most 1 GiB")
+                && e.contains("--capacity 1.50GiB"),
+            "{e}"
+        );
+    }
+
+    /// With the arena sized to the nodes, only nodes without room for one page are refused.
+    #[test]
+    fn nodes_without_room_for_a_page_are_refused() {
+        let (store, names) = two_nodes();
+        let gib = 1u64 << 30;
+        let pages = candidate_pages(true, 64 << 10);
+        let full = [free(gib, gib), free(60 << 10, gib)];
+        let e = check_node_room(&store, &names, &full, None, &pages)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("no room")
+                && e.contains("10.0.0.1:7400 has 1 GiB of 1 GiB free")
+                && e.contains("10.0.0.2:7400 has 60 KiB of 1 GiB free"),
+            "{e}"
+        );
+        // A smaller page the library may choose still fits.
+        let pages = candidate_pages(false, 64 << 10);
+        check_node_room(&store, &names, &full, None, &pages).unwrap();
+        let e = check_node_room(&store, &names, &full, Some(gib), &pages)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("at most 120 KiB"), "{e}");
     }
 }
