@@ -225,12 +225,8 @@ pub fn bytes_per_node(
     let StoreKind::Remote { nodes } = &config.kind else {
         return Ok(0);
     };
-    let inner_size = match config.codec {
-        CodecKind::None => size,
-        _ => CompressedStore::inner_size(size, page_bytes)?,
-    };
     Ok(client::bytes_per_node(
-        inner_size,
+        inner_size(config, size, page_bytes)?,
         stripe_bytes(config.codec, page_bytes),
         nodes.len(),
     ))
@@ -298,11 +294,27 @@ pub fn open_store_with_page(
     size: u64,
     page_bytes: u64,
 ) -> Result<Arc<dyn Store>, OpenStoreError> {
-    let inner_size = match config.codec {
+    let inner = open_inner_store(config, inner_size(config, size, page_bytes)?, page_bytes)?;
+    with_codec(config, inner, page_bytes, size)
+}
+
+/// Bytes of the store under `config`'s codec for a store of `size` bytes in pages of
+/// `page_bytes` (`size` itself without a codec; one slot per page with one).
+pub fn inner_size(config: &StoreConfig, size: u64, page_bytes: u64) -> Result<u64, OpenStoreError> {
+    Ok(match config.codec {
         CodecKind::None => size,
         _ => CompressedStore::inner_size(size, page_bytes)?,
-    };
-    let inner: Arc<dyn Store> = match &config.kind {
+    })
+}
+
+/// Opens the store under `config`'s codec: `inner_size` bytes ([`inner_size`]) of memory,
+/// file or memory nodes (striped in pages, or codec slots, of `page_bytes`).
+pub fn open_inner_store(
+    config: &StoreConfig,
+    inner_size: u64,
+    page_bytes: u64,
+) -> Result<Arc<dyn Store>, OpenStoreError> {
+    Ok(match &config.kind {
         // Under a codec each slot is kept at its compressed size, not a whole slot.
         StoreKind::Memory => match config.codec {
             CodecKind::None => Arc::new(MemoryStore::new(inner_size)),
@@ -334,7 +346,17 @@ pub fn open_store_with_page(
             options.stripe_bytes = stripe_bytes(config.codec, page_bytes);
             UcxTransport.open_store(inner_size, options)?
         }
-    };
+    })
+}
+
+/// Wraps `inner` ([`open_inner_store`], or stores composed of such) in `config`'s codec as a
+/// store of `size` bytes in pages of `page_bytes` (`inner` itself without a codec).
+pub fn with_codec(
+    config: &StoreConfig,
+    inner: Arc<dyn Store>,
+    page_bytes: u64,
+    size: u64,
+) -> Result<Arc<dyn Store>, OpenStoreError> {
     Ok(match config.codec {
         CodecKind::None => inner,
         codec => Arc::new(CompressedStore::new(inner, codec, page_bytes, size)?),
