@@ -125,11 +125,11 @@ pub struct Options {
     pub store: StoreConfig,
     /// Smallest allocation placed in the arena.
     pub threshold: u64,
-    /// Virtual size of the arena: `STRATA_RUN_ARENA`, else the default ([`default_arena`]),
-    /// which over memory nodes the runtime lowers to what they have free
-    /// ([`arena_within_nodes`]).
+    /// Virtual size of the arena: `STRATA_RUN_ARENA`, else the default ([`default_arena`]).
     pub arena_bytes: u64,
-    /// Whether `STRATA_RUN_ARENA` gave the arena's size (then it is never changed).
+    /// Whether `STRATA_RUN_ARENA` gave the arena's size: over memory nodes, the whole arena
+    /// is then borrowed at once; else the store grows with the arena
+    /// ([`crate::node_backing`]).
     pub arena_given: bool,
     /// Descriptor to append a JSON report line to at exit (set by `strata run`).
     pub report_fd: Option<i32>,
@@ -174,30 +174,6 @@ pub fn default_arena(address_space_left: Option<u64>, budget: u64) -> Result<u64
             "the address-space limit (ulimit -v) leaves {} of address space, and the arena needs at least the memory budget ({}) in half of it; raise the limit or lower the budget",
             strata_core::format_size(left),
             strata_core::format_size(budget)
-        )));
-    }
-    Ok(arena)
-}
-
-/// The arena of a process whose store is on memory nodes and whose `STRATA_RUN_ARENA` is not
-/// set: the default `limit`, or less when the nodes have less free (`room`, the largest store
-/// they can hold now in pages of `page`: [`strata_net::largest_store_within`]). Pages are
-/// striped evenly over the nodes, so the room is the nodes' number times the smallest free
-/// capacity. Less than one page of room is refused, naming each node's free capacity
-/// (`nodes`, in the store's order of `names`).
-pub fn arena_within_nodes(
-    limit: u64,
-    page: u64,
-    room: u64,
-    names: &[String],
-    nodes: &[strata_net::NodeCapacity],
-) -> Result<u64, OptionsError> {
-    let arena = limit.min(room) / page * page;
-    if arena == 0 {
-        return Err(OptionsError::Bad(format!(
-            "the memory nodes have no room for this process's memory ({}; an arena needs at least one page, {}, on each): other clients hold the rest; end some, start the nodes with a larger --capacity, or add nodes",
-            strata_net::describe_free(names, nodes),
-            strata_core::format_size(page)
         )));
     }
     Ok(arena)
@@ -291,43 +267,6 @@ mod tests {
         assert!(!across_a_network(&remote(&["localhost:7400"])));
         assert!(across_a_network(&remote(&["10.0.0.5:7400"])));
         assert!(across_a_network(&remote(&["127.0.0.1:7400", "node1:7400"])));
-    }
-
-    #[test]
-    fn an_arena_over_nodes_takes_their_room_up_to_the_default() {
-        let (mib, gib) = (1u64 << 20, 1u64 << 30);
-        let names = ["127.0.0.1:7400".to_string(), "127.0.0.1:7401".to_string()];
-        let node = |free: u64| strata_net::NodeCapacity {
-            free,
-            capacity: gib,
-        };
-        let nodes = [node(gib), node(gib)];
-        // A default node (1 GiB): the arena shrinks to what it holds.
-        assert_eq!(
-            arena_within_nodes(DEFAULT_ARENA, 65536, gib, &names[..1], &nodes[..1]).unwrap(),
-            gib
-        );
-        // Nodes with more room than the default keep the default.
-        assert_eq!(
-            arena_within_nodes(DEFAULT_ARENA, 65536, 1 << 40, &names, &nodes).unwrap(),
-            DEFAULT_ARENA
-        );
-        // Whole pages only.
-        assert_eq!(
-            arena_within_nodes(DEFAULT_ARENA, 65536, 3 * mib + 100, &names, &nodes).unwrap(),
-            3 * mib
-        );
-        // No room for one page: refused, naming each node's free capacity.
-        let full = [node(0), node(32 << 10)];
-        let e = arena_within_nodes(DEFAULT_ARENA, 65536, 0, &names, &full)
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.contains("127.0.0.1:7400 has 0 B of 1 GiB free")
-                && e.contains("127.0.0.1:7401 has 32 KiB of 1 GiB free")
-                && e.contains("--capacity"),
-            "{e}"
-        );
     }
 
     #[test]

@@ -17,6 +17,8 @@ use strata_core::{Store, StoreConfig};
 use strata_pager::Region;
 
 use crate::arena::{Arena, Extent};
+use crate::growing_store::GrowingStore;
+use crate::node_backing::NodeBacking;
 use crate::options::{Options, threshold_from_env};
 use crate::pending_store::PendingStore;
 use crate::sys;
@@ -208,17 +210,20 @@ pub struct Runtime {
     description: String,
     options: Options,
     sized_by: ArenaSizedBy,
+    /// Over memory nodes without `STRATA_RUN_ARENA`: what the store borrowed, and how it
+    /// borrows more as the arena grows.
+    backing: Option<NodeBacking>,
 }
 
-/// What chose the arena's size.
+/// What chose the arena's size, and how much of it the store backs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum ArenaSizedBy {
-    /// `STRATA_RUN_ARENA`.
+    /// `STRATA_RUN_ARENA` (over memory nodes: borrowed whole at once).
     Given,
-    /// The default ([`crate::options::default_arena`]).
+    /// The default ([`crate::options::default_arena`]), backed whole by a local store.
     Default,
-    /// The memory nodes' free capacity, below the default
-    /// ([`crate::options::arena_within_nodes`]).
+    /// The default, backed by memory nodes as it grows, as far as they have room
+    /// ([`crate::node_backing`]).
     MemoryNodes,
 }
 
@@ -230,30 +235,6 @@ impl ArenaSizedBy {
             Self::MemoryNodes => "memory nodes",
         }
     }
-}
-
-/// The arena's size in whole pages, and what chose it. Over memory nodes, unless
-/// `STRATA_RUN_ARENA` gives it, the nodes are asked what they have free now (one
-/// authenticated TCP conversation each, about 1 ms on loopback; no UCX), and the arena is no
-/// larger than they can hold: a program that asks for more finds the arena full, as it would
-/// find memory full.
-fn arena_size(options: &Options, page: u64) -> Result<(u64, ArenaSizedBy), String> {
-    let arena = options.arena_bytes.div_ceil(page) * page;
-    if options.arena_given {
-        return Ok((arena, ArenaSizedBy::Given));
-    }
-    let StoreKind::Remote { nodes: names } = &options.store.kind else {
-        return Ok((arena, ArenaSizedBy::Default));
-    };
-    let nodes = strata_net::node_capacities(&options.store).map_err(|e| e.to_string())?;
-    let room = strata_net::largest_store_within(&options.store, page, &nodes);
-    let sized = crate::options::arena_within_nodes(arena, page, room, names, &nodes)
-        .map_err(|e| e.to_string())?;
-    Ok(if sized < arena {
-        (sized, ArenaSizedBy::MemoryNodes)
-    } else {
-        (arena, ArenaSizedBy::Default)
-    })
 }
 
 /// What to do when a memory node refused this process's arena for want of room (appended to
@@ -269,13 +250,94 @@ fn no_room_hint(e: &strata_net::OpenStoreError, sized_by: ArenaSizedBy, arena: u
     let size = strata_core::format_size(arena);
     match sized_by {
         ArenaSizedBy::Given => format!(
-            " (each process asks the memory nodes for its whole arena, STRATA_RUN_ARENA = {size}: unset STRATA_RUN_ARENA to size the arena to what the nodes have free, set it lower (at least the budget, as much as the program may page), or start the nodes with --capacity {} or more, with --overcommit beyond the node's memory: it commits memory only as pages arrive)",
+            " (each process asks the memory nodes for its whole arena, STRATA_RUN_ARENA = {size}: unset STRATA_RUN_ARENA to borrow from the nodes as the arena grows, set it lower (at least the budget, as much as the program may page), or start the nodes with --capacity {} or more, with --overcommit beyond the node's memory: it commits memory only as pages arrive)",
             size.replace(' ', "")
         ),
         ArenaSizedBy::Default | ArenaSizedBy::MemoryNodes => format!(
-            " (this process sized its arena, {size}, to what the nodes had free when it started, and another client took part of that since; set STRATA_RUN_ARENA to share the nodes between processes, or give the nodes more --capacity)"
+            " (this process's first {size} fitted what the nodes had free when it started, and another client took part of that since; give the nodes more --capacity)"
         ),
     }
+}
+
+/// An arena's store, how it borrows more from memory nodes (if it does), and what chose the
+/// arena's size.
+type ArenaStore = (Arc<dyn Store>, Option<NodeBacking>, ArenaSizedBy);
+
+/// The arena's store over memory nodes, opened in the background (see `pending_store.rs`).
+/// With `STRATA_RUN_ARENA`, the whole arena is borrowed at once; without, the nodes are
+/// asked what they have free, a first chunk is borrowed, and more as the arena grows
+/// ([`crate::node_backing`]).
+fn over_nodes(
+    options: &Options,
+    names: &[String],
+    config: StoreConfig,
+    arena: u64,
+    first_request: u64,
+    described: &str,
+) -> Result<ArenaStore, String> {
+    let page = options.pager.page_bytes;
+    let (first, sized_by) = if options.arena_given {
+        (arena, ArenaSizedBy::Given)
+    } else {
+        let nodes = strata_net::node_capacities(&config).map_err(|e| e.to_string())?;
+        let room = strata_net::largest_store_within(&config, page, &nodes);
+        let first = crate::node_backing::first_chunk(
+            arena,
+            page,
+            first_request,
+            options.pager.buffer_bytes,
+            room,
+            names,
+            &nodes,
+        )
+        .map_err(|e| e.to_string())?;
+        (first, ArenaSizedBy::MemoryNodes)
+    };
+    let inner =
+        |bytes: u64| strata_net::inner_size(&config, bytes, page).map_err(|e| e.to_string());
+    let first_inner = inner(first)?;
+    // Connecting to memory nodes takes tens of milliseconds (UCX's start-up, the handshake,
+    // the node setting up the region): do it while the program runs. The store is first
+    // needed when the budget is full (see pending_store.rs).
+    let open_config = config.clone();
+    let fail_described = described.to_string();
+    let pending: Arc<dyn Store> = Arc::new(
+        PendingStore::spawn(
+            first_inner,
+            described.to_string(),
+            "strata-connect",
+            move || {
+                let _g = Guard::enter();
+                strata_net::open_inner_store(&open_config, first_inner, page)
+                    .map_err(|e| format!("{e}{}", no_room_hint(&e, sized_by, first)))
+            },
+            move |why| {
+                let _g = Guard::enter();
+                let msg = format!("cannot open the store {fail_described}: {why}");
+                report_line(&serde_json::json!({"pid": sys::pid(), "error": msg}));
+                // The arena's pages past the budget have nowhere to go: end the process as
+                // a failed start-up does, saying why.
+                sys::die(unreported(&format!("strata run: {msg}\n")))
+            },
+        )
+        .map_err(|e| format!("cannot start connecting: {e}"))?,
+    );
+    let codec = |inner: Arc<dyn Store>| {
+        strata_net::with_codec(&config, inner, page, arena).map_err(|e| e.to_string())
+    };
+    if options.arena_given {
+        return Ok((codec(pending)?, None, sized_by));
+    }
+    let growing = Arc::new(GrowingStore::new(
+        inner(arena)?,
+        described.to_string(),
+        pending,
+        first_inner,
+    )?);
+    let store = codec(Arc::clone(&growing) as Arc<dyn Store>)?;
+    let backing = NodeBacking::new(growing, config, page, arena, first)
+        .map_err(|e| format!("cannot start the thread that borrows more: {e}"))?;
+    Ok((store, Some(backing), sized_by))
 }
 
 impl Runtime {
@@ -290,8 +352,7 @@ impl Runtime {
         );
         let page = options.pager.page_bytes;
         let described = describe(&options.store);
-        let (arena_bytes, sized_by) = arena_size(&options, page)
-            .map_err(|e| format!("cannot open the store {described}: {e}"))?;
+        let arena_bytes = options.arena_bytes.div_ceil(page) * page;
         let mut store_config = options.store.clone();
         let mut created: Option<std::path::PathBuf> = None;
         if let StoreKind::File { path } = &options.store.kind {
@@ -309,33 +370,16 @@ impl Runtime {
             };
             created = Some(file);
         }
-        let store: Arc<dyn Store> = if matches!(options.store.kind, StoreKind::Remote { .. }) {
-            // Connecting to memory nodes takes tens of milliseconds (UCX's start-up, the
-            // handshake, the node setting up the arena): do it while the program runs. The
-            // store is first needed when the budget is full (see pending_store.rs).
-            let open_described = described.clone();
-            let fail_described = described.clone();
-            Arc::new(
-                PendingStore::spawn(
-                    arena_bytes,
-                    described.clone(),
-                    "strata-connect",
-                    move || {
-                        let _g = Guard::enter();
-                        strata_net::open_store_with_page(&store_config, arena_bytes, page)
-                            .map_err(|e| format!("{e}{}", no_room_hint(&e, sized_by, arena_bytes)))
-                    },
-                    move |why| {
-                        let _g = Guard::enter();
-                        let msg = format!("cannot open the store {fail_described}: {why}");
-                        report_line(&serde_json::json!({"pid": sys::pid(), "error": msg}));
-                        // The arena's pages past the budget have nowhere to go: end the
-                        // process as a failed start-up does, saying why.
-                        sys::die(unreported(&format!("strata run: {msg}\n")))
-                    },
-                )
-                .map_err(|e| format!("cannot start connecting to {open_described}: {e}"))?,
+        let (store, backing, sized_by) = if let StoreKind::Remote { nodes } = &options.store.kind {
+            over_nodes(
+                &options,
+                nodes,
+                store_config,
+                arena_bytes,
+                first_request,
+                &described,
             )
+            .map_err(|e| format!("cannot open the store {described}: {e}"))?
         } else {
             let store = strata_net::open_store_with_page(&store_config, arena_bytes, page)
                 .map_err(|e| format!("cannot open the store {described}: {e}"));
@@ -344,7 +388,12 @@ impl Runtime {
             if let Some(file) = &created {
                 let _ = std::fs::remove_file(file);
             }
-            store?
+            let sized_by = if options.arena_given {
+                ArenaSizedBy::Given
+            } else {
+                ArenaSizedBy::Default
+            };
+            (store?, None, sized_by)
         };
         let region = Region::builder(store, arena_bytes)
             .config(options.pager.clone())
@@ -376,6 +425,7 @@ impl Runtime {
             options,
             region,
             sized_by,
+            backing,
         };
         ARENA_START.store(base, Ordering::Release);
         ARENA_END.store(base + len, Ordering::Release);
@@ -389,6 +439,15 @@ impl Runtime {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether the arena's first `pages` pages are backed by the store, borrowing more from
+    /// the memory nodes if they are not yet (false when the nodes have no room). Local stores
+    /// back the whole arena.
+    fn backed_to(&self, pages: u64) -> bool {
+        self.backing
+            .as_ref()
+            .is_none_or(|b| b.ensure(pages.saturating_mul(self.page as u64)))
     }
 
     fn addr(&self, e: &Extent) -> usize {
@@ -413,7 +472,16 @@ impl Runtime {
         let pages = need.div_ceil(self.page) as u64;
         let (extent, user) = {
             let mut st = self.lock();
-            let Some(extent) = st.arena.alloc(pages, zeroed) else {
+            let extent = st.arena.alloc(pages, zeroed);
+            // Space past what the memory nodes back needs more of them first.
+            let extent = match extent {
+                Some(e) if !self.backed_to(e.start + e.pages) => {
+                    st.arena.release(e.start, e.pages);
+                    None
+                }
+                other => other,
+            };
+            let Some(extent) = extent else {
                 // No room: the caller serves the request from the C library (unpaged),
                 // as it did before the arena existed; counted for the report.
                 st.fallbacks += 1;
@@ -535,7 +603,13 @@ impl Runtime {
                 return p as *mut u8;
             }
             let more = (size - cap).div_ceil(self.page) as u64;
-            if st.arena.grow(b.extent.start, b.extent.pages, more) {
+            let end = b.extent.start + b.extent.pages;
+            let mut grown = st.arena.grow(b.extent.start, b.extent.pages, more);
+            if grown && !self.backed_to(end + more) {
+                st.arena.release(end, more);
+                grown = false;
+            }
+            if grown {
                 let grown = Extent {
                     pages: b.extent.pages + more,
                     ..b.extent
@@ -649,6 +723,9 @@ impl Runtime {
             "threshold_bytes": self.options.threshold,
             "arena_bytes": self.region.len() as u64,
             "arena_sized_by": self.sized_by.as_str(),
+            "arena_store_bytes": self.backing.as_ref().map_or(self.region.len() as u64, NodeBacking::backed),
+            "arena_store_refused": self.backing.as_ref().and_then(NodeBacking::last_refusal),
+            "arena_store_late": self.backing.as_ref().map_or(0, NodeBacking::late),
             "arena_allocations": st.arena_allocs,
             "arena_peak_bytes": st.peak_pages * self.page as u64,
             "arena_fallbacks": st.fallbacks,

@@ -49,10 +49,15 @@ fn scratch(name: &str) -> PathBuf {
     d
 }
 
-/// Runs `cmd` with a deadline, killing it if it overruns. Output is collected by a helper
-/// thread, so a program printing more than a pipe holds never blocks.
+/// Runs `cmd` with a deadline, killing it and everything it started if it overruns (it
+/// runs in a process group of its own: a process it left behind would hold the output pipes
+/// open, and waiting for them would never end). Output is collected by a helper thread, so
+/// a program printing more than a pipe holds never blocks.
 fn run(mut cmd: Command, limit: Duration) -> Output {
-    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    use std::os::unix::process::CommandExt;
+    cmd.stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
     let child = cmd.spawn().expect("spawn");
     let pid = child.id();
     let (tx, rx) = std::sync::mpsc::channel();
@@ -62,8 +67,13 @@ fn run(mut cmd: Command, limit: Duration) -> Output {
     match rx.recv_timeout(limit) {
         Ok(out) => out.expect("output"),
         Err(_) => {
-            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
-            let out = rx.recv().expect("output after kill").expect("output");
+            let _ = Command::new("kill")
+                .args(["-9", "--", &format!("-{pid}")])
+                .status();
+            let out = rx
+                .recv_timeout(Duration::from_secs(10))
+                .expect("output after kill")
+                .expect("output");
             panic!(
                 "{cmd:?} ran past {limit:?}; stderr: {}",
                 String::from_utf8_lossy(&out.stderr)
@@ -362,6 +372,40 @@ fn sort_input(dir: &Path, mib: usize) -> PathBuf {
     input
 }
 
+/// `program` under `strata run --memory 16MiB` over `node` with no arena setting, `extra`
+/// options and a report: its output and its report.
+fn over_node_with_report(
+    strata: &Path,
+    node: &TestNode,
+    extra: &[&str],
+    program: &[&str],
+    limit: Duration,
+) -> (Output, serde_json::Value) {
+    static RUNS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let stats = scratch("node-reports").join(format!("report-{n}.json"));
+    let stats_s = stats.to_string_lossy();
+    let mut opts = vec![
+        "--memory",
+        "16MiB",
+        "--store",
+        &node.store,
+        "--stats",
+        &stats_s,
+    ];
+    opts.extend(extra);
+    let mut cmd = under(strata, &opts, program);
+    cmd.envs(node.env()).env_remove("STRATA_RUN_ARENA");
+    let got = run(cmd, limit);
+    assert!(
+        got.status.success(),
+        "{program:?} under strata run failed: {}",
+        String::from_utf8_lossy(&got.stderr)
+    );
+    let report = serde_json::from_slice(&std::fs::read(&stats).expect("--stats file"));
+    (got, report.expect("JSON"))
+}
+
 /// `sort -S 48M` of `input` under `strata run` over `node` with a 16 MiB budget and no arena
 /// setting (plus `extra` options): its output must be plain sort's. Returns the process's
 /// report and `strata run`'s stderr.
@@ -375,48 +419,40 @@ fn sort_over_node(
     let program = ["sort", "-S", "48M", &i];
     let want = run(native(&program), Duration::from_secs(60));
     assert!(want.status.success(), "plain sort failed: {want:?}");
-    let stats = scratch("node-room").join(format!("report-{}.json", seed()));
-    let stats_s = stats.to_string_lossy();
-    let mut opts = vec![
-        "--memory",
-        "16MiB",
-        "--store",
-        &node.store,
-        "--stats",
-        &stats_s,
-    ];
-    opts.extend(extra);
-    let mut cmd = under(strata, &opts, &program);
-    cmd.envs(node.env()).env_remove("STRATA_RUN_ARENA");
-    let got = run(cmd, Duration::from_secs(60));
-    let err = String::from_utf8_lossy(&got.stderr).into_owned();
-    assert!(got.status.success(), "sort under strata run failed: {err}");
+    let (got, report) =
+        over_node_with_report(strata, node, extra, &program, Duration::from_secs(60));
     assert!(
         got.stdout == want.stdout,
         "sort under strata run printed something else"
     );
-    let report: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&stats).expect("--stats file")).expect("JSON");
     let processes = report["processes"].as_array().expect("processes");
     assert_eq!(processes.len(), 1, "{report}");
-    (processes[0].clone(), err)
+    (
+        processes[0].clone(),
+        String::from_utf8_lossy(&got.stderr).into_owned(),
+    )
 }
 
 /// The issue's own example: a node started with defaults (1 GiB), `strata run` with no arena
-/// setting. Before, each process asked the node for a 64 GiB arena and was refused; now the
-/// arena is sized to the node's free capacity, said only when the summary is asked for.
+/// setting. Before, each process asked the node for a 64 GiB arena and was refused; now each
+/// borrows from the node as its arena grows, said only when the summary is asked for. Two
+/// processes paging at once share the node, and an arena that outgrows its first chunk
+/// borrows more.
 #[test]
 fn a_default_node_serves_sort_with_no_arena_setting() {
     let Some(strata) = strata() else { return };
-    let input = sort_input(&scratch("default-node"), 12);
+    let dir = scratch("default-node");
+    let input = sort_input(&dir, 12);
     let node = TestNode::start();
+    let (mib, gib) = (1u64 << 20, 1u64 << 30);
     let (report, err) = sort_over_node(&strata, &node, &input, &["--summary"]);
-    assert_eq!(report["arena_bytes"], 1u64 << 30, "{report}");
     assert_eq!(report["arena_sized_by"], "memory nodes", "{report}");
+    // sort -S 48M under a 16 MiB budget: a first chunk of 128 MiB (the least), enough.
+    assert_eq!(report["arena_store_bytes"], 128 * mib, "{report}");
     assert_eq!(report["arena_fallbacks"], 0, "{report}");
     assert!(report["stats"]["faults"].as_u64() > Some(0), "{report}");
     assert!(
-        err.contains("sized to what the memory nodes had free (1 GiB)"),
+        err.contains("borrowed from the memory nodes as their arenas grew"),
         "said with --summary: {err}"
     );
     let (written, read) = node.moved();
@@ -426,8 +462,51 @@ fn a_default_node_serves_sort_with_no_arena_setting() {
     );
     // Without --summary, nothing is said.
     let (report, err) = sort_over_node(&strata, &node, &input, &[]);
-    assert_eq!(report["arena_bytes"], 1u64 << 30, "{report}");
+    assert_eq!(report["arena_store_bytes"], 128 * mib, "{report}");
     assert!(err.is_empty(), "silent without --summary: {err}");
+    // Two processes paging at once: each borrows what it uses, so both run.
+    let once = compile("write_once", &dir);
+    let once = once.to_string_lossy();
+    let both = [
+        "sh",
+        "-c",
+        "\"$0\" 48 3 & \"$0\" 40 5 & wait",
+        once.as_ref(),
+    ];
+    let want = run(native(&both), Duration::from_secs(30));
+    let sorted = |o: &[u8]| {
+        let mut lines: Vec<String> = String::from_utf8_lossy(o)
+            .lines()
+            .map(String::from)
+            .collect();
+        lines.sort();
+        lines
+    };
+    let (got, report) = over_node_with_report(&strata, &node, &[], &both, Duration::from_secs(60));
+    assert_eq!(sorted(&got.stdout), sorted(&want.stdout));
+    assert_eq!(report["totals"]["processes_paged"], 2, "{report}");
+    assert_eq!(report["totals"]["arena_fallbacks"], 0, "{report}");
+    // Four threads of 40 MiB and a 16 MiB mapping: more than the first chunk (128 MiB).
+    let check = compile("check_bytes", &dir);
+    let seed_s = seed().to_string();
+    let program = [
+        check.to_string_lossy().into_owned(),
+        seed_s,
+        "4".into(),
+        "40".into(),
+    ];
+    let program: Vec<&str> = program.iter().map(String::as_str).collect();
+    let want = run(native(&program), Duration::from_secs(60));
+    let (got, report) =
+        over_node_with_report(&strata, &node, &[], &program, Duration::from_secs(90));
+    assert_eq!(got.stdout, want.stdout);
+    let process = &report["processes"][0];
+    let borrowed = process["arena_store_bytes"].as_u64().unwrap_or(0);
+    assert!(
+        borrowed > 128 * mib && borrowed < gib,
+        "the store did not grow past its first chunk: {process}"
+    );
+    assert_eq!(process["arena_fallbacks"], 0, "{process}");
     node.node.shutdown();
 }
 
@@ -483,7 +562,7 @@ fn an_arena_larger_than_the_node_is_refused_with_both_numbers() {
     node.node.shutdown();
 }
 
-/// A node whose capacity another client mostly holds: the arena takes what is left. When
+/// A node whose capacity another client mostly holds: the arena borrows what is left. When
 /// the program fits, it runs paged as ever; when its buffer does not fit, the buffer comes
 /// from the C library (unpaged, as when an arena is full), counted and said; when nothing is
 /// left, the run is refused before the program starts.
@@ -494,24 +573,33 @@ fn a_node_mostly_taken_by_another_client_gives_what_it_has_left() {
     let input = sort_input(&dir, 12);
     let node = TestNode::start();
     let (mib, gib) = (1u64 << 20, 1u64 << 30);
-    // 96 MiB left: sort's 48 MiB buffer fits and is paged through the node.
-    let held = node.hold(gib - 96 * mib);
+    // 64 MiB left: sort's 48 MiB buffer fits and is paged through the node.
+    let held = node.hold(gib - 64 * mib);
     let (report, err) = sort_over_node(&strata, &node, &input, &[]);
-    assert_eq!(report["arena_bytes"], 96 * mib, "{report}");
+    assert_eq!(report["arena_store_bytes"], 64 * mib, "{report}");
     assert_eq!(report["arena_sized_by"], "memory nodes", "{report}");
     assert_eq!(report["arena_fallbacks"], 0, "{report}");
     assert!(report["stats"]["faults"].as_u64() > Some(0), "{report}");
     assert!(err.is_empty(), "{err}");
-    // 24 MiB left: the buffer does not fit; the program still sorts, unpaged.
-    let more = node.hold(72 * mib);
-    let (report, err) = sort_over_node(&strata, &node, &input, &[]);
-    assert_eq!(report["arena_bytes"], 24 * mib, "{report}");
+    // 24 MiB left: the buffer does not fit; the program still sorts, unpaged, and says so.
+    let more = node.hold(40 * mib);
+    let (report, err) = sort_over_node(&strata, &node, &input, &["--summary"]);
+    assert_eq!(report["arena_store_bytes"], 24 * mib, "{report}");
     assert!(report["arena_fallbacks"].as_u64() >= Some(1), "{report}");
     assert!(
         report["arena_fallback_bytes"].as_u64() >= Some(48 * mib),
         "{report}"
     );
-    assert!(err.contains("found the arena full"), "{err}");
+    assert!(
+        report["arena_store_refused"]
+            .as_str()
+            .is_some_and(|why| why.contains("no room")),
+        "{report}"
+    );
+    assert!(
+        err.contains("found the arena full") && err.contains("no room for"),
+        "{err}"
+    );
     // Nothing left: refused before the program starts, naming what the node has free.
     let last = node.hold(24 * mib);
     let marker = dir.join("started");
@@ -538,7 +626,8 @@ fn a_node_mostly_taken_by_another_client_gives_what_it_has_left() {
     // Once the other client lets go, the node's room is back for the next run.
     drop((held, more, last));
     let (report, _) = sort_over_node(&strata, &node, &input, &[]);
-    assert_eq!(report["arena_bytes"], gib, "{report}");
+    assert_eq!(report["arena_store_bytes"], 128 * mib, "{report}");
+    assert_eq!(report["arena_fallbacks"], 0, "{report}");
     node.node.shutdown();
 }
 

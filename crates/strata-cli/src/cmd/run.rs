@@ -387,6 +387,7 @@ fn totals(reports: &[serde_json::Value]) -> serde_json::Value {
         *t.entry("arena_peak_bytes").or_default() += num(r, &["arena_peak_bytes"]);
         *t.entry("arena_fallbacks").or_default() += num(r, &["arena_fallbacks"]);
         *t.entry("arena_fallback_bytes").or_default() += num(r, &["arena_fallback_bytes"]);
+        *t.entry("arena_store_late").or_default() += num(r, &["arena_store_late"]);
         if let Some(tiers) = r["stats"]["tiers"].as_array() {
             for tier in tiers {
                 *t.entry("bytes_read").or_default() += num(tier, &["bytes_read"]);
@@ -401,26 +402,39 @@ fn totals(reports: &[serde_json::Value]) -> serde_json::Value {
 /// unpaged (so beyond the budget): said whether or not a summary was asked for.
 fn fallbacks(t: &serde_json::Value) -> Option<String> {
     let count = t["arena_fallbacks"].as_u64().filter(|&n| n > 0)?;
+    let late = t["arena_store_late"].as_u64().unwrap_or(0);
+    let late = if late > 0 {
+        format!(
+            "; {late} of them while the memory nodes' next chunk was still being borrowed (a program allocating inside a library's loading waits at most 0.2 s for it)"
+        )
+    } else {
+        String::new()
+    };
     Some(format!(
-        "strata run: {count} large allocation(s), {} in all, found the arena full and came from the C library, unpaged (beyond --memory); set STRATA_RUN_ARENA higher (over memory nodes: give them more --capacity)",
+        "strata run: {count} large allocation(s), {} in all, found the arena full and came from the C library, unpaged (beyond --memory){late}; set STRATA_RUN_ARENA higher, or over memory nodes give them more --capacity",
         format_size(t["arena_fallback_bytes"].as_u64().unwrap_or(0))
     ))
 }
 
-/// A line for the summary when processes' arenas were sized to what the memory nodes had
-/// free, below the default.
+/// A line for the summary when processes borrowed from the memory nodes as their arenas
+/// grew (no `STRATA_RUN_ARENA`), and whether the nodes ran out of room.
 fn sized_by_nodes(reports: &[serde_json::Value]) -> Option<String> {
-    let sizes: Vec<u64> = reports
+    let grown: Vec<&serde_json::Value> = reports
         .iter()
         .filter(|r| r["arena_sized_by"] == "memory nodes")
-        .filter_map(|r| r["arena_bytes"].as_u64())
         .collect();
-    let smallest = sizes.iter().copied().min()?;
+    let most = grown
+        .iter()
+        .filter_map(|r| r["arena_store_bytes"].as_u64())
+        .max()?;
+    let refused = grown
+        .iter()
+        .find_map(|r| r["arena_store_refused"].as_str())
+        .map_or(String::new(), |why| format!("; then {why}"));
     Some(format!(
-        "strata run: the arena of {} process(es) was sized to what the memory nodes had free ({}{}), below the default; STRATA_RUN_ARENA sets it",
-        sizes.len(),
-        if sizes.len() > 1 { "smallest " } else { "" },
-        format_size(smallest)
+        "strata run: {} process(es) borrowed from the memory nodes as their arenas grew, as far as the nodes had room (the most, {}, by one process){refused}; STRATA_RUN_ARENA borrows a set size at once instead",
+        grown.len(),
+        format_size(most)
     ))
 }
 
