@@ -174,16 +174,24 @@ struct TestNode {
 }
 
 impl TestNode {
+    /// A node with the default capacity (1 GiB) and a fresh token.
     fn start() -> Self {
-        let token = format!("strata-run-test-token-{:x}", seed());
+        Self::start_with_token(&format!("strata-run-test-token-{:x}", seed()))
+    }
+
+    fn start_with_token(token: &str) -> Self {
         let node = strata_net::MemoryNode::start(strata_net::ServeOptions::new(
             "127.0.0.1:0".parse().expect("address"),
             1 << 30,
-            token.clone(),
+            token,
         ))
         .expect("a memory node on loopback");
         let store = format!("remote:{}", node.address());
-        Self { node, store, token }
+        Self {
+            node,
+            store,
+            token: token.to_string(),
+        }
     }
 
     /// The environment of a program over this node (also harmless for the other stores). No
@@ -629,6 +637,38 @@ fn a_node_mostly_taken_by_another_client_gives_what_it_has_left() {
     assert_eq!(report["arena_store_bytes"], 128 * mib, "{report}");
     assert_eq!(report["arena_fallbacks"], 0, "{report}");
     node.node.shutdown();
+}
+
+/// Two nodes, one mostly held by another client: pages are striped evenly over the nodes, so
+/// together they lend twice what the fuller one has free, and the arena borrows that.
+#[test]
+fn two_nodes_lend_twice_what_the_fuller_has_free() {
+    let Some(strata) = strata() else { return };
+    let input = sort_input(&scratch("two-nodes"), 12);
+    let (mib, gib) = (1u64 << 20, 1u64 << 30);
+    let roomy = TestNode::start();
+    // Both nodes take the same token (a program has one STRATA_REMOTE_TOKEN).
+    let full = TestNode::start_with_token(&roomy.token);
+    let _held = full.hold(gib - 40 * mib);
+    let both = TestNode {
+        node: roomy.node,
+        store: format!(
+            "{},{}",
+            roomy.store,
+            full.store.trim_start_matches("remote:")
+        ),
+        token: roomy.token.clone(),
+    };
+    let (report, _) = sort_over_node(&strata, &both, &input, &[]);
+    assert_eq!(report["arena_store_bytes"], 80 * mib, "{report}");
+    assert_eq!(report["arena_fallbacks"], 0, "{report}");
+    assert!(report["stats"]["faults"].as_u64() > Some(0), "{report}");
+    let c = full.node.counters();
+    assert!(
+        c.bytes_written.load(std::sync::atomic::Ordering::Relaxed) > 0,
+        "no page went to the second node"
+    );
+    both.node.shutdown();
 }
 
 #[test]
