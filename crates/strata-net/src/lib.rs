@@ -15,8 +15,9 @@
 //! proof or garbage. Only then do the two sides swap UCX worker addresses and the node issues
 //! a random 128-bit *session*; UCX's connection manager never listens. Every request carries
 //! the session; the node serves only live sessions and checks that the region belongs to that
-//! session and that the range lies inside it. The client's front-door connection stays open
-//! as its lifeline: when it closes (the client exits, crashes or is killed) the node ends the
+//! session and that the range lies inside it. A client may instead ask, by the same proof,
+//! how much the node can lend now ([`node_capacities`]): no session, no UCX. The client's
+//! front-door connection stays open as its lifeline: when it closes (the client exits, crashes or is killed) the node ends the
 //! session and frees its regions at once. Tokens have at least 16 bytes; `strata serve` reads
 //! them from a file or the environment, never from its command line.
 //!
