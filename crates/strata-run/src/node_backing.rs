@@ -124,7 +124,7 @@ impl Shared {
 /// borrowing needs, such as the dynamic loader's (a library's constructor allocating during
 /// `dlopen`: UCX takes that lock too), where waiting longer would only delay the program.
 /// After one such wait, allocations do not wait again until that chunk has come.
-pub const GROWTH_WAIT: Duration = Duration::from_secs(1);
+pub const GROWTH_WAIT: Duration = Duration::from_secs(2);
 
 /// How long an allocation waits for the grower thread to start at all, before it is served
 /// by the C library: a thread that has not started in this long waits for a lock the
@@ -145,8 +145,13 @@ pub struct NodeBacking {
     shared: Arc<Shared>,
 }
 
+/// Waits for the first chunk's opening (in the background, see `pending_store.rs`) to end;
+/// whether it opened.
+pub type FirstOpened = Box<dyn FnOnce() -> bool + Send>;
+
 /// What the grower needs to borrow chunks.
 struct Grower {
+    first_opened: Option<FirstOpened>,
     store: Arc<GrowingStore>,
     config: StoreConfig,
     page: u64,
@@ -156,8 +161,12 @@ struct Grower {
 
 impl NodeBacking {
     /// The backing of an arena of `arena` bytes in pages of `page` over `store`, whose first
-    /// `first` bytes of arena (before the codec) are borrowed; starts its grower thread.
+    /// `first` bytes of arena (before the codec) are being borrowed (`first_opened` waits for
+    /// that); starts its grower thread. The grower borrows nothing before the first chunk is
+    /// in: the nodes count a chunk only once it is opened, and a growth asked for meanwhile
+    /// would take the room the first chunk was sized to.
     pub fn new(
+        first_opened: FirstOpened,
         store: Arc<GrowingStore>,
         config: StoreConfig,
         page: u64,
@@ -178,6 +187,7 @@ impl NodeBacking {
             changed: Condvar::new(),
         });
         let grower = Grower {
+            first_opened: Some(first_opened),
             store,
             config,
             page,
@@ -254,10 +264,19 @@ impl NodeBacking {
 impl Grower {
     /// Borrows chunks while callers want more than is backed; sleeps otherwise. Ends with
     /// the process.
-    fn run(self) {
+    fn run(mut self) {
         let mut held = self.shared.lock();
         held.grower_running = true;
         self.shared.changed.notify_all();
+        drop(held);
+        if let Some(first_opened) = self.first_opened.take()
+            && !first_opened()
+        {
+            // The process ends with the reason (see `runtime::over_nodes`); waiters give up
+            // at their deadline.
+            return;
+        }
+        held = self.shared.lock();
         loop {
             let refused = held.refused_until.is_some_and(|t| Instant::now() < t);
             if held.wanted <= held.backed || refused {

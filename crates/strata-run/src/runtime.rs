@@ -301,7 +301,7 @@ fn over_nodes(
     // needed when the budget is full (see pending_store.rs).
     let open_config = config.clone();
     let fail_described = described.to_string();
-    let pending: Arc<dyn Store> = Arc::new(
+    let pending = Arc::new(
         PendingStore::spawn(
             first_inner,
             described.to_string(),
@@ -328,6 +328,7 @@ fn over_nodes(
     if options.arena_given {
         return Ok((codec(pending)?, None, sized_by));
     }
+    let opened = Arc::clone(&pending);
     let growing = Arc::new(GrowingStore::new(
         inner(arena)?,
         described.to_string(),
@@ -335,7 +336,8 @@ fn over_nodes(
         first_inner,
     )?);
     let store = codec(Arc::clone(&growing) as Arc<dyn Store>)?;
-    let backing = NodeBacking::new(growing, config, page, arena, first)
+    let first_opened = Box::new(move || opened.wait_opened());
+    let backing = NodeBacking::new(first_opened, growing, config, page, arena, first)
         .map_err(|e| format!("cannot start the thread that borrows more: {e}"))?;
     Ok((store, Some(backing), sized_by))
 }

@@ -405,7 +405,7 @@ fn fallbacks(t: &serde_json::Value) -> Option<String> {
     let late = t["arena_store_late"].as_u64().unwrap_or(0);
     let late = if late > 0 {
         format!(
-            "; {late} of them while the memory nodes' next chunk was still being borrowed (a program allocating inside a library's loading waits at most 0.2 s for it)"
+            "; {late} of them because the memory nodes' next chunk came late (an allocation waits at most 2 s for one)"
         )
     } else {
         String::new()
