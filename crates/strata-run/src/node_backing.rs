@@ -131,6 +131,10 @@ pub const GROWTH_WAIT: Duration = Duration::from_secs(2);
 /// allocating thread holds (the dynamic loader's), so waiting longer cannot help.
 pub const START_WAIT: Duration = Duration::from_millis(200);
 
+/// How long the grower sleeps between checks when nothing is asked of it (it is woken when
+/// something is).
+const IDLE_WAIT: Duration = Duration::from_secs(3600);
+
 /// Share of what is borrowed that the arena's high mark may reach before the next chunk is
 /// borrowed ahead, in the background, so that allocations seldom wait for one.
 pub const GROW_AHEAD_PERCENT: u64 = 75;
@@ -278,9 +282,11 @@ impl Grower {
         }
         held = self.shared.lock();
         loop {
-            let refused = held.refused_until.is_some_and(|t| Instant::now() < t);
-            if held.wanted <= held.backed || refused {
-                held = self.shared.wait(held, REFUSAL_MEMORY);
+            // Callers ask (raise `wanted`) only outside a refusal's memory, and a refusal
+            // drops what was wanted: with nothing wanted there is nothing to do but wait to
+            // be asked.
+            if held.wanted <= held.backed {
+                held = self.shared.wait(held, IDLE_WAIT);
                 continue;
             }
             let (backed, wanted) = (held.backed, held.wanted);
