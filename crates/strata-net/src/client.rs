@@ -31,7 +31,7 @@ mod options;
 mod pieces;
 
 use std::collections::VecDeque;
-use std::net::ToSocketAddrs;
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::thread::JoinHandle;
@@ -41,6 +41,8 @@ use strata_core::store::{ReadRequest, Store, StoreError, check_range};
 use strata_core::units::format_size;
 use strata_ucx::WorkerWaker;
 
+use crate::handshake::{self, HandshakeError, NodeCapacity};
+use crate::protocol::Status;
 use io_loop::{CloseQueueOnExit, IoLoop};
 use pieces::{Completion, Piece};
 
@@ -74,27 +76,17 @@ impl std::fmt::Debug for Shared {
 impl RemoteStore {
     /// Connects to every node, authenticates, and borrows this store's share on each.
     pub fn connect(size: u64, options: RemoteStoreOptions) -> Result<Self, RemoteOpenError> {
-        if options.nodes.is_empty() {
-            return Err(RemoteOpenError::NoNodes);
-        }
+        // Every deadline is `now + timeout`: refuse what would overflow or never expire.
+        check_nodes(&options.nodes, options.timeout)?;
         if options.stripe_bytes == 0 {
             return Err(RemoteOpenError::BadStripe(options.stripe_bytes));
         }
-        // Every deadline is `now + timeout`: refuse what would overflow or never expire.
-        if options.timeout.is_zero() || options.timeout > MAX_TIMEOUT {
-            return Err(RemoteOpenError::BadTimeout(options.timeout));
-        }
-        let mut addresses = Vec::new();
-        for node in &options.nodes {
-            let address = node
-                .to_socket_addrs()
-                .ok()
-                .and_then(|mut a| a.next())
-                .ok_or_else(|| RemoteOpenError::BadAddress(node.clone()))?;
-            addresses.push(address);
-        }
-        let stripes = size.div_ceil(options.stripe_bytes).max(1);
-        let per_node = stripes.div_ceil(addresses.len() as u64) * options.stripe_bytes;
+        let addresses = options
+            .nodes
+            .iter()
+            .map(|node| resolve(node))
+            .collect::<Result<Vec<_>, _>>()?;
+        let per_node = bytes_per_node(size, options.stripe_bytes, addresses.len());
         let shared = Arc::new(Shared {
             queue: Mutex::new(Some(VecDeque::new())),
             stop: AtomicBool::new(false),
@@ -287,35 +279,89 @@ impl Drop for RemoteStore {
     }
 }
 
-/// Reads each node's greeting ([`crate::handshake::greeting_only`]) within `timeout`: the
-/// nodes answer, speak this handshake version and take clients now.
-pub fn probe_nodes(nodes: &[String], timeout: Duration) -> Result<(), RemoteOpenError> {
+/// Bytes each of `nodes` lends for a store of `size` bytes in stripes of `stripe` bytes:
+/// stripe `k` lives on node `k % nodes`, so every node lends as many stripes as the first.
+pub fn bytes_per_node(size: u64, stripe: u64, nodes: usize) -> u64 {
+    let stripes = size.div_ceil(stripe.max(1)).max(1);
+    stripes
+        .div_ceil(nodes.max(1) as u64)
+        .saturating_mul(stripe.max(1))
+}
+
+/// The socket address `node` (`HOST:PORT`) names.
+fn resolve(node: &str) -> Result<SocketAddr, RemoteOpenError> {
+    node.to_socket_addrs()
+        .ok()
+        .and_then(|mut a| a.next())
+        .ok_or_else(|| RemoteOpenError::BadAddress(node.to_string()))
+}
+
+/// Checks what every conversation with nodes' front doors needs: nodes, and a timeout that
+/// neither is zero nor overflows a deadline.
+fn check_nodes(nodes: &[String], timeout: Duration) -> Result<(), RemoteOpenError> {
     if nodes.is_empty() {
         return Err(RemoteOpenError::NoNodes);
     }
     if timeout.is_zero() || timeout > MAX_TIMEOUT {
         return Err(RemoteOpenError::BadTimeout(timeout));
     }
+    Ok(())
+}
+
+/// Connects to `node`'s front door at `address` and runs `talk` (one handshake) on the
+/// connection, all within `timeout`; returns what `talk` returned and the connection.
+pub(crate) fn through_door<T>(
+    node: &str,
+    address: SocketAddr,
+    timeout: Duration,
+    talk: impl FnOnce(&mut TcpStream, Instant) -> Result<T, HandshakeError>,
+) -> Result<(T, TcpStream), RemoteOpenError> {
+    let connection = |reason: String| RemoteOpenError::Connection {
+        node: node.to_string(),
+        reason,
+    };
+    let deadline = Instant::now() + timeout;
+    let mut stream =
+        TcpStream::connect_timeout(&address, timeout).map_err(|e| connection(e.to_string()))?;
+    let outcome = talk(&mut stream, deadline).map_err(|e| match e {
+        HandshakeError::Denied => RemoteOpenError::Refused {
+            node: node.to_string(),
+            reason: Status::Denied.explain(),
+        },
+        HandshakeError::Deadline => RemoteOpenError::Timeout {
+            node: node.to_string(),
+            timeout,
+        },
+        other => connection(other.to_string()),
+    })?;
+    Ok((outcome, stream))
+}
+
+/// Reads each node's greeting ([`crate::handshake::greeting_only`]) within `timeout`: the
+/// nodes answer, speak this handshake version and take clients now.
+pub fn probe_nodes(nodes: &[String], timeout: Duration) -> Result<(), RemoteOpenError> {
+    check_nodes(nodes, timeout)?;
     for node in nodes {
-        let address = node
-            .to_socket_addrs()
-            .ok()
-            .and_then(|mut a| a.next())
-            .ok_or_else(|| RemoteOpenError::BadAddress(node.clone()))?;
-        let connection = |reason: String| RemoteOpenError::Connection {
-            node: node.clone(),
-            reason,
-        };
-        let deadline = Instant::now() + timeout;
-        let mut stream = std::net::TcpStream::connect_timeout(&address, timeout)
-            .map_err(|e| connection(e.to_string()))?;
-        crate::handshake::greeting_only(&mut stream, deadline).map_err(|e| match e {
-            crate::handshake::HandshakeError::Deadline => RemoteOpenError::Timeout {
-                node: node.clone(),
-                timeout,
-            },
-            other => connection(other.to_string()),
-        })?;
+        through_door(node, resolve(node)?, timeout, handshake::greeting_only)?;
     }
     Ok(())
+}
+
+/// Asks each node how much it can lend ([`crate::handshake::query_capacity`]), in the order
+/// given, within `timeout` per node. Proves the token: a wrong one is refused here.
+pub fn query_capacities(
+    nodes: &[String],
+    token: &str,
+    timeout: Duration,
+) -> Result<Vec<NodeCapacity>, RemoteOpenError> {
+    check_nodes(nodes, timeout)?;
+    nodes
+        .iter()
+        .map(|node| {
+            through_door(node, resolve(node)?, timeout, |stream, deadline| {
+                handshake::query_capacity(stream, token.as_bytes(), deadline)
+            })
+            .map(|(capacity, _)| capacity)
+        })
+        .collect()
 }

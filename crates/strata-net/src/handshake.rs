@@ -19,6 +19,12 @@
 //! or session an on-path party swapped. The session is a random capability the client puts in
 //! every request; the node serves only requests whose session it issued. The handshake
 //! authenticates; it does not encrypt: an on-path attacker sees the pages and the session.
+//!
+//! A client may instead ask how much the node can still lend ([`query_capacity`]): its proof
+//! then carries no worker address (length 0) and a MAC of its own label, and the node answers
+//! `status u8; if Ok: node MAC [32], free u64, capacity u64` (the MAC covers both nonces and
+//! both numbers) and closes. No session is issued and nothing reaches UCX; only a holder of
+//! the token learns the numbers. `strata run` sizes a process's arena with it.
 
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
@@ -33,8 +39,10 @@ pub const NODE_MAGIC: [u8; 8] = *b"STRATA-N";
 pub const CLIENT_MAGIC: [u8; 8] = *b"STRATA-C";
 /// Handshake version; a node refuses another. Version 3: two ends on one host (see
 /// [`on_this_host`]) connect their UCX endpoints without peer-failure handling so UCX may use
-/// shared memory; both ends must agree on that, or the endpoints never pair.
-pub const HANDSHAKE_VERSION: u64 = 3;
+/// shared memory; both ends must agree on that, or the endpoints never pair. Version 4: the
+/// capacity query ([`query_capacity`]), and a refused region's reply says how much the node
+/// has free.
+pub const HANDSHAKE_VERSION: u64 = 4;
 /// Largest UCX worker address either side accepts (InfiniBand addresses are a few hundred
 /// bytes; this leaves room for many devices).
 pub const MAX_WORKER_ADDRESS: usize = 8 << 10;
@@ -113,6 +121,27 @@ pub enum HandshakeError {
 pub struct Admitted {
     /// The client's UCX worker address.
     pub client_address: Vec<u8>,
+}
+
+/// How much a node can lend, as its front door reports it to a client that proved the token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodeCapacity {
+    /// Bytes not lent to any client now.
+    pub free: u64,
+    /// Most bytes the node lends to all clients together (`strata serve --capacity`).
+    pub capacity: u64,
+}
+
+/// Encoded size of the node's answer to a capacity query after its verdict byte.
+const CAPACITY_ANSWER_BYTES: usize = TAG + 8 + 8;
+
+/// What a client that passed the node's side of the handshake came for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Visit {
+    /// A session (it was admitted, or refused as busy).
+    Session,
+    /// The node's free capacity (answered; no session).
+    Capacity,
 }
 
 /// What the client learns from a node that admitted it.
@@ -217,14 +246,16 @@ pub fn turn_away(stream: &mut TcpStream, deadline: Instant) {
 
 /// The node's side: greets, checks the client's proof, and on success lets `admit` register
 /// the client (it returns the session, or `None` if the node cannot take it), then proves
-/// itself and sends the session and `node_address`.
+/// itself and sends the session and `node_address`. A proof without a worker address asks
+/// for the node's capacity instead: `capacity` says it, and no session is issued.
 pub fn node_side(
     stream: &mut TcpStream,
     token: &[u8],
     node_address: &[u8],
     deadline: Instant,
     admit: impl FnOnce(Admitted) -> Option<Session>,
-) -> Result<(), HandshakeError> {
+    capacity: impl FnOnce() -> NodeCapacity,
+) -> Result<Visit, HandshakeError> {
     let node_nonce: [u8; NONCE] = random();
     let mut greeting = [0u8; GREETING_BYTES];
     greeting[..8].copy_from_slice(&NODE_MAGIC);
@@ -235,6 +266,9 @@ pub fn node_side(
     let mut proof = [0u8; PROOF_BYTES];
     read_by(stream, &mut proof, deadline)?;
     let proof = decode_proof(&proof)?;
+    if proof.address_len == 0 {
+        return answer_capacity(stream, token, &node_nonce, &proof, deadline, capacity);
+    }
     let mut client_address = vec![0u8; proof.address_len];
     read_by(stream, &mut client_address, deadline)?;
     let verified = mac(
@@ -265,7 +299,42 @@ pub fn node_side(
     welcome.extend_from_slice(&session);
     welcome.extend_from_slice(&encoded_len(node_address)?);
     welcome.extend_from_slice(node_address);
-    write_by(stream, &welcome, deadline)
+    write_by(stream, &welcome, deadline)?;
+    Ok(Visit::Session)
+}
+
+/// The node's answer to a capacity query whose proof (without an address) was read.
+fn answer_capacity(
+    stream: &mut TcpStream,
+    token: &[u8],
+    node_nonce: &[u8; NONCE],
+    proof: &Proof,
+    deadline: Instant,
+    capacity: impl FnOnce() -> NodeCapacity,
+) -> Result<Visit, HandshakeError> {
+    let verified = mac(token, b"strata query", &[node_nonce, &proof.nonce])
+        .verify_slice(&proof.tag)
+        .is_ok();
+    if !verified {
+        write_by(stream, &[Verdict::Denied as u8], deadline)?;
+        return Err(HandshakeError::Denied);
+    }
+    let NodeCapacity { free, capacity } = capacity();
+    let (free, capacity) = (free.to_le_bytes(), capacity.to_le_bytes());
+    let tag = mac(
+        token,
+        b"strata capacity",
+        &[&proof.nonce, node_nonce, &free, &capacity],
+    )
+    .finalize()
+    .into_bytes();
+    let mut answer = Vec::with_capacity(1 + CAPACITY_ANSWER_BYTES);
+    answer.push(Verdict::Ok as u8);
+    answer.extend_from_slice(&tag);
+    answer.extend_from_slice(&free);
+    answer.extend_from_slice(&capacity);
+    write_by(stream, &answer, deadline)?;
+    Ok(Visit::Capacity)
 }
 
 /// A decoded client proof (before its worker address).
@@ -273,7 +342,8 @@ pub fn node_side(
 pub struct Proof {
     nonce: [u8; NONCE],
     tag: [u8; TAG],
-    /// Length of the worker address that follows (checked against [`MAX_WORKER_ADDRESS`]).
+    /// Length of the worker address that follows (checked against [`MAX_WORKER_ADDRESS`]);
+    /// 0 for a capacity query.
     pub address_len: usize,
 }
 
@@ -290,7 +360,7 @@ pub fn decode_proof(b: &[u8; PROOF_BYTES]) -> Result<Proof, HandshakeError> {
     let mut tag = [0u8; TAG];
     tag.copy_from_slice(&b[16 + NONCE..16 + NONCE + TAG]);
     let address_len = u32_at(b, 16 + NONCE + TAG) as usize;
-    if address_len == 0 || address_len > MAX_WORKER_ADDRESS {
+    if address_len > MAX_WORKER_ADDRESS {
         return Err(HandshakeError::Protocol(
             "worker address length out of bounds",
         ));
@@ -331,6 +401,55 @@ pub fn greeting_only(stream: &mut TcpStream, deadline: Instant) -> Result<(), Ha
     read_greeting(stream, deadline).map(|_| ())
 }
 
+/// Sends the client's proof over `address` (empty for a capacity query, under its own MAC
+/// label) in answer to the node's greeting; returns the client's nonce.
+fn send_proof(
+    stream: &mut TcpStream,
+    token: &[u8],
+    greeting: &[u8; GREETING_BYTES],
+    address: &[u8],
+    deadline: Instant,
+) -> Result<[u8; NONCE], HandshakeError> {
+    let node_nonce = &greeting[17..];
+    let client_nonce: [u8; NONCE] = random();
+    let (tag, length) = if address.is_empty() {
+        (
+            mac(token, b"strata query", &[node_nonce, &client_nonce]),
+            [0u8; 4],
+        )
+    } else {
+        (
+            mac(
+                token,
+                b"strata client",
+                &[node_nonce, &client_nonce, address],
+            ),
+            encoded_len(address)?,
+        )
+    };
+    let mut proof = Vec::with_capacity(PROOF_BYTES + address.len());
+    proof.extend_from_slice(&CLIENT_MAGIC);
+    proof.extend_from_slice(&HANDSHAKE_VERSION.to_le_bytes());
+    proof.extend_from_slice(&client_nonce);
+    proof.extend_from_slice(&tag.finalize().into_bytes());
+    proof.extend_from_slice(&length);
+    proof.extend_from_slice(address);
+    write_by(stream, &proof, deadline)?;
+    Ok(client_nonce)
+}
+
+/// Reads the node's verdict on a proof.
+fn read_verdict(stream: &mut TcpStream, deadline: Instant) -> Result<(), HandshakeError> {
+    let mut verdict = [0u8; 1];
+    read_by(stream, &mut verdict, deadline)?;
+    match Verdict::from_u8(verdict[0]) {
+        Some(Verdict::Ok) => Ok(()),
+        Some(Verdict::Denied) => Err(HandshakeError::Denied),
+        Some(Verdict::Busy) => Err(HandshakeError::Busy),
+        None => Err(HandshakeError::Protocol("unknown verdict")),
+    }
+}
+
 /// The client's side: answers the node's challenge with a proof over `client_address`, checks
 /// the node's proof, and returns the session and the node's worker address.
 pub fn client_side(
@@ -339,32 +458,15 @@ pub fn client_side(
     client_address: &[u8],
     deadline: Instant,
 ) -> Result<Welcome, HandshakeError> {
+    if client_address.is_empty() {
+        return Err(HandshakeError::Protocol(
+            "this side's UCX worker address is empty",
+        ));
+    }
     let greeting = read_greeting(stream, deadline)?;
     let node_nonce = &greeting[17..];
-    let client_nonce: [u8; NONCE] = random();
-    let tag = mac(
-        token,
-        b"strata client",
-        &[node_nonce, &client_nonce, client_address],
-    )
-    .finalize()
-    .into_bytes();
-    let mut proof = Vec::with_capacity(PROOF_BYTES + client_address.len());
-    proof.extend_from_slice(&CLIENT_MAGIC);
-    proof.extend_from_slice(&HANDSHAKE_VERSION.to_le_bytes());
-    proof.extend_from_slice(&client_nonce);
-    proof.extend_from_slice(&tag);
-    proof.extend_from_slice(&encoded_len(client_address)?);
-    proof.extend_from_slice(client_address);
-    write_by(stream, &proof, deadline)?;
-    let mut verdict = [0u8; 1];
-    read_by(stream, &mut verdict, deadline)?;
-    match Verdict::from_u8(verdict[0]) {
-        Some(Verdict::Ok) => {}
-        Some(Verdict::Denied) => return Err(HandshakeError::Denied),
-        Some(Verdict::Busy) => return Err(HandshakeError::Busy),
-        None => return Err(HandshakeError::Protocol("unknown verdict")),
-    }
+    let client_nonce = send_proof(stream, token, &greeting, client_address, deadline)?;
+    read_verdict(stream, deadline)?;
     let mut head = [0u8; TAG + SESSION_BYTES + 4];
     read_by(stream, &mut head, deadline)?;
     let address_len = u32_at(&head, TAG + SESSION_BYTES) as usize;
@@ -387,6 +489,34 @@ pub fn client_side(
     Ok(Welcome {
         session,
         node_address,
+    })
+}
+
+/// Asks a node how much it can lend: proves the token (a wrong one is refused as by
+/// [`client_side`], and counts as a failed attempt), checks the node's proof over the
+/// numbers, and returns them. One TCP conversation, no UCX, no session.
+pub fn query_capacity(
+    stream: &mut TcpStream,
+    token: &[u8],
+    deadline: Instant,
+) -> Result<NodeCapacity, HandshakeError> {
+    let greeting = read_greeting(stream, deadline)?;
+    let node_nonce = &greeting[17..];
+    let client_nonce = send_proof(stream, token, &greeting, &[], deadline)?;
+    read_verdict(stream, deadline)?;
+    let mut answer = [0u8; CAPACITY_ANSWER_BYTES];
+    read_by(stream, &mut answer, deadline)?;
+    let (free, capacity) = (&answer[TAG..TAG + 8], &answer[TAG + 8..]);
+    mac(
+        token,
+        b"strata capacity",
+        &[&client_nonce, node_nonce, free, capacity],
+    )
+    .verify_slice(&answer[..TAG])
+    .map_err(|_| HandshakeError::NodeNotAuthentic)?;
+    Ok(NodeCapacity {
+        free: u64_at(&answer, TAG),
+        capacity: u64_at(&answer, TAG + 8),
     })
 }
 

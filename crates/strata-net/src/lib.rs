@@ -15,8 +15,9 @@
 //! proof or garbage. Only then do the two sides swap UCX worker addresses and the node issues
 //! a random 128-bit *session*; UCX's connection manager never listens. Every request carries
 //! the session; the node serves only live sessions and checks that the region belongs to that
-//! session and that the range lies inside it. The client's front-door connection stays open
-//! as its lifeline: when it closes (the client exits, crashes or is killed) the node ends the
+//! session and that the range lies inside it. A client may instead ask, by the same proof,
+//! how much the node can lend now ([`node_capacities`]): no session, no UCX. The client's
+//! front-door connection stays open as its lifeline: when it closes (the client exits, crashes or is killed) the node ends the
 //! session and frees its regions at once. Tokens have at least 16 bytes; `strata serve` reads
 //! them from a file or the environment, never from its command line.
 //!
@@ -74,7 +75,7 @@
 //! land in the node's receive FIFO only, and both sides refuse rendezvous data unread
 //! (receiving it would make them fetch bytes from wherever the peer's worker address and key
 //! say, which on one host includes `cma`, reading any process they may trace); clients and
-//! nodes send eagerly anyway. Both ends must agree (handshake version 3). A client and a node
+//! nodes send eagerly anyway. Both ends must agree (handshake version 3 or later). A client and a node
 //! of different users on one host cannot attach each other's shared memory: give both
 //! `--transports tcp` there. The FIFOs get 1024 elements instead of 64 (see
 //! `ucx_settings`). On this 2-core VM, 64 KiB pages over a node on loopback: one page alone
@@ -102,6 +103,7 @@ use strata_core::config::{CodecKind, StoreConfig, StoreKind};
 use strata_core::store::{FileStore, FileStoreOptions, MemoryStore, PackedMemoryStore, Store};
 
 pub use client::{AccessPath, NetworkCounters, RemoteOpenError, RemoteStore, RemoteStoreOptions};
+pub use handshake::NodeCapacity;
 pub use server::{MemoryNode, ServeError, ServeOptions};
 
 /// What Strata needs from a network transport: a store over memory lent by remote nodes.
@@ -169,6 +171,83 @@ pub fn probe_store(config: &StoreConfig) -> Result<(), OpenStoreError> {
     Ok(())
 }
 
+/// How much each memory node of a remote store `config` can lend now, in the order of its
+/// nodes (one authenticated TCP conversation each, no UCX: about 1 ms on loopback). Unlike
+/// [`probe_store`] it proves the token, so a wrong one is refused here. Other stores have no
+/// nodes: an empty list.
+pub fn node_capacities(config: &StoreConfig) -> Result<Vec<NodeCapacity>, OpenStoreError> {
+    let StoreKind::Remote { nodes } = &config.kind else {
+        return Ok(Vec::new());
+    };
+    let token = config
+        .token
+        .as_deref()
+        .ok_or(OpenStoreError::MissingToken)?;
+    Ok(client::query_capacities(
+        nodes,
+        token,
+        Duration::from_secs(config.timeout_secs),
+    )?)
+}
+
+/// Each node's free capacity in words, for messages: `HOST:PORT has 12 MiB of 1 GiB free`,
+/// joined by commas (`names` and `nodes` in the same order).
+pub fn describe_free(names: &[String], nodes: &[NodeCapacity]) -> String {
+    names
+        .iter()
+        .zip(nodes)
+        .map(|(name, n)| {
+            format!(
+                "{name} has {} of {} free",
+                strata_core::format_size(n.free),
+                strata_core::format_size(n.capacity)
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The unit a remote store is striped in with pages of `page_bytes`: one page, or one codec
+/// slot, so that a page never straddles two nodes.
+fn stripe_bytes(codec: CodecKind, page_bytes: u64) -> u64 {
+    match codec {
+        CodecKind::None => page_bytes,
+        _ => CompressedStore::slot_bytes(page_bytes),
+    }
+}
+
+/// Bytes each memory node lends for the store [`open_store_with_page`] opens with these
+/// arguments (0 for a store that is not remote).
+pub fn bytes_per_node(
+    config: &StoreConfig,
+    size: u64,
+    page_bytes: u64,
+) -> Result<u64, OpenStoreError> {
+    let StoreKind::Remote { nodes } = &config.kind else {
+        return Ok(0);
+    };
+    Ok(client::bytes_per_node(
+        inner_size(config, size, page_bytes)?,
+        stripe_bytes(config.codec, page_bytes),
+        nodes.len(),
+    ))
+}
+
+/// The largest store, in whole pages of `page_bytes`, that [`open_store_with_page`] can open
+/// over nodes with these free capacities (one per node, in any order): pages are striped
+/// evenly over the nodes, so each lends the same share, and the smallest free capacity
+/// bounds them all (the nodes' number times the smallest, less a codec's slot headers).
+/// 0 when the nodes have less than a stripe free, or none are given.
+pub fn largest_store_within(config: &StoreConfig, page_bytes: u64, nodes: &[NodeCapacity]) -> u64 {
+    let Some(smallest) = nodes.iter().map(|n| n.free).min() else {
+        return 0;
+    };
+    let stripes_each = smallest / stripe_bytes(config.codec, page_bytes).max(1);
+    stripes_each
+        .saturating_mul(nodes.len() as u64)
+        .saturating_mul(page_bytes)
+}
+
 /// UCX settings of both ends (node and client), unless the `UCX_*` environment sets them.
 ///
 /// Shared-memory FIFOs of 1024 elements instead of UCX's 64: a 64 KiB page crosses shared
@@ -216,11 +295,27 @@ pub fn open_store_with_page(
     size: u64,
     page_bytes: u64,
 ) -> Result<Arc<dyn Store>, OpenStoreError> {
-    let inner_size = match config.codec {
+    let inner = open_inner_store(config, inner_size(config, size, page_bytes)?, page_bytes)?;
+    with_codec(config, inner, page_bytes, size)
+}
+
+/// Bytes of the store under `config`'s codec for a store of `size` bytes in pages of
+/// `page_bytes` (`size` itself without a codec; one slot per page with one).
+pub fn inner_size(config: &StoreConfig, size: u64, page_bytes: u64) -> Result<u64, OpenStoreError> {
+    Ok(match config.codec {
         CodecKind::None => size,
         _ => CompressedStore::inner_size(size, page_bytes)?,
-    };
-    let inner: Arc<dyn Store> = match &config.kind {
+    })
+}
+
+/// Opens the store under `config`'s codec: `inner_size` bytes ([`inner_size`]) of memory,
+/// file or memory nodes (striped in pages, or codec slots, of `page_bytes`).
+pub fn open_inner_store(
+    config: &StoreConfig,
+    inner_size: u64,
+    page_bytes: u64,
+) -> Result<Arc<dyn Store>, OpenStoreError> {
+    Ok(match &config.kind {
         // Under a codec each slot is kept at its compressed size, not a whole slot.
         StoreKind::Memory => match config.codec {
             CodecKind::None => Arc::new(MemoryStore::new(inner_size)),
@@ -249,14 +344,20 @@ pub fn open_store_with_page(
                 token,
                 Duration::from_secs(config.timeout_secs),
             );
-            // One codec slot (or one page) per stripe, so a page never straddles two nodes.
-            options.stripe_bytes = match config.codec {
-                CodecKind::None => page_bytes,
-                _ => CompressedStore::slot_bytes(page_bytes),
-            };
+            options.stripe_bytes = stripe_bytes(config.codec, page_bytes);
             UcxTransport.open_store(inner_size, options)?
         }
-    };
+    })
+}
+
+/// Wraps `inner` ([`open_inner_store`], or stores composed of such) in `config`'s codec as a
+/// store of `size` bytes in pages of `page_bytes` (`inner` itself without a codec).
+pub fn with_codec(
+    config: &StoreConfig,
+    inner: Arc<dyn Store>,
+    page_bytes: u64,
+    size: u64,
+) -> Result<Arc<dyn Store>, OpenStoreError> {
     Ok(match config.codec {
         CodecKind::None => inner,
         codec => Arc::new(CompressedStore::new(inner, codec, page_bytes, size)?),
@@ -265,6 +366,100 @@ pub fn open_store_with_page(
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+
+    fn remote(nodes: usize, codec: CodecKind) -> StoreConfig {
+        StoreConfig {
+            kind: StoreKind::Remote {
+                nodes: (0..nodes)
+                    .map(|i| format!("127.0.0.1:{}", 7400 + i))
+                    .collect(),
+            },
+            codec,
+            direct: false,
+            grow: false,
+            token: None,
+            timeout_secs: 5,
+        }
+    }
+
+    /// The largest store within the nodes' free capacity fits every node, and one page more
+    /// does not fit the fullest one.
+    #[test]
+    fn the_largest_store_within_free_capacity_is_exact() {
+        let seed: u64 = rand::rng().random();
+        println!("seed {seed}");
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        for _ in 0..2000 {
+            let nodes = rng.random_range(1..=5);
+            let codec = if rng.random_bool(0.5) {
+                CodecKind::None
+            } else {
+                CodecKind::Lz4
+            };
+            let page = 4096u64 << rng.random_range(0..=9);
+            let free: Vec<NodeCapacity> = (0..nodes)
+                .map(|_| {
+                    let free = rng.random_range(0..(4u64 << 30));
+                    NodeCapacity {
+                        free,
+                        capacity: free + rng.random_range(0..(1u64 << 30)),
+                    }
+                })
+                .collect();
+            let config = remote(nodes, codec);
+            let smallest = free.iter().map(|n| n.free).min().unwrap();
+            let largest = largest_store_within(&config, page, &free);
+            assert_eq!(largest % page, 0, "whole pages");
+            if largest > 0 {
+                let share = bytes_per_node(&config, largest, page).unwrap();
+                assert!(
+                    share <= smallest,
+                    "{largest} over {nodes} nodes asks {share} of each, {smallest} free"
+                );
+            }
+            let more = bytes_per_node(&config, largest + page, page).unwrap();
+            assert!(
+                more > smallest,
+                "one page more ({}) still fits {smallest}: {largest} is not the largest",
+                largest + page
+            );
+        }
+        // Edge cases: no nodes, nothing free, less than a stripe free.
+        let config = remote(2, CodecKind::None);
+        assert_eq!(largest_store_within(&config, 65536, &[]), 0);
+        let nothing = NodeCapacity {
+            free: 0,
+            capacity: 1 << 30,
+        };
+        let half_page = NodeCapacity {
+            free: 32768,
+            capacity: 1 << 30,
+        };
+        assert_eq!(largest_store_within(&config, 65536, &[nothing, nothing]), 0);
+        assert_eq!(
+            largest_store_within(&config, 65536, &[half_page, half_page]),
+            0
+        );
+        // Two nodes with 1 GiB and 3 GiB free hold 2 GiB striped evenly.
+        let uneven = [
+            NodeCapacity {
+                free: 1 << 30,
+                capacity: 1 << 30,
+            },
+            NodeCapacity {
+                free: 3 << 30,
+                capacity: 4 << 30,
+            },
+        ];
+        assert_eq!(largest_store_within(&config, 65536, &uneven), 2 << 30);
+        assert_eq!(
+            bytes_per_node(&StoreConfig::builder().build().unwrap(), 1 << 30, 65536).unwrap(),
+            0
+        );
+    }
+
     #[test]
     fn the_fifo_setting_goes_only_where_shared_memory_may_open() {
         if std::env::var_os("UCX_MM_FIFO_SIZE").is_some() {

@@ -162,7 +162,8 @@ pub struct ReplyHeader {
     pub region: u64,
     /// Alloc: the region's base address at the node (for one-sided access).
     pub base: u64,
-    /// Alloc: the region's size.
+    /// Alloc: the region's size; refused with [`Status::NoCapacity`]: the bytes the node
+    /// has free.
     pub size: u64,
 }
 

@@ -736,7 +736,14 @@ impl NodeLoop {
                 free = %format_size(free),
                 "region refused: not enough capacity"
             );
-            return self.refuse(from, header.id, Status::NoCapacity);
+            // The refusal says how much is free, so the client can tell its user both
+            // numbers.
+            self.counters.refused.fetch_add(1, Ordering::Relaxed);
+            let refusal = ReplyHeader {
+                size: free,
+                ..ReplyHeader::status(header.id, Status::NoCapacity)
+            };
+            return self.reply(from, refusal, Keep::NOTHING, &[]);
         }
         let one_sided = self.options.one_sided;
         let memory = match RegionMemory::allocate(self.worker.context(), length, one_sided) {

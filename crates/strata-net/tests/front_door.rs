@@ -108,7 +108,8 @@ fn garbage_before_authentication_is_refused_and_the_node_lives() {
 #[test]
 fn oversized_hellos_are_refused_before_anything_is_read() {
     let mut rng = rng("oversized");
-    for claimed in [u32::MAX, (handshake::MAX_WORKER_ADDRESS + 1) as u32, 0] {
+    // (A length of 0 is a capacity query: see `capacity_queries_prove_the_token`.)
+    for claimed in [u32::MAX, (handshake::MAX_WORKER_ADDRESS + 1) as u32] {
         let n = node_with(|_| {});
         let mut proof = vec![0u8; PROOF_BYTES];
         proof[..8].copy_from_slice(&CLIENT_MAGIC);
@@ -389,6 +390,12 @@ fn fuzz_both_sides_of_the_handshake() {
         let session = handshake::new_session();
         let deadline = Instant::now() + Duration::from_millis(500);
         let mode: u32 = rng.random_range(0..4);
+        // Some clients ask for the node's capacity instead of a session.
+        let query = rng.random_bool(0.3);
+        let capacity = strata_net::NodeCapacity {
+            free: rng.random(),
+            capacity: rng.random(),
+        };
         // Node side: talks to `node_end`.
         let (client_end, node_end, pipes) = if mode < 2 {
             let (c, p1) = pair();
@@ -419,11 +426,17 @@ fn fuzz_both_sides_of_the_handshake() {
                     let _ = s.write_all(&junk);
                     return (Err(()), seen);
                 }
-                let out =
-                    handshake::node_side(&mut s, TOKEN.as_bytes(), &node_address, deadline, |a| {
+                let out = handshake::node_side(
+                    &mut s,
+                    TOKEN.as_bytes(),
+                    &node_address,
+                    deadline,
+                    |a| {
                         seen = Some(a.client_address);
                         Some(session)
-                    });
+                    },
+                    || capacity,
+                );
                 (out.map_err(|_| ()), seen)
             })
         };
@@ -434,6 +447,12 @@ fn fuzz_both_sides_of_the_handshake() {
             rng.fill(&mut junk[..]);
             let _ = c.write_all(&junk);
             let _ = c.shutdown(std::net::Shutdown::Write);
+            None
+        } else if query {
+            let asked = handshake::query_capacity(&mut c, TOKEN.as_bytes(), deadline);
+            if let Ok(answer) = &asked {
+                assert_eq!(*answer, capacity, "the MAC binds the numbers");
+            }
             None
         } else {
             Some(handshake::client_side(
@@ -452,7 +471,10 @@ fn fuzz_both_sides_of_the_handshake() {
             Instant::now() < deadline + Duration::from_secs(2),
             "a handshake overran its deadline"
         );
-        if let (Some(Ok(welcome)), Ok(())) = (&client_out, &node_out) {
+        if query && mode == 1 && node_out == Ok(handshake::Visit::Capacity) {
+            both_ok += 1;
+        }
+        if let (Some(Ok(welcome)), Ok(handshake::Visit::Session)) = (&client_out, &node_out) {
             both_ok += 1;
             assert_eq!(welcome.session, session);
             assert_eq!(welcome.node_address, node_address);
@@ -601,10 +623,20 @@ fn hostile_node(listener: std::net::TcpListener, seed: u64, end: Instant) {
             s.set_nonblocking(false).unwrap();
             let mut client = None;
             let deadline = Instant::now() + Duration::from_secs(2);
-            let ok = handshake::node_side(&mut s, TOKEN.as_bytes(), &own, deadline, |a| {
-                client = Some(a.client_address);
-                Some(handshake::new_session())
-            });
+            let ok = handshake::node_side(
+                &mut s,
+                TOKEN.as_bytes(),
+                &own,
+                deadline,
+                |a| {
+                    client = Some(a.client_address);
+                    Some(handshake::new_session())
+                },
+                || strata_net::NodeCapacity {
+                    free: 0,
+                    capacity: 0,
+                },
+            );
             if ok.is_ok()
                 && let Some(address) = client
             {
@@ -801,5 +833,68 @@ fn probes_read_the_greeting_only_and_tell_nodes_from_strangers() {
     assert!(e.to_string().contains("did not answer"), "{e}");
     assert!(started.elapsed() < Duration::from_secs(5));
     drop(silent);
+    node.shutdown();
+}
+
+#[test]
+fn capacity_queries_prove_the_token_and_follow_what_is_lent() {
+    let mut rng = rng("capacity");
+    let capacity = 64u64 << 20;
+    let node = node_with(|_| {});
+    let ask = |token: &str| {
+        strata_net::node_capacities(&remote_config(node.address().to_string(), Some(token), 5))
+    };
+    let all_free = strata_net::NodeCapacity {
+        free: capacity,
+        capacity,
+    };
+    assert_eq!(ask(TOKEN).unwrap(), vec![all_free]);
+    // A store of a random size borrows its share; the node then reports the rest free, and
+    // all of it again once the store is gone.
+    let size = rng.random_range(1..48u64) << 20;
+    let store = RemoteStore::connect(size, options(node.address(), TOKEN)).unwrap();
+    let lent = strata_net::client::bytes_per_node(size, 16 << 10, 1);
+    assert_eq!(
+        ask(TOKEN).unwrap(),
+        vec![strata_net::NodeCapacity {
+            free: capacity - lent,
+            capacity,
+        }]
+    );
+    drop(store);
+    wait_for("the region freed", Duration::from_secs(5), || {
+        ask(TOKEN).unwrap() == vec![all_free]
+    });
+    // A query is no client: nothing admitted, nothing failed.
+    assert_eq!(node.counters().clients.load(Ordering::Relaxed), 0);
+    assert_eq!(node.counters().handshakes_failed.load(Ordering::Relaxed), 0);
+    // A wrong token learns nothing and counts as a failed attempt (throttled like one).
+    let e = ask("wrong-token-but-long").unwrap_err();
+    assert!(e.to_string().contains("token"), "{e}");
+    wait_for("the failure counted", Duration::from_secs(3), || {
+        node.counters().handshakes_failed.load(Ordering::Relaxed) == 1
+    });
+    // A hand-made query proof with a garbage MAC is refused the same way, after the throttle.
+    std::thread::sleep(Duration::from_millis(400));
+    let mut proof = vec![0u8; PROOF_BYTES];
+    proof[..8].copy_from_slice(&CLIENT_MAGIC);
+    proof[8..16].copy_from_slice(&HANDSHAKE_VERSION.to_le_bytes());
+    rng.fill(&mut proof[16..PROOF_BYTES - 4]);
+    let (reply, took) = send_raw(node.address(), &proof);
+    assert!(took < Duration::from_secs(3), "{took:?}");
+    assert_eq!(
+        reply.len(),
+        GREETING_BYTES + 1,
+        "greeting and a verdict only"
+    );
+    assert_eq!(reply[GREETING_BYTES], 1, "denied");
+    wait_for("the second failure counted", Duration::from_secs(3), || {
+        node.counters().handshakes_failed.load(Ordering::Relaxed) == 2
+    });
+    // No token at all is refused before any connection.
+    let e = strata_net::node_capacities(&remote_config(node.address().to_string(), None, 5))
+        .unwrap_err();
+    assert!(e.to_string().contains("token"), "{e}");
+    honest_client_works(&node, &mut rng, Duration::from_secs(5));
     node.shutdown();
 }

@@ -195,6 +195,22 @@ fn wrong_token_and_too_little_capacity_are_refused() {
     let e =
         RemoteStore::connect(2 << 20, options(&[n.address()], AccessPath::Messages)).unwrap_err();
     assert!(e.to_string().contains("too little free capacity"), "{e}");
+    // The refusal says both numbers: what the store asked, and what the node had free.
+    assert!(
+        matches!(
+            e,
+            RemoteOpenError::NoCapacity {
+                asked,
+                free,
+                ..
+            } if asked == 2 << 20 && free == 1 << 20
+        ),
+        "{e:?}"
+    );
+    assert!(
+        e.to_string().contains("1 MiB free") && e.to_string().contains("needs 2 MiB"),
+        "{e}"
+    );
     assert!(n.counters().refused.load(Ordering::Relaxed) >= 1);
     assert!(n.counters().handshakes_failed.load(Ordering::Relaxed) >= 2);
     // Nothing listens on this port: a clear error within the timeout, not a hang.

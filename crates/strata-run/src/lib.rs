@@ -23,6 +23,11 @@
 //! - A memory-node store (`remote:`) is connected in the background: the program runs on
 //!   while it connects, and waits only when the budget is full and a page must go to the
 //!   node. If the connection fails, the process ends with exit status 125 and the reason.
+//! - Over memory nodes, unless `STRATA_RUN_ARENA` sets the arena's size, the arena's store
+//!   borrows from the nodes as the arena grows, never more than they have free
+//!   ([`node_backing`]). A large request that finds no room, there or in any full arena, is
+//!   served by the C library (unpaged), as if Strata were not there, and counted in the
+//!   report (`arena_fallbacks`).
 //! - A store that fails on a fault delivers `SIGBUS` to the faulting thread (as the pager
 //!   does); a message names the store and the error first.
 //! - File stores (`file:DIR`) are created in `DIR` and unlinked at once, so they vanish
@@ -34,12 +39,15 @@
 //! Layout: [`sys`] raw calls and the lookup of the real functions; [`arena`] the block
 //! allocator's bookkeeping; [`options`] settings; [`runtime`] the arena region and blocks;
 //! [`pending_store`] a memory-node store that connects in the background while the program
-//! runs; `interpose` the exported C functions (left out of unit-test builds, where they would
-//! replace the test harness's allocator).
+//! runs; [`growing_store`] a store of chunks added in use, and [`node_backing`] when it
+//! borrows them from memory nodes; `interpose` the exported C functions (left out of
+//! unit-test builds, where they would replace the test harness's allocator).
 #![warn(missing_docs)]
 #![allow(missing_docs)] // sys's Real fields are C prototypes, named after the functions
 
 pub mod arena;
+pub mod growing_store;
+pub mod node_backing;
 pub mod options;
 pub mod pending_store;
 pub mod runtime;

@@ -125,8 +125,12 @@ pub struct Options {
     pub store: StoreConfig,
     /// Smallest allocation placed in the arena.
     pub threshold: u64,
-    /// Virtual size of the arena.
+    /// Virtual size of the arena: `STRATA_RUN_ARENA`, else the default ([`default_arena`]).
     pub arena_bytes: u64,
+    /// Whether `STRATA_RUN_ARENA` gave the arena's size: over memory nodes, the whole arena
+    /// is then borrowed at once; else the store grows with the arena
+    /// ([`crate::node_backing`]).
+    pub arena_given: bool,
     /// Descriptor to append a JSON report line to at exit (set by `strata run`).
     pub report_fd: Option<i32>,
     /// File to append a JSON report line to at exit (for standalone use).
@@ -201,7 +205,9 @@ impl Options {
                 pager.page_bytes
             )));
         }
-        let arena_bytes = match size_var("STRATA_RUN_ARENA")? {
+        let arena_var = size_var("STRATA_RUN_ARENA")?;
+        let arena_given = arena_var.is_some();
+        let arena_bytes = match arena_var {
             Some(given) => {
                 if given < pager.buffer_bytes {
                     return Err(OptionsError::Bad(format!(
@@ -234,6 +240,7 @@ impl Options {
             store,
             threshold,
             arena_bytes,
+            arena_given,
             report_fd,
             stats_path: std::env::var_os("STRATA_RUN_STATS").map(PathBuf::from),
             predict_writes: PREDICT_WRITES,

@@ -102,6 +102,11 @@ impl PendingStore {
             .is_some()
     }
 
+    /// Waits for the opening to end; whether it opened the store.
+    pub fn wait_opened(&self) -> bool {
+        self.slot.wait().is_ok()
+    }
+
     fn store(&self) -> Result<Arc<dyn Store>, StoreError> {
         self.slot.wait().map_err(|reason| StoreError::Unavailable {
             store: self.description.clone(),
@@ -205,6 +210,7 @@ mod tests {
         go_tx.send(()).unwrap();
         writer.join().unwrap().unwrap();
         assert!(store.settled());
+        assert!(store.wait_opened());
         let mut back = vec![0u8; 4096];
         store.read_at(4096, &mut back).unwrap();
         assert_eq!(back, data[..4096]);
@@ -232,6 +238,7 @@ mod tests {
         .unwrap();
         let why = failed_rx.recv_timeout(Duration::from_secs(10)).unwrap();
         assert!(why.contains("connection refused"), "{why}");
+        assert!(!store.wait_opened());
         let mut buf = [0u8; 16];
         for e in [
             store.read_at(0, &mut buf).unwrap_err(),

@@ -17,6 +17,8 @@ use strata_core::{Store, StoreConfig};
 use strata_pager::Region;
 
 use crate::arena::{Arena, Extent};
+use crate::growing_store::GrowingStore;
+use crate::node_backing::NodeBacking;
 use crate::options::{Options, threshold_from_env};
 use crate::pending_store::PendingStore;
 use crate::sys;
@@ -192,6 +194,10 @@ struct State {
     blocks: BTreeMap<usize, Block>,
     peak_pages: u64,
     arena_allocs: u64,
+    /// Requests the arena had no room for (served by the C library instead, unpaged).
+    fallbacks: u64,
+    /// Bytes of those requests.
+    fallback_bytes: u64,
 }
 
 /// The started runtime.
@@ -203,6 +209,137 @@ pub struct Runtime {
     state: Mutex<State>,
     description: String,
     options: Options,
+    sized_by: ArenaSizedBy,
+    /// Over memory nodes without `STRATA_RUN_ARENA`: what the store borrowed, and how it
+    /// borrows more as the arena grows.
+    backing: Option<NodeBacking>,
+}
+
+/// What chose the arena's size, and how much of it the store backs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ArenaSizedBy {
+    /// `STRATA_RUN_ARENA` (over memory nodes: borrowed whole at once).
+    Given,
+    /// The default ([`crate::options::default_arena`]), backed whole by a local store.
+    Default,
+    /// The default, backed by memory nodes as it grows, as far as they have room
+    /// ([`crate::node_backing`]).
+    MemoryNodes,
+}
+
+impl ArenaSizedBy {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Given => "STRATA_RUN_ARENA",
+            Self::Default => "default",
+            Self::MemoryNodes => "memory nodes",
+        }
+    }
+}
+
+/// What to do when a memory node refused this process's arena for want of room (appended to
+/// that error; nothing for other errors).
+fn no_room_hint(e: &strata_net::OpenStoreError, sized_by: ArenaSizedBy, arena: u64) -> String {
+    use strata_net::{OpenStoreError, RemoteOpenError};
+    if !matches!(
+        e,
+        OpenStoreError::Remote(RemoteOpenError::NoCapacity { .. })
+    ) {
+        return String::new();
+    }
+    let size = strata_core::format_size(arena);
+    match sized_by {
+        ArenaSizedBy::Given => format!(
+            " (each process asks the memory nodes for its whole arena, STRATA_RUN_ARENA = {size}: unset STRATA_RUN_ARENA to borrow from the nodes as the arena grows, set it lower (at least the budget, as much as the program may page), or start the nodes with --capacity {} or more, with --overcommit beyond the node's memory: it commits memory only as pages arrive)",
+            size.replace(' ', "")
+        ),
+        ArenaSizedBy::Default | ArenaSizedBy::MemoryNodes => format!(
+            " (this process's first {size} fitted what the nodes had free when it started, and another client took part of that since; give the nodes more --capacity)"
+        ),
+    }
+}
+
+/// An arena's store, how it borrows more from memory nodes (if it does), and what chose the
+/// arena's size.
+type ArenaStore = (Arc<dyn Store>, Option<NodeBacking>, ArenaSizedBy);
+
+/// The arena's store over memory nodes, opened in the background (see `pending_store.rs`).
+/// With `STRATA_RUN_ARENA`, the whole arena is borrowed at once; without, the nodes are
+/// asked what they have free, a first chunk is borrowed, and more as the arena grows
+/// ([`crate::node_backing`]).
+fn over_nodes(
+    options: &Options,
+    names: &[String],
+    config: StoreConfig,
+    arena: u64,
+    first_request: u64,
+    described: &str,
+) -> Result<ArenaStore, String> {
+    let page = options.pager.page_bytes;
+    let (first, sized_by) = if options.arena_given {
+        (arena, ArenaSizedBy::Given)
+    } else {
+        let nodes = strata_net::node_capacities(&config).map_err(|e| e.to_string())?;
+        let room = strata_net::largest_store_within(&config, page, &nodes);
+        let first = crate::node_backing::first_chunk(
+            arena,
+            page,
+            first_request,
+            options.pager.buffer_bytes,
+            room,
+            names,
+            &nodes,
+        )
+        .map_err(|e| e.to_string())?;
+        (first, ArenaSizedBy::MemoryNodes)
+    };
+    let inner =
+        |bytes: u64| strata_net::inner_size(&config, bytes, page).map_err(|e| e.to_string());
+    let first_inner = inner(first)?;
+    // Connecting to memory nodes takes tens of milliseconds (UCX's start-up, the handshake,
+    // the node setting up the region): do it while the program runs. The store is first
+    // needed when the budget is full (see pending_store.rs).
+    let open_config = config.clone();
+    let fail_described = described.to_string();
+    let pending = Arc::new(
+        PendingStore::spawn(
+            first_inner,
+            described.to_string(),
+            "strata-connect",
+            move || {
+                let _g = Guard::enter();
+                strata_net::open_inner_store(&open_config, first_inner, page)
+                    .map_err(|e| format!("{e}{}", no_room_hint(&e, sized_by, first)))
+            },
+            move |why| {
+                let _g = Guard::enter();
+                let msg = format!("cannot open the store {fail_described}: {why}");
+                report_line(&serde_json::json!({"pid": sys::pid(), "error": msg}));
+                // The arena's pages past the budget have nowhere to go: end the process as
+                // a failed start-up does, saying why.
+                sys::die(unreported(&format!("strata run: {msg}\n")))
+            },
+        )
+        .map_err(|e| format!("cannot start connecting: {e}"))?,
+    );
+    let codec = |inner: Arc<dyn Store>| {
+        strata_net::with_codec(&config, inner, page, arena).map_err(|e| e.to_string())
+    };
+    if options.arena_given {
+        return Ok((codec(pending)?, None, sized_by));
+    }
+    let opened = Arc::clone(&pending);
+    let growing = Arc::new(GrowingStore::new(
+        inner(arena)?,
+        described.to_string(),
+        pending,
+        first_inner,
+    )?);
+    let store = codec(Arc::clone(&growing) as Arc<dyn Store>)?;
+    let first_opened = Box::new(move || opened.wait_opened());
+    let backing = NodeBacking::new(first_opened, growing, config, page, arena, first)
+        .map_err(|e| format!("cannot start the thread that borrows more: {e}"))?;
+    Ok((store, Some(backing), sized_by))
 }
 
 impl Runtime {
@@ -216,6 +353,7 @@ impl Runtime {
             crate::options::across_a_network(&options.store.kind),
         );
         let page = options.pager.page_bytes;
+        let described = describe(&options.store);
         let arena_bytes = options.arena_bytes.div_ceil(page) * page;
         let mut store_config = options.store.clone();
         let mut created: Option<std::path::PathBuf> = None;
@@ -234,52 +372,30 @@ impl Runtime {
             };
             created = Some(file);
         }
-        let described = describe(&options.store);
-        let hint = if matches!(options.store.kind, StoreKind::Remote { .. }) {
-            format!(
-                " (each process asks the memory nodes for its whole arena, STRATA_RUN_ARENA = {}: set STRATA_RUN_ARENA lower, at least the budget and as much as the program may page, or start the nodes with --capacity {} or more, with --overcommit beyond the node's memory: it commits memory only as pages arrive)",
-                strata_core::format_size(arena_bytes),
-                strata_core::format_size(arena_bytes)
+        let (store, backing, sized_by) = if let StoreKind::Remote { nodes } = &options.store.kind {
+            over_nodes(
+                &options,
+                nodes,
+                store_config,
+                arena_bytes,
+                first_request,
+                &described,
             )
-        } else {
-            String::new()
-        };
-        let store: Arc<dyn Store> = if matches!(options.store.kind, StoreKind::Remote { .. }) {
-            // Connecting to memory nodes takes tens of milliseconds (UCX's start-up, the
-            // handshake, the node setting up the arena): do it while the program runs. The
-            // store is first needed when the budget is full (see pending_store.rs).
-            let open_described = described.clone();
-            let fail_described = described.clone();
-            Arc::new(
-                PendingStore::spawn(
-                    arena_bytes,
-                    described.clone(),
-                    "strata-connect",
-                    move || {
-                        let _g = Guard::enter();
-                        strata_net::open_store_with_page(&store_config, arena_bytes, page)
-                            .map_err(|e| format!("{e}{hint}"))
-                    },
-                    move |why| {
-                        let _g = Guard::enter();
-                        let msg = format!("cannot open the store {fail_described}: {why}");
-                        report_line(&serde_json::json!({"pid": sys::pid(), "error": msg}));
-                        // The arena's pages past the budget have nowhere to go: end the
-                        // process as a failed start-up does, saying why.
-                        sys::die(unreported(&format!("strata run: {msg}\n")))
-                    },
-                )
-                .map_err(|e| format!("cannot start connecting to {open_described}: {e}"))?,
-            )
+            .map_err(|e| format!("cannot open the store {described}: {e}"))?
         } else {
             let store = strata_net::open_store_with_page(&store_config, arena_bytes, page)
-                .map_err(|e| format!("cannot open the store {described}: {e}{hint}"));
+                .map_err(|e| format!("cannot open the store {described}: {e}"));
             // The store file is only a name until now: remove it at once, so that it goes
             // away with the process however the process ends.
             if let Some(file) = &created {
                 let _ = std::fs::remove_file(file);
             }
-            store?
+            let sized_by = if options.arena_given {
+                ArenaSizedBy::Given
+            } else {
+                ArenaSizedBy::Default
+            };
+            (store?, None, sized_by)
         };
         let region = Region::builder(store, arena_bytes)
             .config(options.pager.clone())
@@ -304,10 +420,14 @@ impl Runtime {
                 blocks: BTreeMap::new(),
                 peak_pages: 0,
                 arena_allocs: 0,
+                fallbacks: 0,
+                fallback_bytes: 0,
             }),
             description: described,
             options,
             region,
+            sized_by,
+            backing,
         };
         ARENA_START.store(base, Ordering::Release);
         ARENA_END.store(base + len, Ordering::Release);
@@ -321,6 +441,15 @@ impl Runtime {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether the arena's first `pages` pages are backed by the store, borrowing more from
+    /// the memory nodes if they are not yet (false when the nodes have no room). Local stores
+    /// back the whole arena.
+    fn backed_to(&self, pages: u64) -> bool {
+        self.backing
+            .as_ref()
+            .is_none_or(|b| b.ensure(pages.saturating_mul(self.page as u64)))
     }
 
     fn addr(&self, e: &Extent) -> usize {
@@ -345,7 +474,20 @@ impl Runtime {
         let pages = need.div_ceil(self.page) as u64;
         let (extent, user) = {
             let mut st = self.lock();
-            let Some(extent) = st.arena.alloc(pages, zeroed) else {
+            let extent = st.arena.alloc(pages, zeroed);
+            // Space past what the memory nodes back needs more of them first.
+            let extent = match extent {
+                Some(e) if !self.backed_to(e.start + e.pages) => {
+                    st.arena.release(e.start, e.pages);
+                    None
+                }
+                other => other,
+            };
+            let Some(extent) = extent else {
+                // No room: the caller serves the request from the C library (unpaged),
+                // as it did before the arena existed; counted for the report.
+                st.fallbacks += 1;
+                st.fallback_bytes = st.fallback_bytes.saturating_add(size as u64);
                 return std::ptr::null_mut();
             };
             let addr = self.addr(&extent);
@@ -463,7 +605,13 @@ impl Runtime {
                 return p as *mut u8;
             }
             let more = (size - cap).div_ceil(self.page) as u64;
-            if st.arena.grow(b.extent.start, b.extent.pages, more) {
+            let end = b.extent.start + b.extent.pages;
+            let mut grown = st.arena.grow(b.extent.start, b.extent.pages, more);
+            if grown && !self.backed_to(end + more) {
+                st.arena.release(end, more);
+                grown = false;
+            }
+            if grown {
                 let grown = Extent {
                     pages: b.extent.pages + more,
                     ..b.extent
@@ -575,8 +723,15 @@ impl Runtime {
             "budget_bytes": self.options.pager.buffer_bytes,
             "page_bytes": self.options.pager.page_bytes,
             "threshold_bytes": self.options.threshold,
+            "arena_bytes": self.region.len() as u64,
+            "arena_sized_by": self.sized_by.as_str(),
+            "arena_store_bytes": self.backing.as_ref().map_or(self.region.len() as u64, NodeBacking::backed),
+            "arena_store_refused": self.backing.as_ref().and_then(NodeBacking::last_refusal),
+            "arena_store_late": self.backing.as_ref().map_or(0, NodeBacking::late),
             "arena_allocations": st.arena_allocs,
             "arena_peak_bytes": st.peak_pages * self.page as u64,
+            "arena_fallbacks": st.fallbacks,
+            "arena_fallback_bytes": st.fallback_bytes,
             "peak_rss_bytes": peak_rss_bytes(),
             "stats": stats,
             "counters": counters,

@@ -49,10 +49,15 @@ fn scratch(name: &str) -> PathBuf {
     d
 }
 
-/// Runs `cmd` with a deadline, killing it if it overruns. Output is collected by a helper
-/// thread, so a program printing more than a pipe holds never blocks.
+/// Runs `cmd` with a deadline, killing it and everything it started if it overruns (it
+/// runs in a process group of its own: a process it left behind would hold the output pipes
+/// open, and waiting for them would never end). Output is collected by a helper thread, so
+/// a program printing more than a pipe holds never blocks.
 fn run(mut cmd: Command, limit: Duration) -> Output {
-    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    use std::os::unix::process::CommandExt;
+    cmd.stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
     let child = cmd.spawn().expect("spawn");
     let pid = child.id();
     let (tx, rx) = std::sync::mpsc::channel();
@@ -62,8 +67,13 @@ fn run(mut cmd: Command, limit: Duration) -> Output {
     match rx.recv_timeout(limit) {
         Ok(out) => out.expect("output"),
         Err(_) => {
-            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
-            let out = rx.recv().expect("output after kill").expect("output");
+            let _ = Command::new("kill")
+                .args(["-9", "--", &format!("-{pid}")])
+                .status();
+            let out = rx
+                .recv_timeout(Duration::from_secs(10))
+                .expect("output after kill")
+                .expect("output");
             panic!(
                 "{cmd:?} ran past {limit:?}; stderr: {}",
                 String::from_utf8_lossy(&out.stderr)
@@ -164,26 +174,54 @@ struct TestNode {
 }
 
 impl TestNode {
+    /// A node with the default capacity (1 GiB) and a fresh token.
     fn start() -> Self {
-        let token = format!("strata-run-test-token-{:x}", seed());
+        Self::start_with_token(&format!("strata-run-test-token-{:x}", seed()))
+    }
+
+    fn start_with_token(token: &str) -> Self {
         let node = strata_net::MemoryNode::start(strata_net::ServeOptions::new(
             "127.0.0.1:0".parse().expect("address"),
             1 << 30,
-            token.clone(),
+            token,
         ))
         .expect("a memory node on loopback");
         let store = format!("remote:{}", node.address());
-        Self { node, store, token }
+        Self {
+            node,
+            store,
+            token: token.to_string(),
+        }
     }
 
-    /// The environment of a program over this node (also harmless for the other stores).
+    /// The environment of a program over this node (also harmless for the other stores). No
+    /// STRATA_RUN_ARENA: each process's arena is sized to what the node has free (1 GiB).
     fn env(&self) -> Vec<(&str, &str)> {
         vec![
             ("STRATA_REMOTE_TOKEN", self.token.as_str()),
             ("STRATA_REMOTE_TIMEOUT", "30"),
-            // Each process asks the node for its whole (virtual) arena.
-            ("STRATA_RUN_ARENA", "256MiB"),
         ]
+    }
+
+    /// Another client of this node holding `bytes` of it until dropped.
+    fn hold(&self, bytes: u64) -> strata_net::RemoteStore {
+        let mut o = strata_net::RemoteStoreOptions::new(
+            vec![self.node.address().to_string()],
+            self.token.clone(),
+            Duration::from_secs(30),
+        );
+        o.stripe_bytes = 1 << 20;
+        let store = strata_net::RemoteStore::connect(bytes, o).expect("another client");
+        let lent = self
+            .node
+            .counters()
+            .lent_bytes
+            .load(std::sync::atomic::Ordering::Relaxed);
+        assert!(
+            lent >= bytes,
+            "the node lends {lent} bytes, not the {bytes} held"
+        );
+        store
     }
 
     /// [`CONFIGS`] followed by this node without and with LZ4, each with `budget`.
@@ -289,16 +327,34 @@ fn a_memory_node_on_loopback_serves_the_arena() {
         written > 16 << 20 && read > 0,
         "the pages did not go through the memory node ({written} written, {read} read)"
     );
-    // A wrong token passes `strata run`'s check (it reads the node's greeting only); the
-    // program's own connection is refused, and the process ends saying so.
+    // A wrong token is refused by `strata run`'s check (it asks each node what it has free,
+    // proving the token), before the program starts.
     let once = compile("write_once", &dir);
+    let once = once.to_string_lossy();
     let mut c = under(
         &strata,
         &["--memory", "16MiB", "--store", &node.store],
-        &[&once.to_string_lossy(), "64", "7"],
+        &[&once, "64", "7"],
     );
-    c.env("STRATA_REMOTE_TOKEN", "strata-run-test-wrong-token")
-        .env("STRATA_RUN_ARENA", "256MiB");
+    c.env("STRATA_REMOTE_TOKEN", "strata-run-test-wrong-token");
+    let out = run(c, Duration::from_secs(60));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{out:?}");
+    assert!(
+        err.contains("refused this client") && err.contains("token"),
+        "{err}"
+    );
+    assert!(out.stdout.is_empty(), "a result without its data: {out:?}");
+    // Preloaded by hand, the process asks the node itself when it sizes its arena: the
+    // wrong token ends it there, saying so once.
+    std::thread::sleep(Duration::from_millis(600)); // the node throttles a failed proof
+    let mut c = Command::new(once.as_ref());
+    c.args(["64", "7"])
+        .env("LD_PRELOAD", target_dir().join("libstrata_run.so"))
+        .env("STRATA_RUN_MEMORY", "16MiB")
+        .env("STRATA_STORE", &node.store)
+        .env("STRATA_REMOTE_TOKEN", "strata-run-test-wrong-token")
+        .env_remove("STRATA_RUN_ARENA");
     let out = run(c, Duration::from_secs(60));
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(125), "{out:?}");
@@ -306,27 +362,319 @@ fn a_memory_node_on_loopback_serves_the_arena() {
         err.contains("cannot open the store") && err.contains("token"),
         "{err}"
     );
-    assert_eq!(
-        err.matches("cannot open the store").count(),
-        1,
-        "said once, by strata run: {err}"
+    assert_eq!(err.matches("cannot open the store").count(), 1, "{err}");
+    assert!(out.stdout.is_empty(), "a result without its data: {out:?}");
+    node.node.shutdown();
+}
+
+/// A text file of `mib` MiB of random lines (fresh each run) for `sort`.
+fn sort_input(dir: &Path, mib: usize) -> PathBuf {
+    let input = dir.join("input.txt");
+    let mut x = seed();
+    let mut text = String::with_capacity(mib << 20);
+    while text.len() < mib << 20 {
+        x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+        text.push_str(&format!("{:016x} {}\n", x, x >> 50));
+    }
+    std::fs::write(&input, text).expect("input");
+    input
+}
+
+/// `program` under `strata run --memory 16MiB` over `node` with no arena setting, `extra`
+/// options and a report: its output and its report.
+fn over_node_with_report(
+    strata: &Path,
+    node: &TestNode,
+    extra: &[&str],
+    program: &[&str],
+    limit: Duration,
+) -> (Output, serde_json::Value) {
+    static RUNS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let stats = scratch("node-reports").join(format!("report-{n}.json"));
+    let stats_s = stats.to_string_lossy();
+    let mut opts = vec![
+        "--memory",
+        "16MiB",
+        "--store",
+        &node.store,
+        "--stats",
+        &stats_s,
+    ];
+    opts.extend(extra);
+    let mut cmd = under(strata, &opts, program);
+    cmd.envs(node.env()).env_remove("STRATA_RUN_ARENA");
+    let got = run(cmd, limit);
+    assert!(
+        got.status.success(),
+        "{program:?} under strata run failed: {}",
+        String::from_utf8_lossy(&got.stderr)
+    );
+    let report = serde_json::from_slice(&std::fs::read(&stats).expect("--stats file"));
+    (got, report.expect("JSON"))
+}
+
+/// `sort -S 48M` of `input` under `strata run` over `node` with a 16 MiB budget and no arena
+/// setting (plus `extra` options): its output must be plain sort's. Returns the process's
+/// report and `strata run`'s stderr.
+fn sort_over_node(
+    strata: &Path,
+    node: &TestNode,
+    input: &Path,
+    extra: &[&str],
+) -> (serde_json::Value, String) {
+    let i = input.to_string_lossy();
+    let program = ["sort", "-S", "48M", &i];
+    let want = run(native(&program), Duration::from_secs(60));
+    assert!(want.status.success(), "plain sort failed: {want:?}");
+    let (got, report) =
+        over_node_with_report(strata, node, extra, &program, Duration::from_secs(60));
+    assert!(
+        got.stdout == want.stdout,
+        "sort under strata run printed something else"
+    );
+    let processes = report["processes"].as_array().expect("processes");
+    assert_eq!(processes.len(), 1, "{report}");
+    (
+        processes[0].clone(),
+        String::from_utf8_lossy(&got.stderr).into_owned(),
+    )
+}
+
+/// The issue's own example: a node started with defaults (1 GiB), `strata run` with no arena
+/// setting. Before, each process asked the node for a 64 GiB arena and was refused; now each
+/// borrows from the node as its arena grows, said only when the summary is asked for. Two
+/// processes paging at once share the node, and an arena that outgrows its first chunk
+/// borrows more.
+#[test]
+fn a_default_node_serves_sort_with_no_arena_setting() {
+    let Some(strata) = strata() else { return };
+    let dir = scratch("default-node");
+    let input = sort_input(&dir, 12);
+    let node = TestNode::start();
+    let (mib, gib) = (1u64 << 20, 1u64 << 30);
+    let (report, err) = sort_over_node(&strata, &node, &input, &["--summary"]);
+    assert_eq!(report["arena_sized_by"], "memory nodes", "{report}");
+    // sort -S 48M under a 16 MiB budget: a first chunk of 128 MiB (the least), enough.
+    assert_eq!(report["arena_store_bytes"], 128 * mib, "{report}");
+    assert_eq!(report["arena_fallbacks"], 0, "{report}");
+    assert!(report["stats"]["faults"].as_u64() > Some(0), "{report}");
+    assert!(
+        err.contains("borrowed from the memory nodes as their arenas grew"),
+        "said with --summary: {err}"
+    );
+    let (written, read) = node.moved();
+    assert!(
+        written > 16 << 20 && read > 0,
+        "{written} written, {read} read"
+    );
+    // Without --summary, nothing is said.
+    let (report, err) = sort_over_node(&strata, &node, &input, &[]);
+    assert_eq!(report["arena_store_bytes"], 128 * mib, "{report}");
+    assert!(err.is_empty(), "silent without --summary: {err}");
+    // Two processes paging at once: each borrows what it uses, so both run.
+    let once = compile("write_once", &dir);
+    let once = once.to_string_lossy();
+    let both = [
+        "sh",
+        "-c",
+        "\"$0\" 48 3 & \"$0\" 40 5 & wait",
+        once.as_ref(),
+    ];
+    let want = run(native(&both), Duration::from_secs(30));
+    let sorted = |o: &[u8]| {
+        let mut lines: Vec<String> = String::from_utf8_lossy(o)
+            .lines()
+            .map(String::from)
+            .collect();
+        lines.sort();
+        lines
+    };
+    let (got, report) = over_node_with_report(&strata, &node, &[], &both, Duration::from_secs(60));
+    assert_eq!(sorted(&got.stdout), sorted(&want.stdout));
+    assert_eq!(report["totals"]["processes_paged"], 2, "{report}");
+    assert_eq!(report["totals"]["arena_fallbacks"], 0, "{report}");
+    // Four threads of 40 MiB and a 16 MiB mapping: more than the first chunk (128 MiB).
+    let check = compile("check_bytes", &dir);
+    let seed_s = seed().to_string();
+    let program = [
+        check.to_string_lossy().into_owned(),
+        seed_s,
+        "4".into(),
+        "40".into(),
+    ];
+    let program: Vec<&str> = program.iter().map(String::as_str).collect();
+    let want = run(native(&program), Duration::from_secs(60));
+    let (got, report) =
+        over_node_with_report(&strata, &node, &[], &program, Duration::from_secs(90));
+    assert_eq!(got.stdout, want.stdout);
+    let process = &report["processes"][0];
+    let borrowed = process["arena_store_bytes"].as_u64().unwrap_or(0);
+    assert!(
+        borrowed > 128 * mib && borrowed < gib,
+        "the store did not grow past its first chunk: {process}"
+    );
+    assert_eq!(process["arena_fallbacks"], 0, "{process}");
+    node.node.shutdown();
+}
+
+/// An arena the user set larger than the node holds is refused before the program starts,
+/// saying both numbers and what to do; preloaded by hand (no `strata run` to check first),
+/// the process ends with status 125 saying the same.
+#[test]
+fn an_arena_larger_than_the_node_is_refused_with_both_numbers() {
+    let Some(strata) = strata() else { return };
+    let dir = scratch("arena-too-large");
+    let marker = dir.join("started");
+    let m = marker.to_string_lossy().into_owned();
+    let node = TestNode::start();
+    let mut c = under(
+        &strata,
+        &["--memory", "16MiB", "--store", &node.store],
+        &["sh", "-c", "touch \"$0\"", &m],
+    );
+    c.envs(node.env()).env("STRATA_RUN_ARENA", "3GiB");
+    let out = run(c, Duration::from_secs(30));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{out:?}");
+    assert!(
+        err.contains("STRATA_RUN_ARENA (3 GiB)")
+            && err.contains("for 3 GiB")
+            && err.contains("1 GiB free")
+            && err.contains("unset STRATA_RUN_ARENA")
+            && err.contains("at most 1 GiB")
+            && err.contains("--capacity 3GiB"),
+        "{err}"
+    );
+    assert!(!marker.exists(), "the program started anyway");
+    // By hand: the library opens the store in the background; the node refuses the region
+    // and says how much it has free.
+    let prog = compile("write_once", &dir);
+    let mut c = Command::new(&prog);
+    c.args(["64", "7"])
+        .env("LD_PRELOAD", target_dir().join("libstrata_run.so"))
+        .env("STRATA_RUN_MEMORY", "16MiB")
+        .env("STRATA_RUN_ARENA", "3GiB")
+        .env("STRATA_STORE", &node.store)
+        .envs(node.env());
+    let out = run(c, Duration::from_secs(60));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(125), "{out:?}");
+    assert!(
+        err.contains("1 GiB free")
+            && err.contains("needs 3 GiB")
+            && err.contains("STRATA_RUN_ARENA = 3 GiB"),
+        "{err}"
     );
     assert!(out.stdout.is_empty(), "a result without its data: {out:?}");
     node.node.shutdown();
 }
 
+/// A node whose capacity another client mostly holds: the arena borrows what is left. When
+/// the program fits, it runs paged as ever; when its buffer does not fit, the buffer comes
+/// from the C library (unpaged, as when an arena is full), counted and said; when nothing is
+/// left, the run is refused before the program starts.
+#[test]
+fn a_node_mostly_taken_by_another_client_gives_what_it_has_left() {
+    let Some(strata) = strata() else { return };
+    let dir = scratch("node-taken");
+    let input = sort_input(&dir, 12);
+    let node = TestNode::start();
+    let (mib, gib) = (1u64 << 20, 1u64 << 30);
+    // 64 MiB left: sort's 48 MiB buffer fits and is paged through the node.
+    let held = node.hold(gib - 64 * mib);
+    let (report, err) = sort_over_node(&strata, &node, &input, &[]);
+    assert_eq!(report["arena_store_bytes"], 64 * mib, "{report}");
+    assert_eq!(report["arena_sized_by"], "memory nodes", "{report}");
+    assert_eq!(report["arena_fallbacks"], 0, "{report}");
+    assert!(report["stats"]["faults"].as_u64() > Some(0), "{report}");
+    assert!(err.is_empty(), "{err}");
+    // 24 MiB left: the buffer does not fit; the program still sorts, unpaged, and says so.
+    let more = node.hold(40 * mib);
+    let (report, err) = sort_over_node(&strata, &node, &input, &["--summary"]);
+    assert_eq!(report["arena_store_bytes"], 24 * mib, "{report}");
+    assert!(report["arena_fallbacks"].as_u64() >= Some(1), "{report}");
+    assert!(
+        report["arena_fallback_bytes"].as_u64() >= Some(48 * mib),
+        "{report}"
+    );
+    assert!(
+        report["arena_store_refused"]
+            .as_str()
+            .is_some_and(|why| why.contains("no room")),
+        "{report}"
+    );
+    assert!(
+        err.contains("found the arena full") && err.contains("no room for"),
+        "{err}"
+    );
+    // Nothing left: refused before the program starts, naming what the node has free.
+    let last = node.hold(24 * mib);
+    let marker = dir.join("started");
+    let m = marker.to_string_lossy().into_owned();
+    let mut c = under(
+        &strata,
+        &["--memory", "16MiB", "--store", &node.store],
+        &["sh", "-c", "touch \"$0\"", &m],
+    );
+    c.envs(node.env()).env_remove("STRATA_RUN_ARENA");
+    let started = Instant::now();
+    let out = run(c, Duration::from_secs(30));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("no room") && err.contains("0 B of 1 GiB free"),
+        "{err}"
+    );
+    assert!(!marker.exists(), "the program started anyway");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    // Once the other client lets go, the node's room is back for the next run.
+    drop((held, more, last));
+    let (report, _) = sort_over_node(&strata, &node, &input, &[]);
+    assert_eq!(report["arena_store_bytes"], 128 * mib, "{report}");
+    assert_eq!(report["arena_fallbacks"], 0, "{report}");
+    node.node.shutdown();
+}
+
+/// Two nodes, one mostly held by another client: pages are striped evenly over the nodes, so
+/// together they lend twice what the fuller one has free, and the arena borrows that.
+#[test]
+fn two_nodes_lend_twice_what_the_fuller_has_free() {
+    let Some(strata) = strata() else { return };
+    let input = sort_input(&scratch("two-nodes"), 12);
+    let (mib, gib) = (1u64 << 20, 1u64 << 30);
+    let roomy = TestNode::start();
+    // Both nodes take the same token (a program has one STRATA_REMOTE_TOKEN).
+    let full = TestNode::start_with_token(&roomy.token);
+    let _held = full.hold(gib - 40 * mib);
+    let both = TestNode {
+        node: roomy.node,
+        store: format!(
+            "{},{}",
+            roomy.store,
+            full.store.trim_start_matches("remote:")
+        ),
+        token: roomy.token.clone(),
+    };
+    let (report, _) = sort_over_node(&strata, &both, &input, &[]);
+    assert_eq!(report["arena_store_bytes"], 80 * mib, "{report}");
+    assert_eq!(report["arena_fallbacks"], 0, "{report}");
+    assert!(report["stats"]["faults"].as_u64() > Some(0), "{report}");
+    let c = full.node.counters();
+    assert!(
+        c.bytes_written.load(std::sync::atomic::Ordering::Relaxed) > 0,
+        "no page went to the second node"
+    );
+    both.node.shutdown();
+}
+
 #[test]
 fn sort_of_a_file_larger_than_the_budget() {
     let Some(strata) = strata() else { return };
-    let dir = scratch("sort");
-    let input = dir.join("input.txt");
-    let mut x = seed();
-    let mut text = String::with_capacity(12 << 20);
-    while text.len() < 12 << 20 {
-        x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
-        text.push_str(&format!("{:016x} {}\n", x, x >> 50));
-    }
-    std::fs::write(&input, text).expect("input");
+    let input = sort_input(&scratch("sort"), 12);
     let i = input.to_string_lossy();
     same_output_everywhere(
         &strata,

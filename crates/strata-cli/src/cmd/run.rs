@@ -1,15 +1,15 @@
 //! `strata run`: runs an unmodified program with `libstrata_run.so` preloaded, so that its
 //! large allocations are paged by Strata over the chosen store within one memory budget.
-//! Settings are checked (and a remote store is reached once) before the program starts; the
-//! program's exit status or signal is passed through; a summary and a JSON report come from
-//! the per-process reports the library writes at exit.
+//! Settings are checked (and each memory node is asked what it has free) before the program
+//! starts; the program's exit status or signal is passed through; a summary and a JSON report
+//! come from the per-process reports the library writes at exit.
 
 use std::ffi::OsString;
 use std::io::{Read, Seek};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use strata_core::config::{EnvVars, StoreKind};
@@ -106,8 +106,14 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         }
     }
     let totals = totals(&reports);
+    if let Some(line) = fallbacks(&totals) {
+        eprintln!("{line}");
+    }
     if args.summary {
         eprintln!("{}", summary(&totals, wall, reports.len()));
+        if let Some(line) = sized_by_nodes(&reports) {
+            eprintln!("{line}");
+        }
     }
     if let (Some(path), Some(mut file)) = (&args.stats, stats_file) {
         let doc = serde_json::json!({
@@ -171,9 +177,9 @@ fn settings(args: &RunArgs) -> anyhow::Result<EnvVars> {
     Ok(env)
 }
 
-/// Refuses settings the library would refuse, before the program starts; reads each memory
-/// node's greeting so that an unreachable node (or a service that is no Strata node) is
-/// reported here.
+/// Refuses settings the library would refuse, before the program starts; asks each memory
+/// node what it has free (proving the token), so that an unreachable node, a service that is
+/// no Strata node, a wrong token, and an arena the nodes cannot hold are reported here.
 fn validate(env: &EnvVars) -> anyhow::Result<()> {
     let lookup = |k: &str| {
         env.iter()
@@ -224,16 +230,113 @@ fn validate(env: &EnvVars) -> anyhow::Result<()> {
                 );
             }
         }
-        StoreKind::Remote { .. } => {
-            // The node's greeting only (about 1 ms, no UCX): the program opens the store
-            // itself, in the background, and reports a wrong token there.
-            strata_net::probe_store(&store).with_context(|| {
-                format!(
-                    "the store {} cannot be reached",
-                    lookup("STRATA_STORE").unwrap_or_default()
-                )
-            })?;
+        StoreKind::Remote { nodes } => {
+            // One authenticated TCP conversation per node (about 1 ms, no UCX): the nodes
+            // answer, take the token, and say what they have free. The program opens the
+            // store itself, in the background.
+            let spec = lookup("STRATA_STORE").unwrap_or_default();
+            let arena = lookup("STRATA_RUN_ARENA")
+                .map(|a| {
+                    parse_size(&a).with_context(|| {
+                        format!("STRATA_RUN_ARENA={a:?} is not a size; write e.g. 4GiB")
+                    })
+                })
+                .transpose()?;
+            let pages = candidate_pages(lookup("STRATA_PAGE_SIZE").is_some(), pager.page_bytes);
+            // A client that just ended (the command before this one) has its regions freed
+            // within milliseconds of its exit: give that a second before refusing for want
+            // of room.
+            let patience = Instant::now() + Duration::from_secs(1);
+            loop {
+                let free = strata_net::node_capacities(&store).map_err(|e| {
+                    let refused = matches!(
+                        e,
+                        strata_net::OpenStoreError::Remote(
+                            strata_net::RemoteOpenError::Refused { .. }
+                        )
+                    );
+                    anyhow::Error::new(e).context(if refused {
+                        format!("the store {spec} refused this client")
+                    } else {
+                        format!("the store {spec} cannot be reached")
+                    })
+                })?;
+                match check_node_room(&store, nodes, &free, arena, &pages) {
+                    Err(_)
+                        if Instant::now() < patience
+                            && free.iter().any(|n| n.free < n.capacity) =>
+                    {
+                        std::thread::sleep(Duration::from_millis(50));
+                    }
+                    outcome => break outcome?,
+                }
+            }
         }
+    }
+    Ok(())
+}
+
+/// The page sizes the library may give the arena (`strata_run::options::page_for`): the
+/// given one, else the default or, far beyond the budget, 16 KiB or 4 KiB.
+fn candidate_pages(given: bool, page: u64) -> Vec<u64> {
+    if given {
+        vec![page]
+    } else {
+        vec![page, 16 << 10, 4 << 10]
+    }
+}
+
+/// Refuses, before the program starts, an arena the memory nodes cannot hold: one that
+/// `STRATA_RUN_ARENA` sets above what a node has free (saying both numbers and what to do), or,
+/// when the arena is sized to the nodes (no `STRATA_RUN_ARENA`), nodes with no room at all.
+/// A page size the library may choose that fits is enough (`pages`): it is chosen later, from
+/// the program's first large request.
+fn check_node_room(
+    store: &StoreConfig,
+    names: &[String],
+    free: &[strata_net::NodeCapacity],
+    arena: Option<u64>,
+    pages: &[u64],
+) -> anyhow::Result<()> {
+    let smallest_page = pages.iter().copied().min().unwrap_or(4096);
+    let room = pages
+        .iter()
+        .map(|&page| strata_net::largest_store_within(store, page, free))
+        .max()
+        .unwrap_or(0);
+    let Some(arena) = arena else {
+        if room == 0 {
+            bail!(
+                "the memory nodes have no room for the program's memory ({}; the arena needs at least one page, {}, on each): other clients hold the rest; end some, start the nodes with a larger --capacity, or add nodes",
+                strata_net::describe_free(names, free),
+                format_size(smallest_page)
+            );
+        }
+        return Ok(());
+    };
+    // The share each node lends, with the page size that asks least of it.
+    let mut share = u64::MAX;
+    for &page in pages {
+        share = share.min(strata_net::bytes_per_node(
+            store,
+            arena.div_ceil(page) * page,
+            page,
+        )?);
+    }
+    if let Some((name, node)) = names.iter().zip(free).find(|(_, n)| n.free < share) {
+        let lower = if room > 0 {
+            format!("set it to at most {}", format_size(room))
+        } else {
+            "wait until other clients free some".to_string()
+        };
+        bail!(
+            "STRATA_RUN_ARENA ({}) asks memory node {name} for {}, but it has {} free (of its {} capacity): unset STRATA_RUN_ARENA to size each process's arena to what the nodes have free, {lower}, or start the node with --capacity {} or more (with --overcommit beyond its memory)",
+            format_size(arena),
+            format_size(share),
+            format_size(node.free),
+            format_size(node.capacity),
+            format_size(node.capacity.saturating_add(share - node.free)).replace(' ', ""),
+        );
     }
     Ok(())
 }
@@ -282,6 +385,9 @@ fn totals(reports: &[serde_json::Value]) -> serde_json::Value {
         *t.entry("writebacks").or_default() += num(r, &["stats", "writebacks"]);
         *t.entry("fault_wait_ns").or_default() += num(r, &["stats", "service_time", "sum_ns"]);
         *t.entry("arena_peak_bytes").or_default() += num(r, &["arena_peak_bytes"]);
+        *t.entry("arena_fallbacks").or_default() += num(r, &["arena_fallbacks"]);
+        *t.entry("arena_fallback_bytes").or_default() += num(r, &["arena_fallback_bytes"]);
+        *t.entry("arena_store_late").or_default() += num(r, &["arena_store_late"]);
         if let Some(tiers) = r["stats"]["tiers"].as_array() {
             for tier in tiers {
                 *t.entry("bytes_read").or_default() += num(tier, &["bytes_read"]);
@@ -290,6 +396,46 @@ fn totals(reports: &[serde_json::Value]) -> serde_json::Value {
         }
     }
     serde_json::json!(t)
+}
+
+/// A line when large requests found no room in their arena and came from the C library,
+/// unpaged (so beyond the budget): said whether or not a summary was asked for.
+fn fallbacks(t: &serde_json::Value) -> Option<String> {
+    let count = t["arena_fallbacks"].as_u64().filter(|&n| n > 0)?;
+    let late = t["arena_store_late"].as_u64().unwrap_or(0);
+    let late = if late > 0 {
+        format!(
+            "; {late} of them because the memory nodes' next chunk came late (an allocation waits at most 2 s for one)"
+        )
+    } else {
+        String::new()
+    };
+    Some(format!(
+        "strata run: {count} large allocation(s), {} in all, found the arena full and came from the C library, unpaged (beyond --memory){late}; set STRATA_RUN_ARENA higher, or over memory nodes give them more --capacity",
+        format_size(t["arena_fallback_bytes"].as_u64().unwrap_or(0))
+    ))
+}
+
+/// A line for the summary when processes borrowed from the memory nodes as their arenas
+/// grew (no `STRATA_RUN_ARENA`), and whether the nodes ran out of room.
+fn sized_by_nodes(reports: &[serde_json::Value]) -> Option<String> {
+    let grown: Vec<&serde_json::Value> = reports
+        .iter()
+        .filter(|r| r["arena_sized_by"] == "memory nodes")
+        .collect();
+    let most = grown
+        .iter()
+        .filter_map(|r| r["arena_store_bytes"].as_u64())
+        .max()?;
+    let refused = grown
+        .iter()
+        .find_map(|r| r["arena_store_refused"].as_str())
+        .map_or(String::new(), |why| format!("; then {why}"));
+    Some(format!(
+        "strata run: {} process(es) borrowed from the memory nodes as their arenas grew, as far as the nodes had room (the most, {}, by one process){refused}; STRATA_RUN_ARENA borrows a set size at once instead",
+        grown.len(),
+        format_size(most)
+    ))
 }
 
 fn summary(t: &serde_json::Value, wall: f64, reports: usize) -> String {
@@ -362,5 +508,73 @@ mod sys {
         }
         // Signals whose default is to continue (or a core-dump limit) land here.
         std::process::exit(128 + sig)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn two_nodes() -> (StoreConfig, Vec<String>) {
+        let names = vec!["10.0.0.1:7400".to_string(), "10.0.0.2:7400".to_string()];
+        let store = StoreConfig::builder()
+            .kind(StoreKind::Remote {
+                nodes: names.clone(),
+            })
+            .token("strata-cli-test-token")
+            .build()
+            .unwrap();
+        (store, names)
+    }
+
+    fn free(free: u64, capacity: u64) -> strata_net::NodeCapacity {
+        strata_net::NodeCapacity { free, capacity }
+    }
+
+    /// Pages are striped evenly: two nodes with 1 GiB and 512 MiB free hold an arena of
+    /// 1 GiB; a 2 GiB arena is refused naming the node that lacks room and both numbers.
+    #[test]
+    fn an_arena_set_above_what_the_nodes_hold_is_refused_with_both_numbers() {
+        let (store, names) = two_nodes();
+        let (mib, gib) = (1u64 << 20, 1u64 << 30);
+        let nodes = [free(gib, gib), free(512 * mib, gib)];
+        let pages = candidate_pages(false, 64 << 10);
+        check_node_room(&store, &names, &nodes, Some(gib), &pages).unwrap();
+        check_node_room(&store, &names, &nodes, None, &pages).unwrap();
+        let e = check_node_room(&store, &names, &nodes, Some(2 * gib), &pages)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("STRATA_RUN_ARENA (2 GiB) asks memory node 10.0.0.2:7400 for 1 GiB")
+                && e.contains("it has 512 MiB free (of its 1 GiB capacity)")
+                && e.contains("at most 1 GiB")
+                && e.contains("--capacity 1.50GiB"),
+            "{e}"
+        );
+    }
+
+    /// With the arena sized to the nodes, only nodes without room for one page are refused.
+    #[test]
+    fn nodes_without_room_for_a_page_are_refused() {
+        let (store, names) = two_nodes();
+        let gib = 1u64 << 30;
+        let pages = candidate_pages(true, 64 << 10);
+        let full = [free(gib, gib), free(60 << 10, gib)];
+        let e = check_node_room(&store, &names, &full, None, &pages)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("no room")
+                && e.contains("10.0.0.1:7400 has 1 GiB of 1 GiB free")
+                && e.contains("10.0.0.2:7400 has 60 KiB of 1 GiB free"),
+            "{e}"
+        );
+        // A smaller page the library may choose still fits.
+        let pages = candidate_pages(false, 64 << 10);
+        check_node_room(&store, &names, &full, None, &pages).unwrap();
+        let e = check_node_room(&store, &names, &full, Some(gib), &pages)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("at most 120 KiB"), "{e}");
     }
 }

@@ -4,6 +4,7 @@
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
+use strata_core::units::format_size;
 use strata_ucx::UcxError;
 
 /// How reads and writes reach a node.
@@ -103,6 +104,20 @@ pub enum RemoteOpenError {
         node: String,
         /// Why.
         reason: &'static str,
+    },
+    /// The node has less free capacity than the store needs there.
+    #[error(
+        "memory node {node} has too little free capacity: {} free, and this store needs {} there; start it with a larger --capacity (with --overcommit beyond its memory), add nodes, or ask for less",
+        format_size(*.free),
+        format_size(*.asked)
+    )]
+    NoCapacity {
+        /// The node.
+        node: String,
+        /// Bytes the store asked the node to lend.
+        asked: u64,
+        /// Bytes the node had free.
+        free: u64,
     },
     /// The node did not answer in time.
     #[error(

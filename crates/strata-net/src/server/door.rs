@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use strata_ucx::WorkerWaker;
 
 use super::{NodeCounters, ServeOptions};
-use crate::handshake::{self, HandshakeError, Session};
+use crate::handshake::{self, HandshakeError, NodeCapacity, Session, Visit};
 
 /// A client that passed the handshake, handed to the node loop, which answers with its
 /// session (or `None` when it cannot take it).
@@ -223,12 +223,15 @@ impl Door {
                 session = reply.recv_timeout(left).ok().flatten();
                 session
             },
+            || self.capacity(),
         );
         match &outcome {
-            Ok(()) => tracing::info!(%peer, "client authenticated"),
+            Ok(Visit::Session) => tracing::info!(%peer, "client authenticated"),
+            // `strata run` asks before each paging process sizes its arena: not worth a
+            // line each time.
+            Ok(Visit::Capacity) => tracing::debug!(%peer, "free capacity asked"),
             // A peer that closes during the handshake is usually a reachability check
-            // (`strata run` reads the greeting before it starts a program): not worth a
-            // warning each time.
+            // (a client reading the greeting only): not worth a warning each time.
             Err(e @ HandshakeError::Closed) => {
                 self.counters
                     .handshakes_failed
@@ -245,7 +248,7 @@ impl Door {
         // A wrong proof or garbage counts towards throttling; a full node, a stall (the
         // handshake deadline and the caps bound those) or a reset connection does not.
         let judgement = match outcome {
-            Ok(()) => Judgement::Passed,
+            Ok(_) => Judgement::Passed,
             Err(HandshakeError::Denied | HandshakeError::Protocol(_)) => Judgement::Failed,
             Err(_) => Judgement::Neutral,
         };
@@ -256,6 +259,16 @@ impl Door {
             }
             let _ = self.admit.send(DoorEvent::Left(session));
             self.waker.wake();
+        }
+    }
+
+    /// What the node can still lend: its capacity less what the node loop has lent (the
+    /// loop publishes that after every grant and release).
+    fn capacity(&self) -> NodeCapacity {
+        let lent = self.counters.lent_bytes.load(Ordering::Relaxed);
+        NodeCapacity {
+            free: self.options.capacity.saturating_sub(lent),
+            capacity: self.options.capacity,
         }
     }
 

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use strata_core::units::format_size;
 use strata_ucx::{AmAction, Context, ContextOptions, Endpoint, Worker};
 
-use crate::handshake::{self, HandshakeError, Welcome};
+use crate::handshake::{self, Welcome};
 use crate::protocol::{AM_REPLY, AM_REQUEST, Op, ReplyHeader, RequestHeader, Status};
 
 use super::{IoLoop, Node, Pacer, Reply, ReplyData};
@@ -134,6 +134,15 @@ impl IoLoop {
                 ReplyData::Copied(bytes) => bytes,
                 ReplyData::None => Vec::new(),
             };
+            if let Some(refusal) = reply.header
+                && refusal.status == Status::NoCapacity
+            {
+                return Err(RemoteOpenError::NoCapacity {
+                    node: name,
+                    asked: per_node,
+                    free: refusal.size,
+                });
+            }
             let header = expect_ok(&name, &reply)?;
             let node = &mut io.nodes[index];
             node.region = header.region;
@@ -318,27 +327,10 @@ fn front_door(
     own_address: &[u8],
     timeout: Duration,
 ) -> Result<(Welcome, TcpStream), RemoteOpenError> {
-    let connection = |reason: String| RemoteOpenError::Connection {
-        node: node.to_string(),
-        reason,
-    };
-    let deadline = Instant::now() + timeout;
-    let mut stream =
-        TcpStream::connect_timeout(&address, timeout).map_err(|e| connection(e.to_string()))?;
-    let _ = stream.set_nodelay(true);
-    let welcome = handshake::client_side(&mut stream, token.as_bytes(), own_address, deadline)
-        .map_err(|e| match e {
-            HandshakeError::Denied => RemoteOpenError::Refused {
-                node: node.to_string(),
-                reason: Status::Denied.explain(),
-            },
-            HandshakeError::Deadline => RemoteOpenError::Timeout {
-                node: node.to_string(),
-                timeout,
-            },
-            other => connection(other.to_string()),
-        })?;
-    Ok((welcome, stream))
+    crate::client::through_door(node, address, timeout, |stream, deadline| {
+        let _ = stream.set_nodelay(true);
+        handshake::client_side(stream, token.as_bytes(), own_address, deadline)
+    })
 }
 
 fn expect_ok(node: &str, reply: &Reply) -> Result<ReplyHeader, RemoteOpenError> {
