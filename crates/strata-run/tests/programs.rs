@@ -49,12 +49,23 @@ fn scratch(name: &str) -> PathBuf {
     d
 }
 
+/// How many times its stated limit a program may run before [`run`] calls it hung. Every
+/// program here runs a pager (and often a memory node) beside the program: a sort that takes
+/// 1-4 s alone took more than 60 s with two copies of this binary on a 2-core machine under
+/// CPU load (both copies failed so, twice, in `a_node_mostly_taken_by_another_client_...` and
+/// then in `sort_of_a_file_larger_than_the_budget`); the binary alone takes about 75 s.
+const HANG_GUARD_STRETCH: u32 = 3;
+
 /// Runs `cmd` with a deadline, killing it and everything it started if it overruns (it
 /// runs in a process group of its own: a process it left behind would hold the output pipes
 /// open, and waiting for them would never end). Output is collected by a helper thread, so
 /// a program printing more than a pipe holds never blocks.
+///
+/// `limit` is what the program takes on a busy machine, and only stops a hang: it is
+/// stretched by [`HANG_GUARD_STRETCH`] before it is enforced.
 fn run(mut cmd: Command, limit: Duration) -> Output {
     use std::os::unix::process::CommandExt;
+    let limit = limit * HANG_GUARD_STRETCH;
     cmd.stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0);
