@@ -235,8 +235,8 @@ mod tests {
     /// evictors' clock does (reference bit cleared, set again by a fault) writes every page
     /// (a lost compare-and-swap is not "not dirty"), and finishes: before, one run in three
     /// hung for good, the flush waiting on a page of its own unwritten batch (named by a frame
-    /// whose owner was stale while read-ahead refilled it). A flush that stalls aborts the
-    /// test binary rather than hang CI.
+    /// whose owner entry was stale). A flush that stalls aborts the test binary rather than
+    /// hang CI.
     #[test]
     fn flush_writes_pages_whose_words_change_under_it() {
         if !crate::probe::probe().is_ok_and(|s| s.write_protect()) {
