@@ -207,6 +207,17 @@ pub fn describe_free(names: &[String], nodes: &[NodeCapacity]) -> String {
         .join(", ")
 }
 
+/// Why a process's memory cannot be paged over these nodes at all (none has room for one
+/// page of `page_bytes` on each), and what to do: the refusal `strata run` gives before it
+/// starts a program and the one a preloaded process gives, in the same words.
+pub fn no_room(names: &[String], nodes: &[NodeCapacity], page_bytes: u64) -> String {
+    format!(
+        "the memory nodes have no room for the program's memory ({}; the arena needs at least one page, {}, on each): other clients hold the rest; end some, start the nodes with a larger --capacity, or add nodes",
+        describe_free(names, nodes),
+        strata_core::format_size(page_bytes)
+    )
+}
+
 /// The unit a remote store is striped in with pages of `page_bytes`: one page, or one codec
 /// slot, so that a page never straddles two nodes.
 fn stripe_bytes(codec: CodecKind, page_bytes: u64) -> u64 {

@@ -52,11 +52,7 @@ pub fn first_chunk(
         .max(FIRST_CHUNK_MIN);
     let chunk = want.min(room).min(arena) / page * page;
     if chunk == 0 {
-        return Err(OptionsError::Bad(format!(
-            "the memory nodes have no room for this process's memory ({}; an arena needs at least one page, {}, on each): other clients hold the rest; end some, start the nodes with a larger --capacity, or add nodes",
-            strata_net::describe_free(names, nodes),
-            strata_core::format_size(page)
-        )));
+        return Err(OptionsError::Bad(strata_net::no_room(names, nodes, page)));
     }
     Ok(chunk)
 }

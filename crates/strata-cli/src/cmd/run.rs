@@ -306,11 +306,7 @@ fn check_node_room(
         .unwrap_or(0);
     let Some(arena) = arena else {
         if room == 0 {
-            bail!(
-                "the memory nodes have no room for the program's memory ({}; the arena needs at least one page, {}, on each): other clients hold the rest; end some, start the nodes with a larger --capacity, or add nodes",
-                strata_net::describe_free(names, free),
-                format_size(smallest_page)
-            );
+            bail!("{}", strata_net::no_room(names, free, smallest_page));
         }
         return Ok(());
     };

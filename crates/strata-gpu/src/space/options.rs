@@ -195,16 +195,12 @@ impl RemoteAccess {
     pub fn resolve(self, page_size: u64, host_copy: bool) -> Result<u32, SpaceError> {
         match self {
             RemoteAccess::Off => Ok(0),
-            RemoteAccess::Auto => Ok(if host_copy {
-                RemoteAccess::default_migrate_after(page_size)
-            } else {
-                0
-            }),
-            RemoteAccess::ReadsOnly => Ok(if host_copy {
-                RemoteAccess::default_migrate_after(page_size) | crate::layout::MIGRATE_READS_ONLY
-            } else {
-                0
-            }),
+            RemoteAccess::Auto | RemoteAccess::ReadsOnly if !host_copy => Ok(0),
+            RemoteAccess::Auto => Ok(RemoteAccess::default_migrate_after(page_size)),
+            RemoteAccess::ReadsOnly => {
+                Ok(RemoteAccess::default_migrate_after(page_size)
+                    | crate::layout::MIGRATE_READS_ONLY)
+            }
             RemoteAccess::MigrateAfter(n) => {
                 if !(2..=u32::from(u16::MAX)).contains(&n) {
                     return Err(SpaceError::Invalid(format!(
