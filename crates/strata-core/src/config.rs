@@ -37,6 +37,10 @@ pub const KNOWN_VARIABLES: &[(&str, &str)] = &[
         "percent of the buffer eviction starts at",
     ),
     (
+        "STRATA_FAULT_SPIN_US",
+        "microseconds a filler polls for the next fault before sleeping (0: never)",
+    ),
+    (
         "STRATA_STORE",
         "backing store: memory, file:PATH or remote:HOST:PORT[,HOST:PORT...]",
     ),
@@ -157,6 +161,11 @@ pub enum ConfigError {
     /// Read-ahead beyond reason.
     #[error("read-ahead of {0} pages is too large; use 0 to 1024 pages")]
     ReadAhead(u64),
+    /// A fault poll beyond reason.
+    #[error(
+        "a fault poll of {0} us is too long; use 0 (fillers sleep at once) to {MAX_FAULT_SPIN_US} us"
+    )]
+    FaultSpin(u32),
     /// An environment variable holds a value that does not parse.
     #[error("{name}={value:?}: {reason}")]
     BadEnv {
@@ -504,13 +513,18 @@ pub struct PagerConfig {
     pub low_water_percent: u8,
     /// Eviction starts once the resident set reaches this percent of the buffer.
     pub high_water_percent: u8,
+    /// How long (microseconds) one filler keeps polling for the next fault after serving
+    /// one, before it sleeps. 0: fillers sleep at once.
+    pub fault_spin_us: u32,
 }
 
 impl PagerConfig {
     /// A builder with defaults: 64 KiB pages, 1 GiB buffer, one filler and one evictor per
-    /// two CPUs (at least one each), no read-ahead, water marks 70 % / 90 %.
+    /// two CPUs (at least one each), no read-ahead, water marks 70 % / 90 %, fillers polling
+    /// [`DEFAULT_FAULT_SPIN_US`] for the next fault where there is more than one CPU.
     pub fn builder() -> PagerConfigBuilder {
-        let half = (available_cpus() / 2).max(1);
+        let cpus = available_cpus();
+        let half = (cpus / 2).max(1);
         PagerConfigBuilder {
             page_bytes: 64 << 10,
             buffer_bytes: 1 << 30,
@@ -519,6 +533,7 @@ impl PagerConfig {
             read_ahead: 0,
             low_water: 70,
             high_water: 90,
+            fault_spin_us: if cpus > 1 { DEFAULT_FAULT_SPIN_US } else { 0 },
         }
     }
 
@@ -538,7 +553,19 @@ pub struct PagerConfigBuilder {
     read_ahead: u64,
     low_water: u8,
     high_water: u8,
+    fault_spin_us: u32,
 }
+
+/// Default of [`PagerConfig::fault_spin_us`] on machines with more than one CPU. A faulting
+/// thread that must wake a sleeping filler on another CPU, and be woken back from there, waits
+/// for two cross-CPU wake-ups per fault; in a virtual machine each costs tens of
+/// microseconds (an inter-processor interrupt and a halted virtual CPU to resume). A filler
+/// that keeps polling while faults keep coming takes the next fault at once. Sort at 6x its
+/// budget on a 2-CPU VM: see `crates/strata-run/results/RESULTS.md` (session 7).
+pub const DEFAULT_FAULT_SPIN_US: u32 = 50;
+
+/// The longest fault poll accepted (a filler that polls longer only burns a CPU).
+pub const MAX_FAULT_SPIN_US: u32 = 10_000;
 
 impl PagerConfigBuilder {
     /// Page size in bytes.
@@ -572,6 +599,11 @@ impl PagerConfigBuilder {
         self.high_water = high;
         self
     }
+    /// Microseconds a filler polls for the next fault before sleeping (0: never polls).
+    pub fn fault_spin_us(mut self, us: u32) -> Self {
+        self.fault_spin_us = us;
+        self
+    }
     /// Applies `STRATA_*` overrides from the process environment.
     pub fn with_env(self) -> Result<Self, ConfigError> {
         self.with_env_vars(&process_env()?)
@@ -599,6 +631,9 @@ impl PagerConfigBuilder {
         }
         if let Some(v) = env_number(env, "STRATA_EVICT_HIGH_WATER")? {
             self.high_water = v;
+        }
+        if let Some(v) = env_number(env, "STRATA_FAULT_SPIN_US")? {
+            self.fault_spin_us = v;
         }
         Ok(self)
     }
@@ -631,6 +666,9 @@ impl PagerConfigBuilder {
         if self.read_ahead > 1024 {
             return Err(ConfigError::ReadAhead(self.read_ahead));
         }
+        if self.fault_spin_us > MAX_FAULT_SPIN_US {
+            return Err(ConfigError::FaultSpin(self.fault_spin_us));
+        }
         Ok(PagerConfig {
             page_bytes: p,
             buffer_bytes: pages * p,
@@ -639,6 +677,7 @@ impl PagerConfigBuilder {
             read_ahead: self.read_ahead,
             low_water_percent: self.low_water,
             high_water_percent: self.high_water,
+            fault_spin_us: self.fault_spin_us,
         })
     }
 }
@@ -961,6 +1000,20 @@ mod tests {
                 ..
             }
         ));
+        let e = PagerConfig::builder()
+            .fault_spin_us(MAX_FAULT_SPIN_US + 1)
+            .build()
+            .unwrap_err();
+        assert_eq!(e, ConfigError::FaultSpin(MAX_FAULT_SPIN_US + 1));
+        assert!(e.to_string().contains("use 0"), "{e}");
+        let env: EnvVars = vec![("STRATA_FAULT_SPIN_US".into(), "0".into())];
+        let c = PagerConfig::builder()
+            .fault_spin_us(7)
+            .with_env_vars(&env)
+            .unwrap()
+            .build()
+            .unwrap();
+        assert_eq!(c.fault_spin_us, 0, "the variable overrides the builder");
         for (low, high) in [(90, 70), (50, 50), (10, 101)] {
             assert_eq!(
                 PagerConfig::builder()

@@ -218,6 +218,7 @@ impl Region {
             stop: AtomicBool::new(false),
             stop_fd,
             in_service: AtomicUsize::new(0),
+            fault_poller_busy: AtomicBool::new(false),
             use_poison,
             ra_queue: Mutex::new(std::collections::VecDeque::new()),
             ra_ready: std::sync::Condvar::new(),

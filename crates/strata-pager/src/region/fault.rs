@@ -63,6 +63,9 @@ impl Shared {
             if self.stop.load(Ordering::Acquire) {
                 return;
             }
+            if self.poll_for_faults(&mut msgs[..per_read], &mut scratch) {
+                continue;
+            }
             if let Err(e) = poller.wait() {
                 eprintln!("strata-pager: epoll_wait failed: {e}");
                 std::thread::sleep(Duration::from_millis(10));
@@ -71,6 +74,40 @@ impl Shared {
                 return;
             }
         }
+    }
+
+    /// Keeps reading fault messages for `fault_spin_us` after the last one, so that a thread
+    /// faulting again soon finds a filler awake rather than waking one on another CPU (and
+    /// being woken back from there). One filler polls at a time. True if it served a fault.
+    fn poll_for_faults(&self, msgs: &mut [UffdMsg], scratch: &mut Scratch) -> bool {
+        let spin = Duration::from_micros(u64::from(self.config.fault_spin_us));
+        if spin.is_zero() || self.fault_poller_busy.swap(true, Ordering::AcqRel) {
+            return false;
+        }
+        let mut served = false;
+        let mut until = Instant::now() + spin;
+        while !self.stop.load(Ordering::Acquire) {
+            match self.uffd.read_messages(msgs) {
+                Ok(n) if n > 0 => {
+                    for m in &msgs[..n] {
+                        self.handle(m, scratch);
+                    }
+                    served = true;
+                    until = Instant::now() + spin;
+                }
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                // Reported by the caller's next read.
+                Err(_) => break,
+            }
+            if Instant::now() >= until {
+                break;
+            }
+            std::hint::spin_loop();
+        }
+        self.fault_poller_busy.store(false, Ordering::Release);
+        served
     }
 
     pub(super) fn handle(&self, msg: &UffdMsg, scratch: &mut Scratch) {

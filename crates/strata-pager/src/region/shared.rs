@@ -49,6 +49,8 @@ pub(super) struct Shared {
     pub(super) stop_fd: EventFd,
     /// Fault messages being served now (statistics wait for them: see `Region::stats`).
     pub(super) in_service: AtomicUsize,
+    /// Set while one filler polls for the next fault (fault.rs): one poller is enough.
+    pub(super) fault_poller_busy: AtomicBool,
     /// Answer failed fills with `UFFDIO_POISON` (else `SIGBUS` to the faulting thread).
     pub(super) use_poison: bool,
     /// Read-ahead windows for the read-ahead threads (not claimed: a demand fault on one of
