@@ -188,8 +188,16 @@ typedef struct strata_unified_options_t {
     uint64_t page_size;      /* coherence and paging unit: power of two, 4 KiB to 2 MiB */
     uint64_t cache_bytes;    /* GPU memory for the page cache (at least 2 pages) */
     uint32_t dirty_tracking; /* STRATA_TRACK_* */
-    uint32_t reserved;       /* 0 */
+    uint32_t flags;          /* STRATA_UNIFIED_* bits; 0 (the default) for none */
 } strata_unified_options_t;
+
+/* Kernels bring every page they miss into the GPU cache instead of reading it in place over
+ * the bus until it has been read often enough to earn a frame (the default, without this
+ * flag). In-place reads pay off for pages touched a few times before they would be evicted
+ * (pointer chasing, sparse gathers, data larger than the cache); set this flag when kernels
+ * sweep their pages many times each. Writes always bring their page in. Unknown bits are
+ * refused (STRATA_E_INVALID, the message names them). */
+#define STRATA_UNIFIED_NO_READS_IN_PLACE 1u
 
 /* The value kernels take: the space's handle, the CPU address of byte 0 and the read-mostly
  * replica (a copy of bytes [replica_begin, replica_end) in GPU memory, 0 when none) that

@@ -27,9 +27,17 @@ pub struct CUnifiedOptions {
     /// `STRATA_TRACK_WRITE_PROTECT` (2, the default), `STRATA_TRACK_HASH` (0) or
     /// `STRATA_TRACK_DECLARED` (1).
     pub dirty_tracking: u32,
-    /// Must be 0.
-    pub reserved: u32,
+    /// `STRATA_UNIFIED_*` bits (0, the default: kernels read missed pages in place). Other
+    /// bits are refused, so a bit added later is never silently ignored by an older library.
+    pub flags: u32,
 }
+
+/// `STRATA_UNIFIED_NO_READS_IN_PLACE`: kernels bring every page they miss into the GPU cache
+/// instead of reading it in place over the bus ([`UnifiedOptions::reads_in_place`] off).
+pub const NO_READS_IN_PLACE: u32 = 1;
+
+/// Every flag bit this library knows.
+const KNOWN_FLAGS: u32 = NO_READS_IN_PLACE;
 
 impl Default for CUnifiedOptions {
     fn default() -> Self {
@@ -38,7 +46,7 @@ impl Default for CUnifiedOptions {
             page_size: d.page_size,
             cache_bytes: d.cache_bytes,
             dirty_tracking: 2,
-            reserved: 0,
+            flags: 0,
         }
     }
 }
@@ -55,15 +63,17 @@ fn options(o: &CUnifiedOptions) -> Result<UnifiedOptions, Error> {
             )));
         }
     };
-    if o.reserved != 0 {
-        return Err(Error::Invalid(
-            "strata_unified_options_t.reserved must be 0: start from strata_unified_options_default".into(),
-        ));
+    let unknown = o.flags & !KNOWN_FLAGS;
+    if unknown != 0 {
+        return Err(Error::Invalid(format!(
+            "strata_unified_options_t.flags has unknown bits {unknown:#x}: the only flag is STRATA_UNIFIED_NO_READS_IN_PLACE ({NO_READS_IN_PLACE:#x}); start from strata_unified_options_default"
+        )));
     }
     Ok(UnifiedOptions {
         page_size: o.page_size,
         cache_bytes: o.cache_bytes,
         dirty_tracking,
+        reads_in_place: o.flags & NO_READS_IN_PLACE == 0,
         ..UnifiedOptions::default()
     })
 }
@@ -316,4 +326,38 @@ pub extern "C" fn strata_mark_written(h: u64, offset: u64, len: u64) -> i32 {
         let r = range(offset, len)?;
         with(h, |u| Ok(u.mark_cpu_written(r)?))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_reach_the_options_and_unknown_bits_are_named() {
+        let d = CUnifiedOptions::default();
+        assert_eq!(d.flags, 0);
+        assert!(options(&d).expect("defaults").reads_in_place);
+        let off = CUnifiedOptions {
+            flags: NO_READS_IN_PLACE,
+            ..d
+        };
+        let o = options(&off).expect("the flag is accepted");
+        assert!(!o.reads_in_place);
+        assert_eq!(
+            (o.page_size, o.cache_bytes, o.dirty_tracking),
+            (d.page_size, d.cache_bytes, DirtyTracking::WriteProtect),
+            "the other options are kept"
+        );
+        for bad in [2u32, 0x8000_0000, NO_READS_IN_PLACE | 0x30] {
+            let e = options(&CUnifiedOptions { flags: bad, ..d })
+                .expect_err("unknown bits are refused")
+                .to_string();
+            let unknown = format!("{:#x}", bad & !NO_READS_IN_PLACE);
+            assert!(
+                e.contains(&format!("unknown bits {unknown}")),
+                "{bad:#x}: {e}"
+            );
+            assert!(e.contains("STRATA_UNIFIED_NO_READS_IN_PLACE"), "{e}");
+        }
+    }
 }

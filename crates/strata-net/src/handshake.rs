@@ -12,13 +12,19 @@
 //! client -> node    CLIENT_MAGIC, version u64, client nonce [32], client MAC [32],
 //!                   address length u32, client worker address
 //! node   -> client  status u8; if Ok: node MAC [32], session [16], address length u32,
-//!                   node worker address
+//!                   node worker address; if Busy: reason u8 (see below)
 //! ```
 //! The client MAC covers both nonces and the client's worker address; the node MAC covers
 //! both nonces, the session and the node's worker address, so neither side accepts an address
 //! or session an on-path party swapped. The session is a random capability the client puts in
 //! every request; the node serves only requests whose session it issued. The handshake
 //! authenticates; it does not encrypt: an on-path attacker sees the pages and the session.
+//!
+//! A node that accepts the proof but gives the client no session answers `Busy` followed by
+//! a [`Refusal`] byte saying why (all clients taken, or the client's UCX worker unreachable),
+//! so the client can say what to fix. The byte came after version 4 was fixed, so it is
+//! optional: a node that sends none closes the connection after `Busy`, and the client then
+//! names every possible reason; a client that does not read it just closes.
 //!
 //! A client may instead ask how much the node can still lend ([`query_capacity`]): its proof
 //! then carries no worker address (length 0) and a MAC of its own label, and the node answers
@@ -106,15 +112,76 @@ pub enum HandshakeError {
         "the token does not match; use the memory node's token (STRATA_REMOTE_TOKEN) and the same Strata version"
     )]
     Denied,
-    /// The node is busy or throttles this peer after failures.
+    /// The node turned the connection away before the handshake: it is at its cap of
+    /// handshakes, or throttles this peer after failures.
     #[error(
         "the memory node is at its connection limit or throttles this host after failed attempts; retry later"
     )]
     Busy,
+    /// The node accepted the proof but gave no session.
+    #[error("{0}")]
+    Refused(Refusal),
     /// The node's answer did not prove knowledge of the token.
     #[error("the memory node could not prove it knows the token; it is not the node you meant")]
     NodeNotAuthentic,
 }
+
+/// Why a node that accepted a client's proof gave it no session: the byte after its `Busy`
+/// verdict.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Refusal {
+    /// No reason came (a node that does not send one) or one this client does not know.
+    Unknown = 0,
+    /// The node serves its maximum number of clients.
+    Full = 1,
+    /// The node could not connect a UCX endpoint to the client's worker address.
+    Unreachable = 2,
+    /// The node did not take the client before the handshake deadline (it is stopping or
+    /// overloaded).
+    NoAnswer = 3,
+}
+
+impl Refusal {
+    fn from_u8(v: u8) -> Self {
+        match v {
+            1 => Refusal::Full,
+            2 => Refusal::Unreachable,
+            3 => Refusal::NoAnswer,
+            _ => Refusal::Unknown,
+        }
+    }
+}
+
+/// How to tell that the node cannot reach the client's worker, and what to check.
+const CHECK_REACHABLE: &str = "check that the memory node can open connections to this host's addresses (firewall, routing) and that both sides have a UCX transport in common (strata serve --transports, UCX_TLS, UCX_NET_DEVICES)";
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refusal::Unknown => write!(
+                f,
+                "the memory node accepted the token but gave this client no session: it serves its maximum number of clients (strata serve --max-clients; retry when one has left), or it cannot reach this host's UCX worker ({CHECK_REACHABLE}); the node's log says which"
+            ),
+            Refusal::Full => write!(
+                f,
+                "the memory node accepted the token but serves its maximum number of clients (strata serve --max-clients); retry when one has left, or raise the limit"
+            ),
+            Refusal::Unreachable => write!(
+                f,
+                "the memory node accepted the token but cannot reach this host's UCX worker: {CHECK_REACHABLE}; the node's log has UCX's error"
+            ),
+            Refusal::NoAnswer => write!(
+                f,
+                "the memory node accepted the token but did not take this client before the handshake deadline (it is stopping or overloaded); retry later, or raise strata serve --handshake-timeout"
+            ),
+        }
+    }
+}
+
+/// Longest a client waits for a [`Refusal`] byte after `Busy` (a node that sends none closes
+/// the connection at once, so this only bounds a stalled one).
+const REFUSAL_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// What the node learns from a client that passed.
 #[derive(Debug)]
@@ -245,15 +312,15 @@ pub fn turn_away(stream: &mut TcpStream, deadline: Instant) {
 }
 
 /// The node's side: greets, checks the client's proof, and on success lets `admit` register
-/// the client (it returns the session, or `None` if the node cannot take it), then proves
-/// itself and sends the session and `node_address`. A proof without a worker address asks
+/// the client (it returns the session, or why the node cannot take it, which the client is
+/// told), then proves itself and sends the session and `node_address`. A proof without a worker address asks
 /// for the node's capacity instead: `capacity` says it, and no session is issued.
 pub fn node_side(
     stream: &mut TcpStream,
     token: &[u8],
     node_address: &[u8],
     deadline: Instant,
-    admit: impl FnOnce(Admitted) -> Option<Session>,
+    admit: impl FnOnce(Admitted) -> Result<Session, Refusal>,
     capacity: impl FnOnce() -> NodeCapacity,
 ) -> Result<Visit, HandshakeError> {
     let node_nonce: [u8; NONCE] = random();
@@ -282,9 +349,12 @@ pub fn node_side(
         write_by(stream, &[Verdict::Denied as u8], deadline)?;
         return Err(HandshakeError::Denied);
     }
-    let Some(session) = admit(Admitted { client_address }) else {
-        write_by(stream, &[Verdict::Busy as u8], deadline)?;
-        return Err(HandshakeError::Busy);
+    let session = match admit(Admitted { client_address }) {
+        Ok(session) => session,
+        Err(refusal) => {
+            write_by(stream, &[Verdict::Busy as u8, refusal as u8], deadline)?;
+            return Err(HandshakeError::Refused(refusal));
+        }
     };
     let tag = mac(
         token,
@@ -438,14 +508,24 @@ fn send_proof(
     Ok(client_nonce)
 }
 
-/// Reads the node's verdict on a proof.
+/// Reads the node's verdict on a proof; a `Busy` verdict is followed by why (if the node
+/// says).
 fn read_verdict(stream: &mut TcpStream, deadline: Instant) -> Result<(), HandshakeError> {
     let mut verdict = [0u8; 1];
     read_by(stream, &mut verdict, deadline)?;
     match Verdict::from_u8(verdict[0]) {
         Some(Verdict::Ok) => Ok(()),
         Some(Verdict::Denied) => Err(HandshakeError::Denied),
-        Some(Verdict::Busy) => Err(HandshakeError::Busy),
+        Some(Verdict::Busy) => {
+            let mut reason = [0u8; 1];
+            let by = deadline.min(Instant::now() + REFUSAL_WAIT);
+            let refusal = match read_by(stream, &mut reason, by) {
+                Ok(()) => Refusal::from_u8(reason[0]),
+                // A node that sends no reason closes the connection after the verdict.
+                Err(_) => Refusal::Unknown,
+            };
+            Err(HandshakeError::Refused(refusal))
+        }
         None => Err(HandshakeError::Protocol("unknown verdict")),
     }
 }

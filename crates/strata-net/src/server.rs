@@ -33,7 +33,7 @@ mod door;
 
 use door::{Door, DoorEvent};
 
-use crate::handshake::{self, MIN_TOKEN_BYTES, Session};
+use crate::handshake::{self, MIN_TOKEN_BYTES, Refusal, Session};
 use crate::protocol::{AM_REPLY, AM_REQUEST, Op, ReplyHeader, RequestHeader, Status};
 
 /// How to run a memory node.
@@ -498,7 +498,7 @@ impl NodeLoop {
                     let session = self.admit(&admission.client_address, admission.on_host);
                     // The door gave up waiting (its deadline passed): nobody will use it.
                     if admission.answer.send(session).is_err()
-                        && let Some(session) = session
+                        && let Ok(session) = session
                     {
                         self.drop_client(session);
                     }
@@ -530,10 +530,10 @@ impl NodeLoop {
     /// Creates an endpoint to an authenticated client's worker and issues its session. A
     /// client on this host may be reached over shared memory, whose endpoints cannot see the
     /// client die; the door's watch on its connection (`DoorEvent::Left`) covers that.
-    fn admit(&mut self, client_address: &[u8], on_host: bool) -> Option<Session> {
+    fn admit(&mut self, client_address: &[u8], on_host: bool) -> Result<Session, Refusal> {
         if self.clients.len() >= self.options.max_clients {
             tracing::warn!("client refused: the node serves its maximum number of clients");
-            return None;
+            return Err(Refusal::Full);
         }
         // UCX 1.13 now and then found a client on this host "unreachable" (ucp_ep_create,
         // TCP only, no peer-failure handling, under CPU load: 1 suite run in 5); it is tried
@@ -554,7 +554,7 @@ impl NodeLoop {
             Ok(endpoint) => endpoint,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot reach an authenticated client's worker");
-                return None;
+                return Err(Refusal::Unreachable);
             }
         };
         let session = handshake::new_session();
@@ -569,7 +569,7 @@ impl NodeLoop {
         self.counters
             .clients
             .store(self.clients.len() as u64, Ordering::Relaxed);
-        Some(session)
+        Ok(session)
     }
 
     fn drop_client(&mut self, id: Session) {

@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use strata_core::store::Store;
-use strata_net::handshake::{self, CLIENT_MAGIC, GREETING_BYTES, HANDSHAKE_VERSION, PROOF_BYTES};
+use strata_net::handshake::{
+    self, CLIENT_MAGIC, GREETING_BYTES, HANDSHAKE_VERSION, HandshakeError, PROOF_BYTES, Refusal,
+};
 use strata_net::{AccessPath, MemoryNode, RemoteStore, RemoteStoreOptions, ServeOptions};
 
 const TOKEN: &str = "front-door-test-token-4f1c9a";
@@ -433,7 +435,7 @@ fn fuzz_both_sides_of_the_handshake() {
                     deadline,
                     |a| {
                         seen = Some(a.client_address);
-                        Some(session)
+                        Ok(session)
                     },
                     || capacity,
                 );
@@ -630,7 +632,7 @@ fn hostile_node(listener: std::net::TcpListener, seed: u64, end: Instant) {
                 deadline,
                 |a| {
                     client = Some(a.client_address);
-                    Some(handshake::new_session())
+                    Ok(handshake::new_session())
                 },
                 || strata_net::NodeCapacity {
                     free: 0,
@@ -923,4 +925,142 @@ fn capacity_queries_prove_the_token_and_follow_what_is_lent() {
     assert!(e.to_string().contains("token"), "{e}");
     honest_client_works(&node, &mut rng, Duration::from_secs(5));
     node.shutdown();
+}
+
+/// A node that accepts the token but gives no session tells the client why, and the client's
+/// message says what to check: the node serves its maximum of clients, or it cannot reach the
+/// client's UCX worker (firewall, transports), or it did not answer in time. A node that sends
+/// no reason (it closes after the verdict, or stalls) leaves the client naming both causes,
+/// within about a second.
+#[test]
+fn a_client_given_no_session_is_told_why() {
+    let mut rng = rng("refusals");
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let at = listener.local_addr().unwrap();
+    let mut address = vec![0u8; rng.random_range(1..300)];
+    rng.fill(&mut address[..]);
+    let cases = [
+        (
+            Refusal::Full,
+            vec!["maximum number of clients", "--max-clients"],
+        ),
+        (
+            Refusal::Unreachable,
+            vec!["cannot reach this host's UCX worker", "firewall", "UCX_TLS"],
+        ),
+        (Refusal::NoAnswer, vec!["handshake deadline"]),
+    ];
+    for (refusal, phrases) in cases {
+        let client = {
+            let address = address.clone();
+            std::thread::spawn(move || {
+                let mut s = TcpStream::connect(at).unwrap();
+                let deadline = Instant::now() + Duration::from_secs(5);
+                handshake::client_side(&mut s, TOKEN.as_bytes(), &address, deadline)
+            })
+        };
+        let (mut s, _) = listener.accept().unwrap();
+        let node = handshake::node_side(
+            &mut s,
+            TOKEN.as_bytes(),
+            b"node worker",
+            Instant::now() + Duration::from_secs(5),
+            |a| {
+                assert_eq!(a.client_address, address);
+                Err(refusal)
+            },
+            || unreachable!("no capacity query here"),
+        );
+        assert!(
+            matches!(node, Err(HandshakeError::Refused(r)) if r == refusal),
+            "{node:?}"
+        );
+        drop(s);
+        let e = client.join().unwrap().expect_err("no session");
+        assert!(
+            matches!(e, HandshakeError::Refused(r) if r == refusal),
+            "{e:?}"
+        );
+        let message = e.to_string();
+        assert!(message.contains("accepted the token"), "{message}");
+        for phrase in phrases {
+            assert!(message.contains(phrase), "{refusal:?}: {message}");
+        }
+        assert!(
+            !message.contains("connection limit"),
+            "{refusal:?}: {message}"
+        );
+    }
+    // A node that sends no reason: it closes after the verdict, or keeps the connection open.
+    for stall in [false, true] {
+        let client = {
+            let address = address.clone();
+            std::thread::spawn(move || {
+                let mut s = TcpStream::connect(at).unwrap();
+                let deadline = Instant::now() + Duration::from_secs(10);
+                let started = Instant::now();
+                let out = handshake::client_side(&mut s, TOKEN.as_bytes(), &address, deadline);
+                (out, started.elapsed())
+            })
+        };
+        let (mut s, _) = listener.accept().unwrap();
+        let mut greeting = [0u8; GREETING_BYTES];
+        greeting[..8].copy_from_slice(&handshake::NODE_MAGIC);
+        greeting[8..16].copy_from_slice(&HANDSHAKE_VERSION.to_le_bytes());
+        rng.fill(&mut greeting[17..]);
+        s.write_all(&greeting).unwrap();
+        let mut proof = vec![0u8; PROOF_BYTES + address.len()];
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.read_exact(&mut proof).unwrap();
+        s.write_all(&[2]).unwrap(); // Busy, and nothing after it
+        if !stall {
+            drop(s);
+        }
+        let (out, took) = client.join().unwrap();
+        let message = out.expect_err("no session").to_string();
+        for phrase in [
+            "accepted the token",
+            "maximum number of clients",
+            "cannot reach this host's UCX worker",
+            "firewall",
+            "the node's log says which",
+        ] {
+            assert!(message.contains(phrase), "stall {stall}: {message}");
+        }
+        assert!(
+            took < Duration::from_secs(4),
+            "stall {stall}: the client waited {took:?} for a reason"
+        );
+    }
+}
+
+/// A node that serves its maximum number of clients tells the next one so, through the whole
+/// client stack (not "at its connection limit", which is the door's cap on handshakes).
+#[test]
+fn a_full_node_says_it_serves_its_maximum_of_clients() {
+    let n = node_with(|o| o.max_clients = 1);
+    let first = RemoteStore::connect(1 << 20, options(n.address(), TOKEN)).expect("first client");
+    // The first client's handshake slot is freed a moment after it got its session: until
+    // then the door turns the second away as at its connection limit.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let e = loop {
+        match RemoteStore::connect(1 << 20, options(n.address(), TOKEN)) {
+            Ok(_) => panic!("a second client got in past max_clients = 1"),
+            Err(e) if Instant::now() < deadline && e.to_string().contains("connection limit") => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => break e.to_string(),
+        }
+    };
+    assert!(e.contains("serves its maximum number of clients"), "{e}");
+    assert!(!e.contains("cannot reach"), "{e}");
+    first
+        .write_at(0, &[1u8; 4096])
+        .expect("the first client still works");
+    drop(first);
+    wait_for("the first client gone", Duration::from_secs(10), || {
+        n.counters().clients.load(Ordering::Relaxed) == 0
+    });
+    let mut rng = rng("full_node");
+    honest_client_works(&n, &mut rng, Duration::from_secs(5));
 }

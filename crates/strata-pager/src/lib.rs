@@ -62,5 +62,7 @@ pub mod pages;
 pub mod probe;
 pub mod region;
 pub mod sys;
+#[cfg(test)]
+mod watchdog;
 
 pub use region::{EvictionPolicy, PagerCounters, Region, RegionBuilder, RegionError, UnmapError};

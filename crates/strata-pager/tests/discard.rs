@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use common::watchdog::Watchdog;
 use common::{Rng, config, random_store, read_all, uffd_available};
 use strata_core::StatsSnapshot;
 use strata_pager::{Region, RegionError};
@@ -190,6 +191,97 @@ fn discard_races_with_writers_evictors_and_faults() {
         "no write of another range lost"
     );
     assert_eq!(&read_all(store.as_ref())[..32 * PAGE], &expect[..32 * PAGE]);
+    Arc::into_inner(region)
+        .expect("sole owner")
+        .unmap()
+        .expect("unmap");
+}
+
+/// Discards far wider than a four-frame buffer, racing with two threads that fault pages of
+/// the same range: every fault is served (no `SIGBUS` from a fill starved of frames), every
+/// 8-byte word read is the store's or zero, and once the discards end the range reads zeros
+/// while the pages after it keep their data. A discard that stalls aborts the test binary
+/// after 60 s rather than hang CI.
+#[test]
+fn wide_discards_racing_faults_in_a_four_frame_buffer() {
+    if !uffd_available("wide_discards") {
+        return;
+    }
+    let _watchdog = Watchdog::start(
+        "wide_discards_racing_faults_in_a_four_frame_buffer",
+        Duration::from_secs(60),
+    );
+    let mut rng = Rng::from_time("wide_discards");
+    let page = 4096usize;
+    let pages = 48usize;
+    // Pages 0..40 are discarded and read; 40..48 are only read.
+    let range = 40usize;
+    let size = pages * page;
+    let (store, data) = random_store(size, &mut rng);
+    let region = Arc::new(
+        Region::new(
+            store,
+            size as u64,
+            config(page as u64, 4 * page as u64, 2, 1),
+        )
+        .expect("region maps"),
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    let base = region.as_ptr() as usize;
+    let data = Arc::new(data);
+    let readers: Vec<_> = (0..2)
+        .map(|_| {
+            let (stop, data) = (stop.clone(), data.clone());
+            let seed = rng.next();
+            std::thread::spawn(move || {
+                let mut r = Rng(seed);
+                let mut reads = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let p = r.below(pages as u64) as usize;
+                    let at = p * page + 8 * r.below((page / 8) as u64) as usize;
+                    // SAFETY: an aligned word inside the live region; no thread writes it.
+                    let v = unsafe { std::ptr::read_volatile((base + at) as *const u64) };
+                    let old = u64::from_ne_bytes(data[at..at + 8].try_into().expect("8 bytes"));
+                    assert!(
+                        v == old || (p < range && v == 0),
+                        "page {p} offset {at}: {v:#x} is neither the store's {old:#x} nor zero"
+                    );
+                    reads += 1;
+                }
+                reads
+            })
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let mut discards = 0u64;
+    let mut dropped = 0u64;
+    while Instant::now() < deadline {
+        let first = rng.below(8) as usize;
+        let n = 8 + rng.below((range - first - 8) as u64 + 1) as usize;
+        dropped += region
+            .discard((first * page) as u64, (n * page) as u64)
+            .expect("discard");
+        discards += 1;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let reads: Vec<u64> = readers
+        .into_iter()
+        .map(|r| r.join().expect("reader: never a wrong word or SIGBUS"))
+        .collect();
+    eprintln!("{discards} discards dropped {dropped} pages; racing reads {reads:?}");
+    region
+        .discard(0, (range * page) as u64)
+        .expect("last discard");
+    let slice = region.as_slice();
+    assert!(
+        slice[..range * page].iter().all(|&b| b == 0),
+        "the discarded range reads zeros"
+    );
+    assert_eq!(
+        &slice[range * page..],
+        &data[range * page..],
+        "pages after it"
+    );
     Arc::into_inner(region)
         .expect("sole owner")
         .unmap()

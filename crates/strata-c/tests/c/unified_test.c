@@ -52,9 +52,20 @@ static void cpu_paths(void) {
     bad = o;
     bad.dirty_tracking = 7;
     expect_error(strata_alloc(NULL, 1 << 20, &bad, &h, NULL), STRATA_E_INVALID, "STRATA_TRACK_HASH", "tracking");
+    CHECK(o.flags == 0, "reads in place by default");
     bad = o;
-    bad.reserved = 1;
-    expect_error(strata_alloc(NULL, 1 << 20, &bad, &h, NULL), STRATA_E_INVALID, "reserved", "reserved");
+    bad.flags = STRATA_UNIFIED_NO_READS_IN_PLACE << (1 + next() % 31); /* one unknown bit */
+    char want[64];
+    snprintf(want, sizeof want, "unknown bits %#x", (unsigned)bad.flags);
+    expect_error(strata_alloc(NULL, 1 << 20, &bad, &h, NULL), STRATA_E_INVALID, want, "unknown flag");
+    bad.flags |= STRATA_UNIFIED_NO_READS_IN_PLACE; /* a known bit does not hide an unknown one */
+    expect_error(strata_alloc(NULL, 1 << 20, &bad, &h, NULL), STRATA_E_INVALID, want, "unknown flag with known");
+    expect_error(strata_alloc(NULL, 1 << 20, &bad, &h, NULL), STRATA_E_INVALID, "STRATA_UNIFIED_NO_READS_IN_PLACE",
+                 "unknown flag names the known one");
+    /* The known flag passes the option checks: what fails next is the missing GPU. */
+    bad = o;
+    bad.flags = STRATA_UNIFIED_NO_READS_IN_PLACE;
+    expect_error(strata_alloc(NULL, 1 << 20, &bad, &h, NULL), STRATA_E_INVALID, "strata_gpu_open", "flag accepted");
     expect_error(strata_alloc(NULL, 1 << 20, NULL, NULL, NULL), STRATA_E_INVALID, "out is NULL", "out NULL");
     expect_error(strata_alloc(NULL, 1 << 20, NULL, &h, NULL), STRATA_E_INVALID, "strata_gpu_open", "gpu NULL");
     CHECK(h == 0, "no handle written on failure");
@@ -117,6 +128,19 @@ static void gpu_paths(void) {
     OK(strata_alloc(gpu, 4096, NULL, &h2, NULL));
     CHECK(h2 != h, "handles are not reused");
     OK(strata_free(h2));
+    /* Without reads in place every missed page comes into the cache; the bytes are the same. */
+    strata_unified_options_t fetch_all;
+    OK(strata_unified_options_default(&fetch_all));
+    fetch_all.flags = STRATA_UNIFIED_NO_READS_IN_PLACE;
+    strata_unified_t h3 = 0;
+    unsigned char* p3 = NULL;
+    OK(strata_alloc(gpu, size, &fetch_all, &h3, (void**)&p3));
+    memcpy(p3, copy, size);
+    OK(strata_sync(h3, 0, size, STRATA_SYNC_TO_GPU));
+    OK(strata_prefetch(h3, 0, size, STRATA_LOCATION_GPU));
+    OK(strata_sync(h3, 0, size, STRATA_SYNC_TO_CPU));
+    CHECK(memcmp(p3, copy, size) == 0, "bytes survive syncs without reads in place");
+    OK(strata_free(h3));
     free(copy);
     strata_gpu_close(gpu);
 }

@@ -12,16 +12,16 @@ use std::time::{Duration, Instant};
 use strata_ucx::WorkerWaker;
 
 use super::{NodeCounters, ServeOptions};
-use crate::handshake::{self, HandshakeError, NodeCapacity, Session, Visit};
+use crate::handshake::{self, HandshakeError, NodeCapacity, Refusal, Session, Visit};
 
 /// A client that passed the handshake, handed to the node loop, which answers with its
-/// session (or `None` when it cannot take it).
+/// session (or why it cannot take it).
 pub(super) struct Admission {
     pub(super) client_address: Vec<u8>,
     /// The client runs on this host (its connection's two ends share an address), so the
     /// node may reach it over shared memory; the door watches its connection either way.
     pub(super) on_host: bool,
-    pub(super) answer: mpsc::Sender<Option<Session>>,
+    pub(super) answer: mpsc::Sender<Result<Session, Refusal>>,
 }
 
 /// What the door tells the node loop.
@@ -217,11 +217,12 @@ impl Door {
                         on_host,
                         answer,
                     }))
-                    .ok()?;
+                    .map_err(|_| Refusal::NoAnswer)?;
                 self.waker.wake();
                 let left = deadline.saturating_duration_since(Instant::now());
-                session = reply.recv_timeout(left).ok().flatten();
-                session
+                let answered = reply.recv_timeout(left).unwrap_or(Err(Refusal::NoAnswer));
+                session = answered.ok();
+                answered
             },
             || self.capacity(),
         );
@@ -237,6 +238,13 @@ impl Door {
                     .handshakes_failed
                     .fetch_add(1, Ordering::Relaxed);
                 tracing::debug!(%peer, error = %e, "peer left during the handshake");
+            }
+            // The error's text speaks to the client ("this host"): name the reason here.
+            Err(HandshakeError::Refused(refusal)) => {
+                self.counters
+                    .handshakes_failed
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(%peer, ?refusal, "authenticated client given no session");
             }
             Err(e) => {
                 self.counters

@@ -230,6 +230,7 @@ mod tests {
 
     use crate::pages::{REF, State, word};
     use crate::region::Region;
+    use crate::watchdog::Watchdog;
 
     /// A flush running beside a thread that keeps changing dirty pages' words the way the
     /// evictors' clock does (reference bit cleared, set again by a fault) writes every page
@@ -243,18 +244,10 @@ mod tests {
             eprintln!("SKIPPED: userfaultfd with write protection unavailable");
             return;
         }
-        let done = Arc::new(AtomicBool::new(false));
-        let watchdog = done.clone();
-        std::thread::spawn(move || {
-            let started = std::time::Instant::now();
-            while !watchdog.load(Ordering::Relaxed) {
-                if started.elapsed() > std::time::Duration::from_secs(60) {
-                    eprintln!("flush_writes_pages_whose_words_change_under_it: stalled for 60 s");
-                    std::process::abort();
-                }
-                std::thread::sleep(std::time::Duration::from_millis(50));
-            }
-        });
+        let _watchdog = Watchdog::start(
+            "flush_writes_pages_whose_words_change_under_it",
+            std::time::Duration::from_secs(60),
+        );
         let page = 4096usize;
         let pages = 8usize;
         let seed = std::time::SystemTime::now()
@@ -315,6 +308,5 @@ mod tests {
                 "round {round}: {wrong} pages not written by flush"
             );
         }
-        done.store(true, Ordering::Relaxed);
     }
 }

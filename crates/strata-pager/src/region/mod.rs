@@ -40,6 +40,7 @@
 //! - `write_intent.rs`: installing pages written last time writable at once (optional).
 //! - `evict.rs`: victim choice, evictor threads, and `Region::evict`.
 //! - `flush.rs`: writing dirty pages back (for flush, eviction and unmap).
+//! - `discard.rs`: `Region::discard` (pages dropped unwritten, read back as zeros).
 //! - `error.rs`: [`RegionError`] and [`UnmapError`].
 //! - this file: the public [`Region`] API (access, statistics, flush, prefetch, evict, unmap).
 
@@ -273,8 +274,11 @@ impl Region {
     /// end of the region. Safe against concurrent faults, evictions and flushes: a fill,
     /// write-back or flush in progress on a page of the range finishes first, pages outside
     /// the range are untouched. An access racing with the discard of its own page sees either
-    /// the old contents (if it completed first) or zeros, never a fault error. Returns the
-    /// number of resident pages dropped.
+    /// the old contents (if it completed first) or zeros, never a fault error. The discard
+    /// never holds pages while it waits for another thread, so faults in the range keep
+    /// finding frames however wide it is. Returns the number of resident pages dropped. If the
+    /// kernel refuses to drop pages, the error says so: pages dropped before it read zeros,
+    /// the others keep their contents.
     pub fn discard(&self, offset: u64, len: u64) -> Result<u64, RegionError> {
         let pb = self.shared.config.page_bytes;
         let end = offset.checked_add(len);

@@ -7,6 +7,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use strata_core::store::ReadRequest;
 use strata_core::{MemoryStore, PagerConfig, Store, StoreError};
 
+#[path = "../../src/watchdog.rs"]
+pub mod watchdog;
+
 /// Whether userfaultfd works here. Under CI (`CI` set) its absence fails the test loudly;
 /// elsewhere the test prints why it skipped.
 pub fn uffd_available(test: &str) -> bool {
