@@ -9,6 +9,8 @@
 #            (the issue-12 target), at the default dense fraction
 #     micro  `strata bench gpu-micro` (scripts/gpu-check.sh run gpu_micro)
 #     unified  the unified allocations' GPU tests, then `strata bench unified` (issue 14)
+#     gathers  the element-access GPU tests (gpu, remote_access), this machine's ceilings, then
+#              gpu-micro's gathers at 1x-8x, one call per ratio
 # Logs land in $OUT (the device tool brings them back).
 set -u -o pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -28,6 +30,22 @@ for step in "${steps[@]}"; do
             timeout 300 "$ROOT/.carry/strata" bench unified --out "$OUT/unified" >"$OUT/unified-bench.log" 2>&1
             echo "unified bench: exit $?"
             ;;
+        gathers)
+            for t in gpu remote_access; do
+                (cd "$ROOT" && timeout 200 ".carry/tests/strata-gpu__$t" --test-threads 1 --nocapture) \
+                    >"$OUT/tests-$t.log" 2>&1
+                echo "tests $t: exit $? ($(grep -c '\.\.\. ok' "$OUT/tests-$t.log") ok)"
+            done
+            timeout 180 "$ROOT/.carry/strata" bench ceilings --dir /tmp >"$OUT/ceilings.log" 2>&1
+            echo "ceilings: exit $?"
+            # One call per ratio, each with its own limit, so a slow ratio costs only itself.
+            for r in 1 2 4 8; do
+                timeout "${GATHER_TIMEOUT:-75}" "$ROOT/.carry/strata" bench gpu-micro --ratios $r --reps 5 \
+                    --skip-uvm --patterns gather-uniform,gather-zipf --out "$OUT/gathers-$r" \
+                    >"$OUT/gathers-$r.log" 2>&1
+                echo "gathers ${r}x: exit $?"
+            done
+            ;;
         bfs25)
             mkdir -p "$ROOT/.carry/workloads"
             cp "$ROOT/.carry/strata" "$ROOT/.carry/workloads/strata"
@@ -35,6 +53,6 @@ for step in "${steps[@]}"; do
                 GRAPH_RUNS="--scale 25 --graph-file /tmp/k25.bin --algorithms bfs --oversubscription 2 --reps 3 --modes strata,zero-copy,uvm" \
                 bash "$ROOT/scripts/gpu-workloads.sh" run bench-graph
             ;;
-        *) echo "unknown step $step (tests, bfs25, micro, unified)" >&2; exit 2 ;;
+        *) echo "unknown step $step (tests, bfs25, micro, unified, gathers)" >&2; exit 2 ;;
     esac
 done

@@ -84,31 +84,8 @@ extern "C" __global__ void strata_page_touch(StrataSpace s, strata_u64 touches, 
     }
     sink_add(sink, acc);
 }
-// Gathers the way a user writes them with Strata: GATHER_BATCH reads per read_many call (the
-// plain-pointer loop `raw_gather` gets the same overlap from the compiler), the rest one by one.
-#define GATHER_BATCH 4
 extern "C" __global__ void strata_gather(StrataSpace s, const strata_u64* idx, strata_u64 count,
                                          strata_u64 seed, strata_u64* sink) {
-    strata::Array<strata_u64> a(s);
-    const strata_u64 n = a.size();
-    strata_u64 acc = 0;
-    const strata_u64 threads = (strata_u64)gridDim.x * blockDim.x;
-    strata_u64 i = blockIdx.x * (strata_u64)blockDim.x + threadIdx.x;
-    for (; i + (GATHER_BATCH - 1) * threads < count; i += GATHER_BATCH * threads) {
-        strata_u64 at[GATHER_BATCH];
-        strata_u64 v[GATHER_BATCH];
-#pragma unroll
-        for (int k = 0; k < GATHER_BATCH; ++k) at[k] = gather_index(idx, i + k * threads, n, seed);
-        a.read_many(at, v);
-#pragma unroll
-        for (int k = 0; k < GATHER_BATCH; ++k) acc += v[k];
-    }
-    for (; i < count; i += threads) acc += a.read(gather_index(idx, i, n, seed));
-    sink_add(sink, acc);
-}
-// The same gathers one read() at a time (the row `gather-*/one`).
-extern "C" __global__ void strata_gather_one(StrataSpace s, const strata_u64* idx, strata_u64 count,
-                                             strata_u64 seed, strata_u64* sink) {
     strata::Array<strata_u64> a(s);
     const strata_u64 n = a.size();
     strata_u64 acc = 0;

@@ -110,7 +110,6 @@ pub(crate) struct Kernels {
     pub(crate) s_rmw: Function,
     pub(crate) s_touch: Function,
     pub(crate) s_gather: Function,
-    pub(crate) s_gather_one: Function,
     pub(crate) s_validate: Function,
     pub(crate) s_random_rmw: Function,
     pub(crate) r_random_rmw: Function,
@@ -130,7 +129,6 @@ impl Kernels {
             s_rmw: f("strata_stream_rmw")?,
             s_touch: f("strata_page_touch")?,
             s_gather: f("strata_gather")?,
-            s_gather_one: f("strata_gather_one")?,
             s_validate: f("strata_validate")?,
             s_random_rmw: f("strata_random_rmw")?,
             r_random_rmw: f("raw_random_rmw")?,
@@ -750,12 +748,20 @@ impl Ctx<'_> {
             let gpu = self.gpu().clone();
             let reps = self.opts.reps;
             let h = space.handle();
+            space.reset_stats()?;
             let args = Args::new()
                 .arg(h)
                 .arg(ip)
                 .arg(count)
                 .arg(self.seed)
                 .arg(self.sink_args());
+            let ms = time_ms(
+                &gpu,
+                reps,
+                || Ok(()),
+                || Ok(self.k.s_gather.launch(self.grid, &args)?),
+            )?;
+            space.check_errors()?;
             let zargs = Args::new()
                 .arg(subject.host_device_ptr())
                 .arg(n)
@@ -784,38 +790,17 @@ impl Ctx<'_> {
                 None => None,
             };
             let ceiling = self.random_access_ceiling(ratio);
-            // Batched reads (`read_many`, the row as named), then, where the space fits or
-            // nearly, the same gathers one `read` at a time (`/one`), against the same baselines.
-            let one = format!("{name}/one");
-            for (row, batched, uvm) in [(name, true, uvm), (one.as_str(), false, None)] {
-                if !batched && ratio > 2 {
-                    continue;
-                }
-                space.reset_stats()?;
-                let kernel = if batched {
-                    &self.k.s_gather
-                } else {
-                    &self.k.s_gather_one
-                };
-                let ms = time_ms(
-                    &gpu,
-                    reps,
-                    || Ok(()),
-                    || Ok(kernel.launch(self.grid, &args)?),
-                )?;
-                space.check_errors()?;
-                self.push(
-                    row,
-                    space,
-                    ratio,
-                    "Mgathers/s",
-                    measure(ms, count, "Mgathers/s"),
-                    Some(measure(zc, count, "Mgathers/s")),
-                    None,
-                    uvm,
-                    ceiling.clone(),
-                )?;
-            }
+            self.push(
+                name,
+                space,
+                ratio,
+                "Mgathers/s",
+                measure(ms, count, "Mgathers/s"),
+                Some(measure(zc, count, "Mgathers/s")),
+                None,
+                uvm,
+                ceiling,
+            )?;
         }
         Ok(())
     }

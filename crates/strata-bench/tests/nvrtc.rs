@@ -34,7 +34,6 @@ fn benchmark_and_probe_kernels_compile_for_sm90() {
                 "strata_stream_rmw",
                 "strata_page_touch",
                 "strata_gather",
-                "strata_gather_one",
                 "strata_validate",
                 "raw_stream_read",
                 "raw_stream_rmw",

@@ -54,15 +54,6 @@ extern "C" __global__ void poke(StrataSpace s, unsigned long long i, unsigned lo
     out[0] = a.read(i);
 }
 
-// Reads elements 0, `i` (outside the space), 1 and 2 in one read_many: out gets all four.
-extern "C" __global__ void poke_many(StrataSpace s, unsigned long long i, unsigned long long* out) {
-    strata::Array<unsigned long long> a(s);
-    unsigned long long at[4] = {0, i, 1, 2}, v[4];
-    a.read_many(at, v);
-    if (threadIdx.x == 0)
-        for (int j = 0; j < 4; ++j) out[j] = v[j];
-}
-
 // Repeats a sequential pass over the first `pages` pages `passes` times (a loop larger than
 // the cache), touching each page once per pass with one warp.
 extern "C" __global__ void loop_pages(StrataSpace s, unsigned long long pages, unsigned long long passes,
@@ -98,14 +89,6 @@ extern "C" __global__ void verify_reads(StrataSpace s, unsigned long long ops, u
         const unsigned long long i = (r & 1) ? (r >> 1) % (hot_elems < n ? hot_elems : n) : (r >> 1) % n;
         if (writer) {
             a.write(i, i ^ key);
-        } else if (((r >> 60) & 3) == 3) {
-            // Batched: this element and three more, anywhere (read_many).
-            unsigned long long at[4], v[4];
-            at[0] = i;
-            for (int j = 1; j < 4; ++j) at[j] = mix(r + j) % n;
-            a.read_many(at, v);
-            for (int j = 0; j < 4; ++j)
-                if (v[j] != (at[j] ^ key)) ++wrong;
         } else if ((r >> 62) & 1) {
             const strata::PageView v = strata::view_page(s, i / per_page);
             unsigned long long x = 0;

@@ -386,79 +386,11 @@ template <typename T> struct Array {
             v = detail::load_cg((const T*)(s.host + (page << s.page_shift) + off));
             done = remote = true;
         }
+        // Statistics as the pinned path counts them: one hit per group of lanes on one page.
         const unsigned mask = __activemask();
-        const unsigned ok = count_reads(mask, detail::space_peers(mask, s), page, done, remote);
-        // The whole warp enters the pinned path if any lane needs it, so faults are copied by
-        // every lane rather than by the few that missed.
-        if (ok != mask)
-            detail::with_page(
-                s, page, false, [&](unsigned char* f) { v = detail::load_cg((const T*)(f + off)); }, !done);
-        return v;
-    }
-
-    // N reads at once, the same as N calls of read() (bounds, statistics, faults), for gather
-    // loops. A loop of single reads waits for each element (page word, element, recheck: each
-    // a round trip that the next read cannot overlap, as they are ordered loads) before it
-    // asks for the next; here the N page words are loaded together, then the N elements, then
-    // the N rechecks, so a thread keeps N loads in flight, as a plain gather loop does.
-    // Elements whose page is not resident (and not read in place) go through read().
-    template <int N> __device__ __forceinline__ void read_many(const strata_u64 (&idx)[N], T (&out)[N]) const {
-        strata_u64 w[N];
-        strata_u64 page[N];
-        bool done[N];
-        bool remote[N];
-#pragma unroll
-        for (int k = 0; k < N; ++k) {
-            page[k] = (idx[k] * sizeof(T)) >> s.page_shift;
-            const bool in_range = idx[k] < size();
-            w[k] = in_range ? detail::load_relaxed(&s.page_table[page[k]]) : 0;
-            out[k] = T(0);
-            done[k] = remote[k] = false;
-        }
-        // Ordering point for all N words at once: relaxed loads followed by this fence form an
-        // acquire (paired with serve_fault's release), as view_page's single acquire load does.
-        detail::fence_acq_rel();
-        const strata_u64 off_mask = (1ull << s.page_shift) - 1;
-#pragma unroll
-        for (int k = 0; k < N; ++k) {
-            const strata_u64 off = (idx[k] * sizeof(T)) & off_mask;
-            if (idx[k] >= size()) continue;  // read() below reports it
-            if (detail::state_of(w[k]) == STRATA_RESIDENT) {
-                const strata_u64 frame = w[k] & STRATA_FRAME_MASK;
-                out[k] = detail::load_cg((const T*)(s.frame_data + (frame << s.page_shift) + off));
-                done[k] = true;
-            } else if (detail::remote_reads_on(s) &&
-                       detail::try_remote(s, page[k], w[k], false) == detail::REMOTE_SERVED) {
-                out[k] = detail::load_cg((const T*)(s.host + (page[k] << s.page_shift) + off));
-                remote[k] = true;
-            }
-        }
-        // The frame loads complete before the words are read again (view_valid's check).
-        detail::fence_acq_rel();
-#pragma unroll
-        for (int k = 0; k < N; ++k) {
-            if (!done[k]) continue;
-            done[k] = detail::same_residency(w[k], detail::load_relaxed(&s.page_table[page[k]]));
-            if (done[k]) detail::touch_frame(s, (strata_u32)(w[k] & STRATA_FRAME_MASK));
-            else atomicAdd(&s.counters->optimistic_retries, 1ull);
-        }
-        const unsigned mask = __activemask();
-        const unsigned same_space = detail::space_peers(mask, s);
-#pragma unroll
-        for (int k = 0; k < N; ++k) {
-            const bool served = done[k] || remote[k];
-            count_reads(mask, same_space, page[k], served, remote[k]);
-            if (!served) out[k] = read(idx[k]);
-        }
-    }
-
-  private:
-    // Statistics as the pinned path counts them: one hit per group of lanes on one page; reads
-    // in place counted apart. Returns the lanes of `mask` that were served.
-    __device__ __forceinline__ unsigned count_reads(unsigned mask, unsigned same_space, strata_u64 page, bool done,
-                                                    bool remote) const {
         const unsigned lane = detail::lane_id();
         const unsigned ok = __ballot_sync(mask, done);
+        const unsigned same_space = detail::space_peers(mask, s);
         const unsigned group = __match_any_sync(mask, page) & same_space & ok;
         const unsigned leaders = __ballot_sync(mask, done && !remote && lane == __ffs(group) - 1) & same_space;
         const unsigned remotes = __ballot_sync(mask, remote) & same_space;
@@ -466,10 +398,13 @@ template <typename T> struct Array {
             if (leaders) detail::add_hits(s, __popc(leaders));
             if (remotes) atomicAdd(&s.counters->remote_reads, (strata_u64)__popc(remotes));
         }
-        return ok;
+        // The whole warp enters the pinned path if any lane needs it, so faults are copied by
+        // every lane rather than by the few that missed.
+        if (ok != mask)
+            detail::with_page(
+                s, page, false, [&](unsigned char* f) { v = detail::load_cg((const T*)(f + off)); }, !done);
+        return v;
     }
-
-  public:
 
     __device__ __forceinline__ void write(strata_u64 i, T v) const {
         if (i >= size()) {
