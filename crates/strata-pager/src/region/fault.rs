@@ -44,12 +44,12 @@ impl Shared {
         } else {
             1
         };
+        // This filler's recent fault service time (see poll_for_faults).
+        let mut service = ServiceTime::default();
         loop {
             match self.uffd.read_messages(&mut msgs[..per_read]) {
                 Ok(n) if n > 0 => {
-                    for m in &msgs[..n] {
-                        self.handle(m, &mut scratch);
-                    }
+                    self.handle_timed(&msgs[..n], &mut scratch, &mut service);
                     continue;
                 }
                 Ok(_) => {}
@@ -63,7 +63,7 @@ impl Shared {
             if self.stop.load(Ordering::Acquire) {
                 return;
             }
-            if self.poll_for_faults(&mut msgs[..per_read], &mut scratch) {
+            if self.poll_for_faults(&mut msgs[..per_read], &mut scratch, &mut service) {
                 continue;
             }
             if let Err(e) = poller.wait() {
@@ -76,12 +76,34 @@ impl Shared {
         }
     }
 
+    /// Serves `msgs`, folding their service time into `service`.
+    fn handle_timed(&self, msgs: &[UffdMsg], scratch: &mut Scratch, service: &mut ServiceTime) {
+        let start = Instant::now();
+        for m in msgs {
+            self.handle(m, scratch);
+        }
+        service.add(start.elapsed(), msgs.len());
+    }
+
     /// Keeps reading fault messages for `fault_spin_us` after the last one, so that a thread
     /// faulting again soon finds a filler awake rather than waking one on another CPU (and
     /// being woken back from there). One filler polls at a time. True if it served a fault.
-    fn poll_for_faults(&self, msgs: &mut [UffdMsg], scratch: &mut Scratch) -> bool {
+    ///
+    /// Only while this filler's faults take less than the window on average: a store slower
+    /// than that (a disk read, a memory node) gains little from a poll beside its own latency,
+    /// and the poll takes a CPU the evictor needs (sort at 6x over a file store was 9-25 %
+    /// slower with polling, over LZ4 memory 2.3x faster: `crates/strata-run/results/RESULTS.md`).
+    fn poll_for_faults(
+        &self,
+        msgs: &mut [UffdMsg],
+        scratch: &mut Scratch,
+        service: &mut ServiceTime,
+    ) -> bool {
         let spin = Duration::from_micros(u64::from(self.config.fault_spin_us));
-        if spin.is_zero() || self.fault_poller_busy.swap(true, Ordering::AcqRel) {
+        if spin.is_zero()
+            || service.mean() > spin
+            || self.fault_poller_busy.swap(true, Ordering::AcqRel)
+        {
             return false;
         }
         let mut served = false;
@@ -89,10 +111,11 @@ impl Shared {
         while !self.stop.load(Ordering::Acquire) {
             match self.uffd.read_messages(msgs) {
                 Ok(n) if n > 0 => {
-                    for m in &msgs[..n] {
-                        self.handle(m, scratch);
-                    }
+                    self.handle_timed(&msgs[..n], scratch, service);
                     served = true;
+                    if service.mean() > spin {
+                        break;
+                    }
                     until = Instant::now() + spin;
                 }
                 Ok(_) => {}
@@ -560,5 +583,24 @@ impl Shared {
         } else {
             self.wake(page);
         }
+    }
+}
+
+/// A filler's mean fault service time, weighted to the recent faults (each new one counts
+/// 1/8), so that a store's occasional fast fault does not start a poll.
+#[derive(Debug, Default)]
+pub(super) struct ServiceTime {
+    mean_ns: u64,
+}
+
+impl ServiceTime {
+    fn add(&mut self, took: Duration, faults: usize) {
+        let each = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX) / (faults.max(1) as u64);
+        // mean += (each - mean) / 8, in integers.
+        self.mean_ns = self.mean_ns - self.mean_ns / 8 + each / 8;
+    }
+
+    fn mean(&self) -> Duration {
+        Duration::from_nanos(self.mean_ns)
     }
 }
