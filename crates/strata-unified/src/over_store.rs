@@ -213,11 +213,23 @@ impl CpuSide {
     /// in the region, or written to the store by the pager's eviction since the last sync to
     /// the GPU.
     fn refuse_cpu_writes(&self) -> Result<(), UnifiedError> {
-        let dirty = self.region.counters().dirty_pages;
-        let written = self.cpu_log.peek().len();
-        if dirty == 0 && written == 0 {
-            return Ok(());
-        }
+        // A page an evictor is writing back at this moment is neither dirty nor logged yet:
+        // look again until no page is on the move (or at worst for a second, then refuse).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+        let (dirty, written) = loop {
+            let counters = self.region.counters();
+            let written = self.cpu_log.peek().len();
+            if counters.dirty_pages > 0 || written > 0 {
+                break (counters.dirty_pages, written);
+            }
+            if counters.pages_in_transition == 0 {
+                return Ok(());
+            }
+            if std::time::Instant::now() >= deadline {
+                break (counters.pages_in_transition, written);
+            }
+            std::thread::yield_now();
+        };
         Err(UnifiedError::PhaseOrder(format!(
             "the CPU wrote during a GPU phase ({dirty} page(s) dirty, {written} already written to the store since the last sync_to_gpu); nothing was moved. If no kernel wrote since, call sync_to_gpu, then sync_to_cpu; otherwise call sync_to_cpu_merging, which keeps each side's writes to pages only it wrote (a page both wrote ends up with one side's bytes and is listed)"
         )))

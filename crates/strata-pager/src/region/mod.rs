@@ -90,6 +90,10 @@ pub struct PagerCounters {
     pub resident_pages: u64,
     /// Pages dirty now.
     pub dirty_pages: u64,
+    /// Resident pages a pager thread is moving right now (being evicted, flushed, filled or
+    /// unprotected for a first write). A page being written back is in neither
+    /// `dirty_pages` nor the store yet: wait until this is 0 to see it land.
+    pub pages_in_transition: u64,
 }
 
 /// A region of memory paged from a store. See the module documentation.
@@ -171,7 +175,7 @@ impl Region {
     pub fn counters(&self) -> PagerCounters {
         self.shared.quiesce();
         let c = &self.shared.counters;
-        let (mut resident, mut dirty) = (0, 0);
+        let (mut resident, mut dirty, mut moving) = (0, 0, 0);
         for f in 0..self.shared.frames.len() {
             let page = self.shared.frames.owner(f);
             if page == crate::pages::NO_PAGE {
@@ -184,6 +188,7 @@ impl Region {
             if word::frame(w) as usize == f && !matches!(word::state(w), State::Absent) {
                 resident += 1;
                 dirty += u64::from(word::state(w) == State::Dirty);
+                moving += u64::from(word::in_transition(w));
             }
         }
         PagerCounters {
@@ -195,6 +200,7 @@ impl Region {
             failed_faults: c.failed_faults.load(Ordering::Relaxed),
             resident_pages: resident,
             dirty_pages: dirty,
+            pages_in_transition: moving,
         }
     }
 

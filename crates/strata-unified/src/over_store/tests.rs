@@ -273,7 +273,11 @@ fn a_store_that_fails_writes_loses_nothing() {
             side.region.as_slice() == &replay[..size as usize],
             "the CPU's bytes are kept"
         );
-        assert!(side.region.counters().dirty_pages > 0);
+        if plan.write_error >= 1.0 {
+            // Nothing can be written, by the flush or by an evictor: the pages stay dirty. (With
+            // a store that fails only some writes, an evictor may store and evict them meanwhile.)
+            assert!(side.region.counters().dirty_pages > 0);
+        }
         faulty.heal();
         assert_eq!(
             side.hand_to_gpu().unwrap(),
