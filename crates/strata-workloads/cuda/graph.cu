@@ -327,8 +327,8 @@ __device__ void pr_pull(const Edges& edges, const u32* bounds, u64 chunks, const
 
 // ---- entry points ---------------------------------------------------------------------------
 // Every warp kernel takes the neighbour array first, then the chunk bounds.
-#define GRAPH_ENTRY_POINTS(SUFFIX, PARAM, MAKE)                                                    \
-    extern "C" __global__ void bfs_top_down_##SUFFIX(PARAM, const u32* bounds, u64 chunks,       \
+#define GRAPH_ENTRY_POINTS(SUFFIX, BOUNDS, PARAM, MAKE)                                            \
+    extern "C" __global__ void BOUNDS bfs_top_down_##SUFFIX(PARAM, const u32* bounds, u64 chunks,       \
                                                      const u64* offsets, u64 n, u32* levels,     \
                                                      u32* parents, u32 level, u64* counters,     \
                                                      u64 dense_ids) {                             \
@@ -336,19 +336,19 @@ __device__ void pr_pull(const Edges& edges, const u32* bounds, u64 chunks, const
         bfs_top_down(edges, bounds, chunks, offsets, n, levels, parents, level, counters,        \
                      dense_ids);                                                                  \
     }                                                                                             \
-    extern "C" __global__ void bfs_bottom_up_##SUFFIX(PARAM, const u32* bounds, u64 chunks,      \
+    extern "C" __global__ void BOUNDS bfs_bottom_up_##SUFFIX(PARAM, const u32* bounds, u64 chunks,      \
                                                       const u64* offsets, u64 n, u32* levels,    \
                                                       u32* parents, u32 level, u64* counters) {  \
         MAKE;                                                                                     \
         bfs_bottom_up(edges, bounds, chunks, offsets, n, levels, parents, level, counters);      \
     }                                                                                             \
-    extern "C" __global__ void cc_hook_##SUFFIX(PARAM, const u32* bounds, u64 chunks,            \
+    extern "C" __global__ void BOUNDS cc_hook_##SUFFIX(PARAM, const u32* bounds, u64 chunks,            \
                                                 const u64* offsets, u64 n, u32* labels,          \
                                                 u32* changed) {                                   \
         MAKE;                                                                                     \
         cc_hook(edges, bounds, chunks, offsets, n, labels, changed);                              \
     }                                                                                             \
-    extern "C" __global__ void pr_pull_##SUFFIX(PARAM, const u32* bounds, u64 chunks,            \
+    extern "C" __global__ void BOUNDS pr_pull_##SUFFIX(PARAM, const u32* bounds, u64 chunks,            \
                                                 const u64* offsets, u64 n,                       \
                                                 const float* contribution, const double* dangling,\
                                                 float damping, float* next) {                     \
@@ -356,8 +356,14 @@ __device__ void pr_pull(const Edges& edges, const u32* bounds, u64 chunks, const
         pr_pull(edges, bounds, chunks, offsets, n, contribution, dangling, damping, next);       \
     }
 
-GRAPH_ENTRY_POINTS(space, StrataSpace space, SpaceEdges edges{space})
-GRAPH_ENTRY_POINTS(ptr, const u32* ids, PtrEdges edges{ids})
+// The space kernels bound their registers (four blocks of 256 per SM): Strata's inlined fault
+// path would otherwise set the register count to one block per SM, and these kernels are bound
+// by the loads each SM keeps in flight (rows read in place over the bus, resident rows); the
+// rarely taken fault path spills instead (scripts/experiments/gather_anatomy.cu).
+#define GRAPH_SPACE_BOUNDS __launch_bounds__(256, 4)
+#define GRAPH_NO_BOUNDS
+GRAPH_ENTRY_POINTS(space, GRAPH_SPACE_BOUNDS, StrataSpace space, SpaceEdges edges{space})
+GRAPH_ENTRY_POINTS(ptr, GRAPH_NO_BOUNDS, const u32* ids, PtrEdges edges{ids})
 
 // ---- small state kernels (ordered on Strata's stream, unlike driver memsets/copies) ---------
 extern "C" __global__ void fill_u32(u32* p, u64 n, u32 value) {
