@@ -36,6 +36,14 @@ pub(super) enum OnFillError {
 const MESSAGES_PER_READ: usize = 4;
 
 impl Shared {
+    /// Waits for fault messages and serves them. After serving, a filler keeps reading for
+    /// `fault_spin_us` before it sleeps, so that a thread faulting again soon finds a filler
+    /// awake rather than waking one on another CPU (and being woken back from there). One
+    /// filler polls at a time, and only while its faults take less than the window on
+    /// average: a store slower than that (a disk read, a memory node) gains little beside its
+    /// own latency, and the poll takes a CPU the evictor needs (sort at 6x over a file store
+    /// was 9-25 % slower with polling, over LZ4 memory 2.5x faster:
+    /// `crates/strata-run/results/RESULTS.md`).
     pub(super) fn filler_main(&self, poller: &FaultPoller) {
         let mut scratch = Scratch(Vec::new());
         let mut msgs = [UffdMsg::default(); MESSAGES_PER_READ];
@@ -44,12 +52,24 @@ impl Shared {
         } else {
             1
         };
-        // This filler's recent fault service time (see poll_for_faults).
+        let window = Duration::from_micros(u64::from(self.config.fault_spin_us));
+        // This filler's recent fault service time, and while it polls, until when.
         let mut service = ServiceTime::default();
+        let mut polling_until: Option<Instant> = None;
         loop {
             match self.uffd.read_messages(&mut msgs[..per_read]) {
                 Ok(n) if n > 0 => {
-                    self.handle_timed(&msgs[..n], &mut scratch, &mut service);
+                    let start = Instant::now();
+                    for m in &msgs[..n] {
+                        self.handle(m, &mut scratch);
+                    }
+                    if !window.is_zero() {
+                        let now = Instant::now();
+                        service.add(now - start, n);
+                        if polling_until.is_some() {
+                            polling_until = Some(now + window);
+                        }
+                    }
                     continue;
                 }
                 Ok(_) => {}
@@ -61,10 +81,26 @@ impl Shared {
                 }
             }
             if self.stop.load(Ordering::Acquire) {
+                if polling_until.is_some() {
+                    self.fault_poller_busy.store(false, Ordering::Release);
+                }
                 return;
             }
-            if self.poll_for_faults(&mut msgs[..per_read], &mut scratch, &mut service) {
-                continue;
+            let fast = !window.is_zero() && service.mean() <= window;
+            match polling_until {
+                Some(until) if fast && Instant::now() < until => {
+                    std::hint::spin_loop();
+                    continue;
+                }
+                Some(_) => {
+                    self.fault_poller_busy.store(false, Ordering::Release);
+                    polling_until = None;
+                }
+                None if fast && !self.fault_poller_busy.swap(true, Ordering::AcqRel) => {
+                    polling_until = Some(Instant::now() + window);
+                    continue;
+                }
+                None => {}
             }
             if let Err(e) = poller.wait() {
                 eprintln!("strata-pager: epoll_wait failed: {e}");
@@ -74,63 +110,6 @@ impl Shared {
                 return;
             }
         }
-    }
-
-    /// Serves `msgs`, folding their service time into `service`.
-    fn handle_timed(&self, msgs: &[UffdMsg], scratch: &mut Scratch, service: &mut ServiceTime) {
-        let start = Instant::now();
-        for m in msgs {
-            self.handle(m, scratch);
-        }
-        service.add(start.elapsed(), msgs.len());
-    }
-
-    /// Keeps reading fault messages for `fault_spin_us` after the last one, so that a thread
-    /// faulting again soon finds a filler awake rather than waking one on another CPU (and
-    /// being woken back from there). One filler polls at a time. True if it served a fault.
-    ///
-    /// Only while this filler's faults take less than the window on average: a store slower
-    /// than that (a disk read, a memory node) gains little from a poll beside its own latency,
-    /// and the poll takes a CPU the evictor needs (sort at 6x over a file store was 9-25 %
-    /// slower with polling, over LZ4 memory 2.3x faster: `crates/strata-run/results/RESULTS.md`).
-    fn poll_for_faults(
-        &self,
-        msgs: &mut [UffdMsg],
-        scratch: &mut Scratch,
-        service: &mut ServiceTime,
-    ) -> bool {
-        let spin = Duration::from_micros(u64::from(self.config.fault_spin_us));
-        if spin.is_zero()
-            || service.mean() > spin
-            || self.fault_poller_busy.swap(true, Ordering::AcqRel)
-        {
-            return false;
-        }
-        let mut served = false;
-        let mut until = Instant::now() + spin;
-        while !self.stop.load(Ordering::Acquire) {
-            match self.uffd.read_messages(msgs) {
-                Ok(n) if n > 0 => {
-                    self.handle_timed(&msgs[..n], scratch, service);
-                    served = true;
-                    if service.mean() > spin {
-                        break;
-                    }
-                    until = Instant::now() + spin;
-                }
-                Ok(_) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                // Reported by the caller's next read.
-                Err(_) => break,
-            }
-            if Instant::now() >= until {
-                break;
-            }
-            std::hint::spin_loop();
-        }
-        self.fault_poller_busy.store(false, Ordering::Release);
-        served
     }
 
     pub(super) fn handle(&self, msg: &UffdMsg, scratch: &mut Scratch) {
@@ -589,7 +568,7 @@ impl Shared {
 /// A filler's mean fault service time, weighted to the recent faults (each new one counts
 /// 1/8), so that a store's occasional fast fault does not start a poll.
 #[derive(Debug, Default)]
-pub(super) struct ServiceTime {
+struct ServiceTime {
     mean_ns: u64,
 }
 
