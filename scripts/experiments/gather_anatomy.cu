@@ -36,143 +36,76 @@ __device__ __forceinline__ strata_u64 mix(strata_u64 x) {
     return x;
 }
 
-#define LOOP_BEGIN                                                                        \
-    strata_u64 acc = 0;                                                                   \
-    const strata_u64 n = s.size_bytes / 8;                                                \
-    const strata_u64 threads = (strata_u64)gridDim.x * blockDim.x;                        \
-    for (strata_u64 k = blockIdx.x * (strata_u64)blockDim.x + threadIdx.x; k < count; k += threads) { \
-        const strata_u64 i = mix(k ^ seed) % n;                                           \
+// The steps, each adding to the one before: 0 the element at its frame address computed
+// without the page table (the HBM ceiling's load); 1 + the page word (relaxed); 2 + acquire
+// loads of the word and the element; 3 + the recheck of the word; 4 + the frame's reference
+// bit; 5 + read()'s hit statistics (a __match_any_sync group per page); 6 the same count by
+// runs of adjacent lanes (a shuffle); 7 Array::read itself.
+template <int STEP>
+__device__ __forceinline__ void gathers(const StrataSpace& s, strata_u64 count, strata_u64 seed, strata_u64* sink,
+                                        const strata_u32* frame_of) {
+    strata::Array<strata_u64> a(s);
+    strata_u64 acc = 0;
+    const strata_u64 n = s.size_bytes / 8;
+    const strata_u64 threads = (strata_u64)gridDim.x * blockDim.x;
+    for (strata_u64 k = blockIdx.x * (strata_u64)blockDim.x + threadIdx.x; k < count; k += threads) {
+        const strata_u64 i = mix(k ^ seed) % n;
         const strata_u64 byte = i * 8, page = byte >> s.page_shift, off = byte & ((1ull << s.page_shift) - 1);
-#define LOOP_END \
-    }            \
+        if constexpr (STEP == 0) {
+            acc += __ldcg((const strata_u64*)(s.frame_data + ((strata_u64)frame_of[page] << s.page_shift) + off));
+        } else if constexpr (STEP == 1) {
+            const strata_u64 w = strata::detail::load_relaxed(&s.page_table[page]);
+            acc += __ldcg((const strata_u64*)(s.frame_data + ((w & STRATA_FRAME_MASK) << s.page_shift) + off));
+        } else if constexpr (STEP == 7) {
+            acc += a.read(i);
+        } else {
+            const strata_u64 w = strata::detail::load_acquire(&s.page_table[page]);
+            const strata_u64 v = strata::detail::load_acquire_elem(
+                (const strata_u64*)(s.frame_data + ((w & STRATA_FRAME_MASK) << s.page_shift) + off));
+            const bool done =
+                STEP == 2 || strata::detail::same_residency(w, strata::detail::load_relaxed(&s.page_table[page]));
+            if (done) {
+                if (STEP >= 4) strata::detail::touch_frame(s, (strata_u32)(w & STRATA_FRAME_MASK));
+                acc += v;
+            }
+            if constexpr (STEP >= 5) {
+                const unsigned mask = __activemask();
+                const unsigned lane = strata::detail::lane_id();
+                unsigned leaders;
+                if constexpr (STEP == 5) {
+                    const unsigned ok = __ballot_sync(mask, done);
+                    const unsigned same_space = strata::detail::space_peers(mask, s);
+                    const unsigned group = __match_any_sync(mask, page) & same_space & ok;
+                    leaders = __ballot_sync(mask, done && lane == __ffs(group) - 1) & same_space;
+                } else {
+                    const strata_u64 prev = __shfl_up_sync(mask, page, 1);
+                    leaders = __ballot_sync(mask, done && (lane == 0 || prev != page));
+                }
+                if (lane == __ffs(mask) - 1 && leaders) strata::detail::add_hits(s, __popc(leaders));
+            }
+        }
+    }
     if (acc == 42) sink[0] = acc;
+}
 
-// 0: the element at its frame address computed without the page table (the HBM ceiling's load).
-extern "C" __global__ void k_plain(StrataSpace s, strata_u64 count, strata_u64 seed, strata_u64* sink,
-                                   const strata_u32* frame_of) {
-    LOOP_BEGIN
-    acc += __ldcg((const strata_u64*)(s.frame_data + ((strata_u64)frame_of[page] << s.page_shift) + off));
-    (void)page;
-    LOOP_END
-}
-// 1: page word (relaxed) -> element (weak): translation only.
-extern "C" __global__ void k_translate(StrataSpace s, strata_u64 count, strata_u64 seed, strata_u64* sink,
-                                       const strata_u32*) {
-    LOOP_BEGIN
-    const strata_u64 w = strata::detail::load_relaxed(&s.page_table[page]);
-    acc += __ldcg((const strata_u64*)(s.frame_data + ((w & STRATA_FRAME_MASK) << s.page_shift) + off));
-    LOOP_END
-}
-// 2: + acquire on the word and the element (the orderings read() uses).
-extern "C" __global__ void k_acquire(StrataSpace s, strata_u64 count, strata_u64 seed, strata_u64* sink,
-                                     const strata_u32*) {
-    LOOP_BEGIN
-    const strata_u64 w = strata::detail::load_acquire(&s.page_table[page]);
-    acc += strata::detail::load_acquire_elem(
-        (const strata_u64*)(s.frame_data + ((w & STRATA_FRAME_MASK) << s.page_shift) + off));
-    LOOP_END
-}
-// 3: + the recheck of the word.
-extern "C" __global__ void k_recheck(StrataSpace s, strata_u64 count, strata_u64 seed, strata_u64* sink,
-                                     const strata_u32*) {
-    LOOP_BEGIN
-    const strata_u64 w = strata::detail::load_acquire(&s.page_table[page]);
-    const strata_u64 v = strata::detail::load_acquire_elem(
-        (const strata_u64*)(s.frame_data + ((w & STRATA_FRAME_MASK) << s.page_shift) + off));
-    if (strata::detail::same_residency(w, strata::detail::load_relaxed(&s.page_table[page]))) acc += v;
-    LOOP_END
-}
-// 4: + the frame's reference bit (a load; set if clear).
-extern "C" __global__ void k_touch(StrataSpace s, strata_u64 count, strata_u64 seed, strata_u64* sink,
-                                   const strata_u32*) {
-    LOOP_BEGIN
-    const strata_u64 w = strata::detail::load_acquire(&s.page_table[page]);
-    const strata_u64 v = strata::detail::load_acquire_elem(
-        (const strata_u64*)(s.frame_data + ((w & STRATA_FRAME_MASK) << s.page_shift) + off));
-    if (strata::detail::same_residency(w, strata::detail::load_relaxed(&s.page_table[page]))) {
-        strata::detail::touch_frame(s, (strata_u32)(w & STRATA_FRAME_MASK));
-        acc += v;
+#define GATHER_KERNEL(NAME, BOUNDS, STEP)                                                              \
+    extern "C" __global__ void BOUNDS NAME(StrataSpace s, strata_u64 count, strata_u64 seed, strata_u64* sink, \
+                                           const strata_u32* frame_of) {                               \
+        gathers<STEP>(s, count, seed, sink, frame_of);                                                 \
     }
-    LOOP_END
-}
-// 4a: + read()'s hit statistics: one hit per group of lanes on one page (__match_any_sync).
-extern "C" __global__ void k_stats_match(StrataSpace s, strata_u64 count, strata_u64 seed, strata_u64* sink,
-                                         const strata_u32*) {
-    LOOP_BEGIN
-    const strata_u64 w = strata::detail::load_acquire(&s.page_table[page]);
-    const strata_u64 v = strata::detail::load_acquire_elem(
-        (const strata_u64*)(s.frame_data + ((w & STRATA_FRAME_MASK) << s.page_shift) + off));
-    const bool done = strata::detail::same_residency(w, strata::detail::load_relaxed(&s.page_table[page]));
-    if (done) {
-        strata::detail::touch_frame(s, (strata_u32)(w & STRATA_FRAME_MASK));
-        acc += v;
-    }
-    const unsigned mask = __activemask();
-    const unsigned lane = strata::detail::lane_id();
-    const unsigned ok = __ballot_sync(mask, done);
-    const unsigned same_space = strata::detail::space_peers(mask, s);
-    const unsigned group = __match_any_sync(mask, page) & same_space & ok;
-    const unsigned leaders = __ballot_sync(mask, done && lane == __ffs(group) - 1) & same_space;
-    if (lane == __ffs(same_space) - 1 && leaders) strata::detail::add_hits(s, __popc(leaders));
-    LOOP_END
-}
-// 4b: the same count by runs of adjacent lanes on one page (a shuffle instead of a match).
-extern "C" __global__ void k_stats_adjacent(StrataSpace s, strata_u64 count, strata_u64 seed, strata_u64* sink,
-                                            const strata_u32*) {
-    LOOP_BEGIN
-    const strata_u64 w = strata::detail::load_acquire(&s.page_table[page]);
-    const strata_u64 v = strata::detail::load_acquire_elem(
-        (const strata_u64*)(s.frame_data + ((w & STRATA_FRAME_MASK) << s.page_shift) + off));
-    const bool done = strata::detail::same_residency(w, strata::detail::load_relaxed(&s.page_table[page]));
-    if (done) {
-        strata::detail::touch_frame(s, (strata_u32)(w & STRATA_FRAME_MASK));
-        acc += v;
-    }
-    const unsigned mask = __activemask();
-    const unsigned lane = strata::detail::lane_id();
-    const strata_u64 prev = __shfl_up_sync(mask, page, 1);
-    const unsigned leaders = __ballot_sync(mask, done && (lane == 0 || prev != page));
-    if (lane == __ffs(mask) - 1 && leaders) strata::detail::add_hits(s, __popc(leaders));
-    LOOP_END
-}
-// 5b: Array::read with the registers bounded (four blocks of 256 per SM).
-extern "C" __global__ void __launch_bounds__(256, 4) k_read_bounded(StrataSpace s, strata_u64 count, strata_u64 seed,
-                                                                    strata_u64* sink, const strata_u32*) {
-    strata::Array<strata_u64> a(s);
-    LOOP_BEGIN
-    (void)page;
-    (void)off;
-    acc += a.read(i);
-    LOOP_END
-}
-extern "C" __global__ void __launch_bounds__(256, 6) k_read_bounded6(StrataSpace s, strata_u64 count, strata_u64 seed,
-                                                                     strata_u64* sink, const strata_u32*) {
-    strata::Array<strata_u64> a(s);
-    LOOP_BEGIN
-    (void)page;
-    (void)off;
-    acc += a.read(i);
-    LOOP_END
-}
-extern "C" __global__ void __launch_bounds__(256, 8) k_read_bounded8(StrataSpace s, strata_u64 count, strata_u64 seed,
-                                                                     strata_u64* sink, const strata_u32*) {
-    strata::Array<strata_u64> a(s);
-    LOOP_BEGIN
-    (void)page;
-    (void)off;
-    acc += a.read(i);
-    LOOP_END
-}
-// 5: Array::read (adds the warp's statistics and the pinned-path check).
-extern "C" __global__ void k_read(StrataSpace s, strata_u64 count, strata_u64 seed, strata_u64* sink,
-                                  const strata_u32*) {
-    strata::Array<strata_u64> a(s);
-    LOOP_BEGIN
-    (void)page;
-    (void)off;
-    acc += a.read(i);
-    LOOP_END
-}
+#define NO_BOUNDS
+GATHER_KERNEL(k_plain, NO_BOUNDS, 0)
+GATHER_KERNEL(k_translate, NO_BOUNDS, 1)
+GATHER_KERNEL(k_acquire, NO_BOUNDS, 2)
+GATHER_KERNEL(k_recheck, NO_BOUNDS, 3)
+GATHER_KERNEL(k_touch, NO_BOUNDS, 4)
+GATHER_KERNEL(k_stats_match, NO_BOUNDS, 5)
+GATHER_KERNEL(k_stats_adjacent, NO_BOUNDS, 6)
+GATHER_KERNEL(k_read, NO_BOUNDS, 7)
+// Array::read with the registers bounded (four, six and eight blocks of 256 per SM).
+GATHER_KERNEL(k_read_bounded, __launch_bounds__(256, 4), 7)
+GATHER_KERNEL(k_read_bounded6, __launch_bounds__(256, 6), 7)
+GATHER_KERNEL(k_read_bounded8, __launch_bounds__(256, 8), 7)
 
 typedef void (*Kernel)(StrataSpace, strata_u64, strata_u64, strata_u64*, const strata_u32*);
 
