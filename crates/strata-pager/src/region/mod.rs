@@ -227,7 +227,16 @@ impl Region {
     pub fn flush(&self) -> Result<(), RegionError> {
         self.shared.flush_dirty()?;
         if let Some(e) = self.take_error() {
-            return Err(e);
+            if !matches!(e, RegionError::WriteBack { .. }) {
+                return Err(e);
+            }
+            // An evictor's write-back failed while this flush ran (the store failed, or was
+            // repaired only after that write started): its page stayed dirty, perhaps after
+            // the flush had passed it. One more pass writes it, or fails with the store's error.
+            self.shared.flush_dirty()?;
+            if let Some(e) = self.take_error() {
+                return Err(e);
+            }
         }
         self.shared.store.flush().map_err(RegionError::StoreFlush)
     }
