@@ -11,6 +11,9 @@
 #     unified  the unified allocations' GPU tests, then `strata bench unified` (issue 14)
 #     gathers  the element-access GPU tests (gpu, remote_access), this machine's ceilings, then
 #              gpu-micro's gathers at 1x-8x, one call per ratio
+#     readonly  the workloads (whose inputs are read-only spaces): their correctness checks, then
+#              BFS and PageRank on a Kronecker scale-25 graph at 2x (Strata, zero-copy, UVM) and
+#              512-byte embedding rows at 4x (Strata, zero-copy)
 # Logs land in $OUT (the device tool brings them back).
 set -u -o pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -53,6 +56,14 @@ for step in "${steps[@]}"; do
                 GRAPH_RUNS="--scale 25 --graph-file /tmp/k25.bin --algorithms bfs --oversubscription 2 --reps 3 --modes strata,zero-copy,uvm" \
                 bash "$ROOT/scripts/gpu-workloads.sh" run bench-graph
             ;;
-        *) echo "unknown step $step (tests, bfs25, micro, unified, gathers)" >&2; exit 2 ;;
+        readonly)
+            mkdir -p "$ROOT/.carry/workloads"
+            cp "$ROOT/.carry/strata" "$ROOT/.carry/workloads/strata"
+            OUT="$OUT" STEP_TIMEOUT="${STEP_TIMEOUT:-240}" \
+                GRAPH_RUNS="--scale 25 --graph-file /tmp/k25.bin --algorithms bfs,pagerank --oversubscription 2 --reps 3 --modes strata,zero-copy,uvm" \
+                EMBED_RUNS="--dim 128 --modes strata,zero-copy" \
+                bash "$ROOT/scripts/gpu-workloads.sh" run check bench-graph bench-embed
+            ;;
+        *) echo "unknown step $step (tests, bfs25, micro, unified, gathers, readonly)" >&2; exit 2 ;;
     esac
 done

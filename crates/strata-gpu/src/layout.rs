@@ -38,6 +38,8 @@ pub const FAULT_HIST_BUCKETS: usize = 64;
 pub const FAULT_HIST_MIN_LOG2: u32 = 8;
 /// Space handle `policy` flag: read first touches through from the host copy.
 pub const POLICY_READ_THROUGH: u32 = 0x100;
+/// Space handle `policy` flag: no kernel writes the space ([`crate::Space::set_read_only`]).
+pub const POLICY_READ_ONLY: u32 = 0x200;
 /// Frame table: no page.
 pub const NO_PAGE: u32 = 0xFFFF_FFFF;
 /// Error flag: an index outside the space.
@@ -48,6 +50,8 @@ pub const ERR_NO_FRAME: u64 = 2;
 pub const ERR_PAGE_OUT_OF_RANGE: u64 = 4;
 /// Error flag: a lower tier failed a page (the store, or a host that did not answer).
 pub const ERR_STORE: u64 = 8;
+/// Error flag: a kernel tried to write a read-only space (nothing was written).
+pub const ERR_READ_ONLY: u64 = 16;
 /// Tier chain: the whole space in pinned host memory.
 pub const TIER_HOST_COPY: u32 = 0;
 /// Tier chain: a pinned host cache over a store, through the request ring.
@@ -164,6 +168,8 @@ pub struct DeviceCounters {
     pub free_frames: u64,
     /// Fault service times: see [`fault_hist_bucket_range`].
     pub fault_hist: [u64; FAULT_HIST_BUCKETS],
+    /// First page a kernel tried to write in a read-only space (`u64::MAX` if none).
+    pub read_only_write_page: u64,
 }
 
 /// The histogram bucket the device counts a fault of `ns` in (`fault_hist_bucket` in
@@ -222,6 +228,7 @@ impl DeviceCounters {
             remote_writes: 0,
             free_frames: 0,
             fault_hist: [0; FAULT_HIST_BUCKETS],
+            read_only_write_page: u64::MAX,
         }
     }
 }
@@ -326,7 +333,7 @@ const _: () = assert!(offset_of!(SpaceHandle<'static>, frame_count) == 56);
 const _: () = assert!(offset_of!(SpaceHandle<'static>, protected_quota) == 68);
 const _: () = assert!(
     size_of::<DeviceCounters>()
-        == 8 * (HIT_SHARDS * SHARD_STRIDE + 11) + 8 + 96 + 8 * FAULT_HIST_BUCKETS
+        == 8 * (HIT_SHARDS * SHARD_STRIDE + 11) + 8 + 96 + 8 * FAULT_HIST_BUCKETS + 8
 );
 const _: () = assert!(size_of::<WriteBackControl>() == 32);
 
@@ -387,13 +394,13 @@ pub fn static_check_source() -> String {
          static_assert(sizeof(StrataFrame) == {}, \"StrataFrame size\");\n\
          static_assert(STRATA_PIN_ONE == {}ull, \"pin unit\");\n\
          static_assert(STRATA_VERSION_MASK == {}ull, \"version bits\");\n\
-         static_assert(STRATA_POLICY_READ_THROUGH == {}u, \"read-through flag\");\n\
+         static_assert(STRATA_POLICY_READ_THROUGH == {}u && STRATA_POLICY_READ_ONLY == {}u, \"policy flags\");\n\
          static_assert(STRATA_DIRTY == {}ull, \"dirty bit\");\n\
          static_assert(STRATA_HISTORY == {}ull, \"history bit\");\n\
          static_assert(STRATA_NO_PAGE == {}u, \"no page\");\n\
          static_assert(STRATA_RESIDENT == {}ull && STRATA_LOADING == {}ull && STRATA_EVICTING == {}ull, \"states\");\n\
          static_assert(STRATA_HIT_SHARDS == {} && STRATA_SHARD_STRIDE == {}, \"shards\");\n\
-         static_assert(STRATA_ERR_OUT_OF_RANGE == {}ull && STRATA_ERR_NO_FRAME == {}ull && STRATA_ERR_PAGE_OUT_OF_RANGE == {}ull && STRATA_ERR_STORE == {}ull, \"error flags\");\n\
+         static_assert(STRATA_ERR_OUT_OF_RANGE == {}ull && STRATA_ERR_NO_FRAME == {}ull && STRATA_ERR_PAGE_OUT_OF_RANGE == {}ull && STRATA_ERR_STORE == {}ull && STRATA_ERR_READ_ONLY == {}ull, \"error flags\");\n\
          static_assert(STRATA_TIER_HOST_COPY == {}u && STRATA_TIER_RING == {}u, \"tiers\");\n\
          static_assert(sizeof(StrataRing) == {} && sizeof(StrataRequest) == {}, \"ring structs\");\n\
          static_assert(STRATA_REQ_READ == {}u && STRATA_REQ_WRITE == {}u && STRATA_REQ_READ_AHEAD == {}u, \"request kinds\");\n\
@@ -409,6 +416,7 @@ pub fn static_check_source() -> String {
         PIN_ONE,
         VERSION_MASK,
         POLICY_READ_THROUGH,
+        POLICY_READ_ONLY,
         DIRTY,
         HISTORY,
         NO_PAGE,
@@ -421,6 +429,7 @@ pub fn static_check_source() -> String {
         ERR_NO_FRAME,
         ERR_PAGE_OUT_OF_RANGE,
         ERR_STORE,
+        ERR_READ_ONLY,
         TIER_HOST_COPY,
         TIER_RING,
         size_of::<crate::ring::layout::RingDescriptor>(),

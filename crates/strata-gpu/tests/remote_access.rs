@@ -8,7 +8,8 @@
 //! and passes.
 #![allow(clippy::cast_possible_truncation)] // test code on 64-bit targets only
 
-use strata_gpu::driver::{Args, DeviceBuffer, Grid};
+use strata_gpu::Space;
+use strata_gpu::driver::{Args, DeviceBuffer, Function, Grid};
 use strata_gpu::space::RemoteAccess;
 use strata_gpu::{EvictionPolicy, SpaceOptions};
 
@@ -333,6 +334,77 @@ fn warps_mixing_two_spaces_with_remote_access_and_two_frame_caches() {
     }
 }
 
+/// The grid `rmw_owned` runs with in the page-read tests (8 ops per thread).
+const WRITERS: Grid = Grid {
+    blocks: 4,
+    threads: 128,
+};
+
+/// Runs `rmw_owned` (`writers`) over `space` with `seed` and replays it on `want`.
+fn write_pass(writers: &Function, space: &Space, want: &mut [u64], seed: u64) {
+    writers
+        .launch(
+            WRITERS,
+            &Args::new().arg(space.handle()).arg(8u64).arg(seed),
+        )
+        .unwrap();
+    let threads = u64::from(WRITERS.blocks) * u64::from(WRITERS.threads);
+    common::replay_rmw_owned(want, threads, 8, seed);
+}
+
+/// A space 4x a cache of 8 pages of `page` bytes, filled with fresh random words, after
+/// `rmw_owned` left some pages dirty in frames and others written back: the space and the
+/// words it must hold.
+fn space_after_writers(
+    strata: &strata_gpu::Strata,
+    writers: &Function,
+    page: u64,
+    remote: RemoteAccess,
+    s: u64,
+) -> (Space, Vec<u64>) {
+    let cache = 8 * page;
+    let bytes = 4 * cache;
+    let mut want = random_words((bytes / 8) as usize, s);
+    let mut space = strata.space(bytes, &options(page, cache, remote)).unwrap();
+    space.fill_from_slice(0, &want).unwrap();
+    write_pass(writers, &space, &mut want, s ^ 3);
+    space.check_errors().unwrap();
+    (space, want)
+}
+
+/// Runs `page_sums` (`sums_fn`) over `space` with `read_mode`; checks errors; the sums.
+fn run_page_sums(
+    sums_fn: &Function,
+    space: &Space,
+    read_mode: u32,
+    sums: &DeviceBuffer,
+) -> Vec<u64> {
+    sums_fn
+        .launch(
+            Grid {
+                blocks: 8,
+                threads: 128,
+            },
+            &Args::new()
+                .arg(space.handle())
+                .arg(read_mode)
+                .arg(sums.ptr()),
+        )
+        .unwrap();
+    space.check_errors().unwrap();
+    let mut got = vec![0u64; (space.size() / space.page_size()) as usize];
+    sums.download(0, &mut got).unwrap();
+    got
+}
+
+/// The wrapping sum of the words of each page of `page` bytes.
+fn page_sums(words: &[u64], page: u64) -> Vec<u64> {
+    words
+        .chunks((page / 8) as usize)
+        .map(|c| c.iter().fold(0u64, |a, w| a.wrapping_add(*w)))
+        .collect()
+}
+
 /// `acquire_page` with `STRATA_READ_IN_PLACE` over a space 4x its cache, after writers left
 /// some pages dirty in frames and others written back: every page reads its current bytes
 /// (resident ones from their frames, the rest from the host copy), nothing migrates, and the
@@ -354,46 +426,16 @@ fn page_reads_in_place_see_current_bytes_and_move_nothing() {
         (4u64 << 10, RemoteAccess::Off),
         (64 << 10, RemoteAccess::Auto),
     ] {
-        let cache = 8 * page;
-        let bytes = 4 * cache;
-        let n = (bytes / 8) as usize;
-        let pages = (bytes / page) as usize;
         let s = seed();
-        let mut want = random_words(n, s);
-        let mut space = strata.space(bytes, &options(page, cache, remote)).unwrap();
-        space.fill_from_slice(0, &want).unwrap();
-        let grid = Grid {
-            blocks: 4,
-            threads: 128,
-        };
-        let threads = u64::from(grid.blocks) * u64::from(grid.threads);
-        writers
-            .launch(grid, &Args::new().arg(space.handle()).arg(8u64).arg(s ^ 3))
-            .unwrap();
-        common::replay_rmw_owned(&mut want, threads, 8, s ^ 3);
-        space.check_errors().unwrap();
-        let words = (page / 8) as usize;
-        let expected: Vec<u64> = want
-            .chunks(words)
-            .map(|c| c.iter().fold(0u64, |a, w| a.wrapping_add(*w)))
-            .collect();
+        let (space, want) = space_after_writers(&strata, &writers, page, remote, s);
+        let pages = want.len() / (page / 8) as usize;
+        let expected = page_sums(&want, page);
         let sums = DeviceBuffer::zeroed(strata.gpu(), pages * 8).unwrap();
         let what = format!("page {page} {remote:?} seed {s:#x}");
         for (mode, name) in [(2u32, "in place"), (0u32, "migrate")] {
             space.reset_stats().unwrap();
-            sums_fn
-                .launch(
-                    Grid {
-                        blocks: 8,
-                        threads: 128,
-                    },
-                    &Args::new().arg(space.handle()).arg(mode).arg(sums.ptr()),
-                )
-                .unwrap();
-            space.check_errors().unwrap();
+            let got = run_page_sums(&sums_fn, &space, mode, &sums);
             let st = space.stats().unwrap();
-            let mut got = vec![0u64; pages];
-            sums.download(0, &mut got).unwrap();
             let first = got.iter().zip(&expected).position(|(g, e)| g != e);
             assert_eq!(first, None, "{what}, {name}: page sums differ");
             eprintln!(
@@ -410,5 +452,110 @@ fn page_reads_in_place_see_current_bytes_and_move_nothing() {
                 assert!(st.faults > 0, "{what}: a migrating pass faulted nothing");
             }
         }
+    }
+}
+
+/// A read-only space (`Space::set_read_only`) after writers left pages dirty in frames: the
+/// call writes them down, then page reads in place, with remote access and migrating all see
+/// the current bytes; lanes that acquire a page for writing, element writes and atomics are
+/// refused (`WroteReadOnly`, nothing written) while the readers of the same warps go on; made
+/// writable again, the same kernel writes.
+#[test]
+fn a_read_only_space_refuses_writes_and_reads_current_bytes() {
+    let Some(strata) = strata_or_skip() else {
+        return;
+    };
+    let module = strata.compile(KERNELS, "remote_kernels.cu").unwrap();
+    let sums_fn = module.function("page_sums").unwrap();
+    let mixed_fn = module.function("page_readers_and_writers").unwrap();
+    let writers = strata
+        .compile(include_str!("gpu_kernels.cu"), "gpu_kernels.cu")
+        .unwrap()
+        .function("rmw_owned")
+        .unwrap();
+    for (page, remote) in [
+        (4u64 << 10, RemoteAccess::Auto),
+        (64 << 10, RemoteAccess::MigrateAfter(2)),
+    ] {
+        let s = seed();
+        let what = format!("page {page} {remote:?} seed {s:#x}");
+        let (mut space, mut want) = space_after_writers(&strata, &writers, page, remote, s);
+        let n = want.len();
+        let words = (page / 8) as usize;
+        let pages = n / words;
+        assert!(!space.is_read_only());
+        space.set_read_only(true).unwrap();
+        assert!(space.is_read_only());
+        let sums = DeviceBuffer::zeroed(strata.gpu(), pages * 8).unwrap();
+        // Twice in place (pages resident from the writers stay in their frames), once with
+        // remote access, once migrating, then in place again over the migrated cache.
+        for mode in [2u32, 2, 1, 0, 2] {
+            assert_eq!(
+                run_page_sums(&sums_fn, &space, mode, &sums),
+                page_sums(&want, page),
+                "{what}: read-only sums, read mode {mode}"
+            );
+        }
+        // Writers are refused, and write nothing; readers in the same warps read right.
+        let done = DeviceBuffer::zeroed(strata.gpu(), 8).unwrap();
+        let mixed = |space: &strata_gpu::Space| {
+            mixed_fn
+                .launch(
+                    Grid {
+                        blocks: 8,
+                        threads: 128,
+                    },
+                    &Args::new()
+                        .arg(space.handle())
+                        .arg(sums.ptr())
+                        .arg(done.ptr()),
+                )
+                .unwrap();
+        };
+        mixed(&space);
+        let err = space.check_errors().unwrap_err();
+        assert!(
+            matches!(err, strata_gpu::SpaceError::WroteReadOnly { page } if (page as usize) < pages),
+            "{what}: {err}"
+        );
+        assert!(err.to_string().contains("set_read_only(false)"), "{err}");
+        let mut d = [0u64];
+        done.download(0, &mut d).unwrap();
+        assert_eq!(
+            d[0], 0,
+            "{what}: a writer's acquire succeeded in a read-only space"
+        );
+        let mut got = vec![0u64; pages];
+        sums.download(0, &mut got).unwrap();
+        // The 16 reading lanes cover every word of the page (lane / 2 + 16 k).
+        assert_eq!(
+            got,
+            page_sums(&want, page),
+            "{what}: readers beside refused writers"
+        );
+        let mut unchanged = want.clone();
+        write_pass(&writers, &space, &mut unchanged, s ^ 5);
+        assert!(matches!(
+            space.check_errors(),
+            Err(strata_gpu::SpaceError::WroteReadOnly { .. })
+        ));
+        let mut back = vec![0u64; n];
+        space.read_back(0, &mut back).unwrap();
+        assert!(back == want, "{what}: a refused write changed the space");
+        // Writable again: the same kernels write.
+        space.set_read_only(false).unwrap();
+        write_pass(&writers, &space, &mut want, s ^ 5);
+        space.check_errors().unwrap();
+        mixed(&space);
+        space.check_errors().unwrap();
+        done.download(0, &mut d).unwrap();
+        assert_eq!(d[0], 16 * pages as u64, "{what}: writers once writable");
+        space.read_back(0, &mut back).unwrap();
+        for chunk in want.chunks_mut(words) {
+            for w in (1..32).step_by(2) {
+                chunk[w] = chunk[w].wrapping_add(1);
+            }
+        }
+        assert!(back == want, "{what}: writes after set_read_only(false)");
     }
 }

@@ -70,3 +70,34 @@ extern "C" __global__ void page_sums(StrataSpace s, unsigned read_mode, unsigned
         if ((threadIdx.x & 31) == 0) sums[p] = sum;
     }
 }
+
+// One warp per page (grid-stride), lanes split: odd lanes acquire the page for writing and, if
+// that succeeds, add 1 to its word `lane`; even lanes read the page (in place where not
+// resident) and the warp's readers store their wrapping sum of the page in sums[p]. In a
+// read-only space the writers' acquire fails (nothing written) while the readers go on.
+extern "C" __global__ void page_readers_and_writers(StrataSpace s, unsigned long long* sums,
+                                                    unsigned long long* writes_done) {
+    const unsigned long long warps = ((unsigned long long)gridDim.x * blockDim.x) >> 5;
+    const unsigned long long words = (1ull << s.page_shift) / 8;
+    const unsigned lane = threadIdx.x & 31;
+    const bool writer = (lane & 1) != 0;
+    for (unsigned long long p = (blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x) >> 5; p < s.pages;
+         p += warps) {
+        strata::PageRef r = strata::acquire_page(s, p, writer, false, STRATA_READ_IN_PLACE);
+        unsigned long long* w = (unsigned long long*)r.data;
+        unsigned long long sum = 0;
+        if (writer) {
+            if (r.ok) {
+                atomicAdd(w + lane, 1ull);
+                atomicAdd(writes_done, 1ull);
+            }
+        }
+        __syncwarp();
+        if (!writer) {
+            for (unsigned long long i = lane / 2; i < words; i += 16) sum += __ldcg(w + i);
+        }
+        strata::release_page(s, r);
+        for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, o);
+        if (lane == 0) sums[p] = sum;
+    }
+}

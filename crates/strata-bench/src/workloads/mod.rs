@@ -202,7 +202,9 @@ fn space_over_store<T: Element>(
     let mut image =
         crate::store_spec::AlignedBuf::new(usize::try_from(bytes).unwrap_or(usize::MAX));
     strata_workloads::gpu::placed::copy_into(image.as_mut(), data);
-    let space = crate::gpu_micro::space_over_store(strata, backing, image.as_mut(), &options)?;
+    let mut space = crate::gpu_micro::space_over_store(strata, backing, image.as_mut(), &options)?;
+    // Only read by the workloads' kernels, as over a host copy (`Placed::space`).
+    space.set_read_only(true)?;
     Ok(Placed::Space(space))
 }
 

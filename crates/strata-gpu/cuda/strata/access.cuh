@@ -36,7 +36,8 @@ struct PageRef {
 // Warp-collective over the calling lanes: every calling lane gets its page pinned. Lanes with
 // the same (space, page) share one pin, which is a writing one if any of them writes. Lanes
 // may differ in space, page and write. Faults are served by this warp. `prefetch` only labels
-// the statistics. A page index past the end records STRATA_ERR_PAGE_OUT_OF_RANGE and fails.
+// the statistics. A page index past the end records STRATA_ERR_PAGE_OUT_OF_RANGE and fails; so
+// does a write to a read-only space (Space::set_read_only), with STRATA_ERR_READ_ONLY.
 // `read_mode` (reads only; ignored when any lane of the group writes or `prefetch` is set):
 //  - STRATA_READ_MIGRATE (0, `false`): a missing page is moved into a frame.
 //  - STRATA_READ_REMOTE_OK (1, `true`): a page not resident and not yet worth a frame may be
@@ -54,15 +55,20 @@ __device__ __forceinline__ PageRef acquire_page(const StrataSpace& s, strata_u64
                                                 bool prefetch = false, unsigned read_mode = STRATA_READ_MIGRATE) {
     const unsigned mask = __activemask();
     const unsigned lane = detail::lane_id();
+    const bool read_only = (s.policy & STRATA_POLICY_READ_ONLY) != 0;
     const bool in_range = page < s.pages;
     if (!in_range) detail::report_error(s, STRATA_ERR_PAGE_OUT_OF_RANGE, page);
+    // A write to a read-only space is refused: that lane fails alone, its readers go on.
+    const bool refused = in_range && write && read_only;
+    if (refused) detail::report_error(s, STRATA_ERR_READ_ONLY, page);
+    const bool usable = in_range && !refused;
     // Groups are (space, page): lanes of different spaces never share a pin or a frame.
-    const unsigned peers = __match_any_sync(mask, in_range ? page : ~0ull) & detail::space_peers(mask, s);
+    const unsigned peers = __match_any_sync(mask, usable ? page : ~0ull) & detail::space_peers(mask, s);
     const unsigned leader = __ffs(peers) - 1;
-    const bool is_leader = in_range && lane == leader;
+    const bool is_leader = usable && lane == leader;
     // A group pins for writing if any of its lanes writes (else the page is never marked dirty
     // and the other lanes' writes are dropped on eviction).
-    const bool group_write = (__ballot_sync(mask, write) & peers) != 0;
+    const bool group_write = (__ballot_sync(mask, write && usable) & peers) != 0;
     strata_u32 frame = 0;
     unsigned pending = __ballot_sync(mask, is_leader);
     unsigned sleep_ns = 64;
@@ -82,8 +88,11 @@ __device__ __forceinline__ PageRef acquire_page(const StrataSpace& s, strata_u64
         if (is_leader && ((pending >> lane) & 1u)) {
             if (remote_read || in_place) {
                 // The acquire load that sees the page not resident orders these reads of the
-                // host copy after its last write-back (remote.cuh's argument for reads).
-                const strata_u64 w = detail::load_acquire(&s.page_table[page]);
+                // host copy after its last write-back (remote.cuh's argument for reads). A
+                // read-only space has no write-back and its host copy does not change while
+                // kernels run, so a relaxed load does, without the acquire's L1 invalidation.
+                const strata_u64 w = read_only ? detail::load_relaxed(&s.page_table[page])
+                                               : detail::load_acquire(&s.page_table[page]);
                 if (detail::state_of(w) == STRATA_NOT_RESIDENT &&
                     (in_place || detail::try_remote(s, page, w, false) == detail::REMOTE_SERVED)) {
                     status = detail::PIN_HOST;
@@ -151,7 +160,7 @@ __device__ __forceinline__ PageRef acquire_page(const StrataSpace& s, strata_u64
     // __syncwarp) is ordered before every lane's loads of the frame by this barrier.
     __syncwarp(mask);
     PageRef r;
-    r.ok = in_range && !((failed >> leader) & 1u);
+    r.ok = usable && !((failed >> leader) & 1u);
     r.host = !r.ok || ((via_host >> leader) & 1u);
     r.data = !r.ok     ? detail::scratch_page(s)
              : r.host ? s.host + (page << s.page_shift)
@@ -421,6 +430,10 @@ template <typename T> struct Array {
         const strata_u64 byte = i * sizeof(T);
         const strata_u64 off = byte & ((1ull << s.page_shift) - 1);
         const strata_u64 page = byte >> s.page_shift;
+        if (s.policy & STRATA_POLICY_READ_ONLY) {
+            detail::report_error(s, STRATA_ERR_READ_ONLY, page);
+            return;
+        }
         typedef typename detail::Bits<T>::type B;
         bool remote = false;
         if (detail::remote_writes_on(s)) {
@@ -452,6 +465,10 @@ template <typename T> struct Array {
         }
         const strata_u64 byte = i * sizeof(T);
         const strata_u64 off = byte & ((1ull << s.page_shift) - 1);
+        if (s.policy & STRATA_POLICY_READ_ONLY) {
+            detail::report_error(s, STRATA_ERR_READ_ONLY, byte >> s.page_shift);
+            return T(0);
+        }
         T old = T(0);
         detail::with_page(s, byte >> s.page_shift, true,
                           [&](unsigned char* f) { old = detail::atomic_add_elem((T*)(f + off), v); });

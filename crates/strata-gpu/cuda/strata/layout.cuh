@@ -79,6 +79,12 @@ typedef unsigned int strata_u32;
 // frames. The host copy is current for any page not resident, so this needs no write-back;
 // a kernel must not write a page it reads this way while it runs.
 #define STRATA_POLICY_READ_THROUGH 0x100u
+// Flag on top of either policy: no kernel writes this space (SpaceOptions::read_only). Kernel
+// writes are refused (STRATA_ERR_READ_ONLY, nothing written), so no page is ever dirty and the
+// host copy never changes while a kernel runs. Reads in place from the host copy then need no
+// acquire on the page word, whose L1 invalidation (CCTL.IVALL on sm_90) would throw out the
+// lines the SM's other warps are reading (scripts/experiments/acquire_in_place.sh).
+#define STRATA_POLICY_READ_ONLY 0x200u
 // How acquire_page reads a page that is not resident (access.cuh).
 #define STRATA_READ_MIGRATE 0u
 #define STRATA_READ_REMOTE_OK 1u
@@ -87,6 +93,7 @@ typedef unsigned int strata_u32;
 #define STRATA_ERR_NO_FRAME 2ull           // a wait passed wait_limit_ns (no_frame_page)
 #define STRATA_ERR_PAGE_OUT_OF_RANGE 4ull  // a page index past the end (first_bad_page)
 #define STRATA_ERR_STORE 8ull              // a lower tier failed a page (store_error_page)
+#define STRATA_ERR_READ_ONLY 16ull         // a kernel wrote a read-only space (read_only_write_page)
 
 // ---- tiers under the GPU cache --------------------------------------------------------------
 // Where a page not in a GPU frame lives (StrataSpace::tier says which chain the space has):
@@ -137,6 +144,7 @@ struct StrataCounters {
     strata_u64 remote_writes;  // element writes made in place in the host copy
     strata_u64 free_frames;    // frames holding no page (never reset by reset_stats)
     strata_u64 fault_hist[STRATA_FAULT_HIST_BUCKETS]; // fault service times (see above)
+    strata_u64 read_only_write_page; // first page a kernel tried to write in a read-only space (~0 if none)
 };
 
 // The space handle a kernel receives (by value). Pointers are device addresses.
@@ -231,6 +239,6 @@ static_assert(sizeof(StrataRing) == 80, "StrataRing layout changed: update strat
 
 static_assert(sizeof(StrataFrame) == 8, "StrataFrame layout changed: update strata_gpu::layout");
 static_assert(sizeof(StrataCounters) == 8 * (STRATA_HIT_SHARDS * STRATA_SHARD_STRIDE + 11) + 8 + 96 +
-                                            8 * STRATA_FAULT_HIST_BUCKETS,
+                                            8 * STRATA_FAULT_HIST_BUCKETS + 8,
               "StrataCounters layout changed: update strata_gpu::layout");
 static_assert(sizeof(StrataSpace) == 96, "StrataSpace layout changed: update strata_gpu::layout");

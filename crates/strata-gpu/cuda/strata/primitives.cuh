@@ -85,6 +85,7 @@ __device__ __forceinline__ void report_error(const StrataSpace& s, strata_u64 fl
     strata_u64* first = flag == STRATA_ERR_OUT_OF_RANGE        ? &s.counters->first_bad_index
                         : flag == STRATA_ERR_PAGE_OUT_OF_RANGE ? &s.counters->first_bad_page
                         : flag == STRATA_ERR_STORE             ? &s.counters->store_error_page
+                        : flag == STRATA_ERR_READ_ONLY         ? &s.counters->read_only_write_page
                                                                : &s.counters->no_frame_page;
     atomicMin(first, index);
 }

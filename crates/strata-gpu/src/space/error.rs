@@ -68,6 +68,14 @@ pub enum SpaceError {
         /// The wait limit, ms.
         limit_ms: u64,
     },
+    /// A kernel wrote a space marked read-only.
+    #[error(
+        "a kernel tried to write page {page} of a space marked read-only (Space::set_read_only); nothing was written. Call set_read_only(false) before launching kernels that write this space"
+    )]
+    WroteReadOnly {
+        /// First page a kernel tried to write.
+        page: u64,
+    },
     /// A host-side range outside the space.
     #[error("range {start}..{end} is outside the space of {size} bytes")]
     Range {

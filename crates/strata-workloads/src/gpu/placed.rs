@@ -102,6 +102,9 @@ impl Placed {
         };
         let mut space = strata.space((data.len() as u64 * 4).max(4), &options)?;
         space.with_host_mut(|bytes| copy_into(bytes, data))?;
+        // The workloads' kernels only read their inputs (a graph's rows, an embedding table):
+        // a read-only space reads pages in place without invalidating the SM's L1.
+        space.set_read_only(true)?;
         Ok(Self::Space(space))
     }
 
