@@ -67,6 +67,7 @@ pub mod over_store;
 pub mod page_state;
 mod sys;
 mod unified;
+pub mod write_log;
 pub mod write_watch;
 
 pub use cpu_tracker::DirtyTracking;

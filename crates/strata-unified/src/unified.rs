@@ -11,6 +11,7 @@ use crate::cpu_tracker::{CpuTracker, DirtyTracking};
 use crate::error::UnifiedError;
 use crate::options::{Advice, Location, UnifiedOptions};
 use crate::page_state::{Action, Event, PageState, Violation, step};
+use crate::write_watch::WatchMode;
 
 /// The value kernels take for a unified allocation (`StrataUnified` in `strata/unified.cuh`):
 /// the space's handle, the CPU address of byte 0, so that CPU addresses stored in the data
@@ -284,6 +285,13 @@ impl Unified {
     /// it), and how many pages are tracked by hash now.
     pub fn dirty_tracking(&self) -> (DirtyTracking, usize) {
         (self.tracker.mode(), self.tracker.hot_pages())
+    }
+
+    /// With `WriteProtect` tracking, how the kernel reports CPU writes: `Notified` (a handler
+    /// thread records them; chosen while at least half the pages are advised read-mostly,
+    /// where the process may open such a userfaultfd) or `Scanned`.
+    pub fn watch_mode(&self) -> Option<WatchMode> {
+        self.tracker.watch_mode()
     }
 
     /// The longest run of read-mostly pages (the first of equal ones).
@@ -662,6 +670,15 @@ impl Unified {
                     }
                 }
                 self.read_mostly[a..b].fill(on);
+                // Mostly read-mostly data: notified write protection, so that a sync after CPU
+                // phases that wrote nothing does not walk the page table of the allocation.
+                let rm = self.read_mostly.iter().filter(|&&x| x).count();
+                let watch = if rm * 2 >= self.read_mostly.len() {
+                    WatchMode::Notified
+                } else {
+                    WatchMode::Scanned
+                };
+                self.tracker.prefer_watch(self.space.host_bytes(), watch);
                 // A replica no longer matching the advice goes at once: a kernel launched
                 // before the next sync must not read pages it may now write from it.
                 if self
