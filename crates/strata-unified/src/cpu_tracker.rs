@@ -638,4 +638,132 @@ mod write_protect_tests {
         t.rehash(mem.bytes(), &[3]);
         assert!(t.written(mem.bytes(), 0..pages).is_empty());
     }
+
+    /// Writer threads race with a thread that syncs (written + record) and now and then
+    /// moves the tracker between watch modes: no write is lost, through watched, hot (heavy
+    /// syncs of a small range) and cooling pages and across the moves.
+    #[test]
+    fn no_write_is_lost_racing_with_syncs_and_watch_moves() {
+        use crate::write_watch::WatchMode;
+        use crate::write_watch::test_memory::{no_concurrent_write_is_lost, with_deadline};
+        let seed: u64 = rand::random();
+        println!("seed {seed}");
+        let page = 4096;
+        let pages = 1024;
+        let mem = Shared::new(page * pages);
+        let mut t = CpuTracker::new(DirtyTracking::WriteProtect, page, mem.bytes());
+        if t.mode() != DirtyTracking::WriteProtect {
+            println!("skipped: no asynchronous write protection here (fell back to hashes)");
+            return;
+        }
+        let (mut max_hot, mut modes) = (0, std::collections::BTreeSet::new());
+        let mut light = 0;
+        let (writes, syncs) = with_deadline(
+            std::time::Duration::from_secs(60),
+            "no_write_is_lost_racing_with_syncs_and_watch_moves",
+            || {
+                no_concurrent_write_is_lost(
+                    &mem,
+                    page,
+                    2,
+                    std::time::Duration::from_millis(900),
+                    seed,
+                    |k| {
+                        let mut found = t.written(mem.bytes(), 0..pages);
+                        t.record(mem.bytes(), 0..pages, &found);
+                        max_hot = max_hot.max(t.hot_pages());
+                        if k % 2 == 1 {
+                            // A second sync at once: few writes, so hot pages cool down (are
+                            // protected again) while the writers go on.
+                            let again = t.written(mem.bytes(), 0..pages);
+                            t.record(mem.bytes(), 0..pages, &again);
+                            light += usize::from(again.len() * HOT_DIVISOR < pages);
+                            found.extend(again);
+                            found.sort_unstable();
+                            found.dedup_by_key(|x| x.0);
+                        }
+                        modes.insert(format!("{:?}", t.watch_mode()));
+                        if k % 7 == 6 {
+                            let to = if k % 14 == 6 {
+                                WatchMode::Notified
+                            } else {
+                                WatchMode::Scanned
+                            };
+                            t.prefer_watch(mem.bytes(), to);
+                        }
+                        found.into_iter().map(|(p, _)| p).collect()
+                    },
+                )
+            },
+        );
+        println!(
+            "{writes} writes over {syncs} syncs, none lost; up to {max_hot} pages hot, {light} light syncs; modes {modes:?}"
+        );
+        assert!(
+            writes > 100 && syncs >= 20,
+            "{writes} writes, {syncs} syncs"
+        );
+        assert_eq!(
+            t.mode(),
+            DirtyTracking::WriteProtect,
+            "no fallback to hashes"
+        );
+        assert!(t.written(mem.bytes(), 0..pages).is_empty(), "all taken");
+    }
+
+    /// A move between watch modes carries the written pages over and refuses nothing; a
+    /// tracker in Hash or Declared mode ignores it; reads are never writes.
+    #[test]
+    fn a_watch_move_carries_written_pages() {
+        use crate::write_watch::WatchMode;
+        let mut rng = seeded_rng();
+        let page = 8192;
+        let pages = 128;
+        let mem = Shared::new(page * pages);
+        let mut t = CpuTracker::new(DirtyTracking::WriteProtect, page, mem.bytes());
+        if t.mode() != DirtyTracking::WriteProtect {
+            println!("skipped: no write protection here");
+            return;
+        }
+        assert_eq!(t.watch_mode(), Some(WatchMode::Scanned));
+        for to in [
+            WatchMode::Notified,
+            WatchMode::Notified,
+            WatchMode::Scanned,
+            WatchMode::Notified,
+        ] {
+            let mut want: Vec<usize> = (0..rng.random_range(1..10))
+                .map(|_| rng.random_range(0..pages))
+                .collect();
+            want.sort_unstable();
+            want.dedup();
+            for &p in &want {
+                mem.bytes()[p * page + rng.random_range(0..page)] ^= 0x81;
+            }
+            let sum: u64 = mem.bytes().iter().map(|&b| u64::from(b)).sum();
+            assert!(sum > 0);
+            t.prefer_watch(mem.bytes(), to);
+            let mode = t.watch_mode().unwrap();
+            assert!(mode == to || to == WatchMode::Notified, "{mode:?}");
+            let found = t.written(mem.bytes(), 0..pages);
+            let got: Vec<usize> = found.iter().map(|&(p, _)| p).collect();
+            assert_eq!(got, want, "after a move to {to:?} (now {mode:?})");
+            t.record(mem.bytes(), 0..pages, &found);
+            assert!(t.written(mem.bytes(), 0..pages).is_empty());
+            // Protection is back after the sync: the next write is seen.
+            mem.bytes()[want[0] * page] ^= 1;
+            assert_eq!(t.written(mem.bytes(), 0..pages), vec![(want[0], 0)]);
+            let found = t.written(mem.bytes(), 0..pages);
+            t.record(mem.bytes(), 0..pages, &found);
+        }
+        let mut h = CpuTracker::new(DirtyTracking::Hash, page, mem.bytes());
+        h.prefer_watch(mem.bytes(), WatchMode::Notified);
+        assert_eq!((h.mode(), h.watch_mode()), (DirtyTracking::Hash, None));
+    }
+
+    fn seeded_rng() -> rand::rngs::StdRng {
+        let seed: u64 = rand::random();
+        println!("seed {seed}");
+        rand::rngs::StdRng::seed_from_u64(seed)
+    }
 }

@@ -279,7 +279,8 @@ pub(crate) mod test_memory {
     }
 
     /// `writers` threads write unique 8-byte values at random places of `mem` (pages of
-    /// `page` bytes) for `run`, while this thread calls `sync` (which returns the pages it
+    /// `page` bytes), in bursts, for `run` (and at least 20 syncs), while this thread calls
+    /// `sync` (which returns the pages it
     /// found written, ascending, and protects them again) in a loop; then one last `sync`.
     /// Checks that every write shows up in a sync that ran while it was made or the next one:
     /// from the first sync not finished when the write began to the one after the last sync
@@ -316,8 +317,10 @@ pub(crate) mod test_memory {
                             unsafe { std::ptr::write_volatile(at as *mut u64, (w << 48) | n) };
                             let e1 = epoch.load(SeqCst);
                             log.push((p, e0, e1));
+                            // Bursts and pauses: syncs find few pages or many.
                             if n.is_multiple_of(64) {
-                                std::thread::yield_now();
+                                let pause = rng.random_range(0..2000);
+                                std::thread::sleep(std::time::Duration::from_micros(pause));
                             }
                         }
                         log
@@ -326,7 +329,8 @@ pub(crate) mod test_memory {
                 .collect();
             let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
             let t0 = std::time::Instant::now();
-            while t0.elapsed() < run {
+            // At least `run` and 20 syncs, at most ten times `run`.
+            while (t0.elapsed() < run || sets.len() < 20) && t0.elapsed() < 10 * run {
                 sets.push(sync(sets.len()));
                 epoch.fetch_add(1, SeqCst);
                 std::thread::sleep(std::time::Duration::from_micros(rng.random_range(0..2000)));
@@ -485,7 +489,10 @@ mod tests {
                 },
             );
             println!("{mode:?}: {writes} writes by 3 threads over {syncs} syncs, none lost");
-            assert!(writes > 100 && syncs > 10, "{writes} writes, {syncs} syncs");
+            assert!(
+                writes > 100 && syncs >= 20,
+                "{writes} writes, {syncs} syncs"
+            );
             assert!(w.written_pages(0..1024).unwrap().is_empty(), "all taken");
         }
     }
