@@ -580,12 +580,9 @@ mod write_protect_tests {
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
         let page = 8192;
         let pages = 1024;
-        let mem = Shared::new(page * pages);
-        let mut t = CpuTracker::new(DirtyTracking::WriteProtect, page, mem.bytes());
-        if t.mode() != DirtyTracking::WriteProtect {
-            println!("skipped: no asynchronous write protection here (fell back to hashes)");
+        let Some((mem, mut t)) = watched(page, pages) else {
             return;
-        }
+        };
         assert!(t.written(mem.bytes(), 0..pages).is_empty());
         assert_eq!(
             t.hashed_bytes(),
@@ -650,12 +647,9 @@ mod write_protect_tests {
         println!("seed {seed}");
         let page = 4096;
         let pages = 1024;
-        let mem = Shared::new(page * pages);
-        let mut t = CpuTracker::new(DirtyTracking::WriteProtect, page, mem.bytes());
-        if t.mode() != DirtyTracking::WriteProtect {
-            println!("skipped: no asynchronous write protection here (fell back to hashes)");
+        let Some((mem, mut t)) = watched(page, pages) else {
             return;
-        }
+        };
         let (mut max_hot, mut modes) = (0, std::collections::BTreeSet::new());
         let mut light = 0;
         let (writes, syncs) = with_deadline(
@@ -719,12 +713,9 @@ mod write_protect_tests {
         let mut rng = seeded_rng();
         let page = 8192;
         let pages = 128;
-        let mem = Shared::new(page * pages);
-        let mut t = CpuTracker::new(DirtyTracking::WriteProtect, page, mem.bytes());
-        if t.mode() != DirtyTracking::WriteProtect {
-            println!("skipped: no write protection here");
+        let Some((mem, mut t)) = watched(page, pages) else {
             return;
-        }
+        };
         assert_eq!(t.watch_mode(), Some(WatchMode::Scanned));
         for to in [
             WatchMode::Notified,
@@ -759,6 +750,18 @@ mod write_protect_tests {
         let mut h = CpuTracker::new(DirtyTracking::Hash, page, mem.bytes());
         h.prefer_watch(mem.bytes(), WatchMode::Notified);
         assert_eq!((h.mode(), h.watch_mode()), (DirtyTracking::Hash, None));
+    }
+
+    /// Test memory of `pages` pages of `page` bytes and a write-protect tracker over it;
+    /// `None` (skipped) where the kernel cannot protect it.
+    fn watched(page: usize, pages: usize) -> Option<(Shared, CpuTracker)> {
+        let mem = Shared::new(page * pages);
+        let t = CpuTracker::new(DirtyTracking::WriteProtect, page, mem.bytes());
+        if t.mode() != DirtyTracking::WriteProtect {
+            println!("skipped: no asynchronous write protection here (fell back to hashes)");
+            return None;
+        }
+        Some((mem, t))
     }
 
     fn seeded_rng() -> rand::rngs::StdRng {
