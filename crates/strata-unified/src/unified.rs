@@ -107,6 +107,8 @@ pub struct Unified {
     /// different count means pages were written down into the host copy behind our back
     /// (evictions during a kernel), so their hashes must be taken again.
     writebacks_seen: u64,
+    /// [`UnifiedOptions::notified_writes`].
+    notified_writes: bool,
     stats: UnifiedStats,
 }
 
@@ -167,6 +169,7 @@ impl Unified {
             preferred: vec![None; n],
             accessed_by: Vec::new(),
             writebacks_seen,
+            notified_writes: options.notified_writes,
             stats: UnifiedStats::default(),
         })
     }
@@ -673,7 +676,7 @@ impl Unified {
                 // Mostly read-mostly data: notified write protection, so that a sync after CPU
                 // phases that wrote nothing does not walk the page table of the allocation.
                 let rm = self.read_mostly.iter().filter(|&&x| x).count();
-                let watch = if rm * 2 >= self.read_mostly.len() {
+                let watch = if self.notified_writes && rm * 2 >= self.read_mostly.len() {
                     WatchMode::Notified
                 } else {
                     WatchMode::Scanned
