@@ -15,6 +15,12 @@
 //!   DMA into the host copy (a `cudaMemcpy` into the pointer, RDMA) are not seen: declare them
 //!   ([`CpuTracker::declare`]) or use hashes. Falls back to hashes when the kernel refuses
 //!   (before Linux 6.7, or userfaultfd disabled); [`CpuTracker::mode`] says which runs.
+//!   The kernel reports writes in one of two ways ([`WatchMode`]): by default a sync walks
+//!   the page table of the synced range (`PAGEMAP_SCAN`, about 0.3 ms per GiB even when
+//!   nothing was written); for data the CPU seldom writes (read-mostly) the tracker can be
+//!   moved ([`CpuTracker::prefer_watch`]) to notified protection, where a handler thread
+//!   records each page's first write and a sync reads the records (microseconds), at the
+//!   price of a slower first write per page.
 //! * **Hashes**: a 64-bit XXH3 of every page as of the last sync; a sync hashes the pages
 //!   again and a changed hash is a CPU write. It catches every write through any path
 //!   (DMA too) at the price of reading the synced range once per sync (about 16 ms per GiB

@@ -109,6 +109,12 @@ pub struct Unified {
     writebacks_seen: u64,
     /// [`UnifiedOptions::notified_writes`].
     notified_writes: bool,
+    /// The longest run of read-mostly pages, the replica wanted (kept with the advice, so a
+    /// sync does not walk the per-page advice).
+    replica_wanted: Option<Range<u64>>,
+    /// Whether some page is advised to live on the CPU (else a sync to the CPU evicts
+    /// nothing and does not walk the per-page advice).
+    prefers_cpu: bool,
     stats: UnifiedStats,
 }
 
@@ -170,6 +176,8 @@ impl Unified {
             accessed_by: Vec::new(),
             writebacks_seen,
             notified_writes: options.notified_writes,
+            replica_wanted: None,
+            prefers_cpu: false,
             stats: UnifiedStats::default(),
         })
     }
@@ -298,7 +306,7 @@ impl Unified {
     }
 
     /// The longest run of read-mostly pages (the first of equal ones).
-    fn wanted_replica(&self) -> Option<Range<u64>> {
+    fn longest_read_mostly_run(&self) -> Option<Range<u64>> {
         let mut best: Option<Range<u64>> = None;
         let mut start = None;
         for (p, &rm) in self
@@ -328,7 +336,7 @@ impl Unified {
     /// Brings the replica in line with the advice after a sync to the GPU: built (whole) when
     /// wanted and missing, otherwise only the pages the CPU wrote are copied up.
     fn refresh_replica(&mut self, cpu_written: &[usize]) -> Result<(), UnifiedError> {
-        let Some(want) = self.wanted_replica() else {
+        let Some(want) = self.replica_wanted.clone() else {
             self.replica = None;
             return Ok(());
         };
@@ -615,9 +623,13 @@ impl Unified {
         } else {
             self.space.stats()?.writebacks
         };
-        let leave: Vec<u64> = (pages.start..pages.end)
-            .filter(|&p| self.preferred[to_usize(p)] == Some(Location::Cpu))
-            .collect();
+        let leave: Vec<u64> = if self.prefers_cpu {
+            (pages.start..pages.end)
+                .filter(|&p| self.preferred[to_usize(p)] == Some(Location::Cpu))
+                .collect()
+        } else {
+            Vec::new()
+        };
         for r in runs(&leave) {
             self.space
                 .evict(r.start * self.page..(r.end * self.page).min(self.space.size()))?;
@@ -673,6 +685,7 @@ impl Unified {
                     }
                 }
                 self.read_mostly[a..b].fill(on);
+                self.replica_wanted = self.longest_read_mostly_run();
                 // Mostly read-mostly data: notified write protection, so that a sync after CPU
                 // phases that wrote nothing does not walk the page table of the allocation.
                 let rm = self.read_mostly.iter().filter(|&&x| x).count();
@@ -687,12 +700,15 @@ impl Unified {
                 if self
                     .replica
                     .as_ref()
-                    .is_some_and(|r| Some(&r.pages) != self.wanted_replica().as_ref())
+                    .is_some_and(|r| Some(&r.pages) != self.replica_wanted.as_ref())
                 {
                     self.replica = None;
                 }
             }
-            Advice::PreferredLocation(l) => self.preferred[a..b].fill(l),
+            Advice::PreferredLocation(l) => {
+                self.preferred[a..b].fill(l);
+                self.prefers_cpu = self.preferred.contains(&Some(Location::Cpu));
+            }
             Advice::AccessedBy(l) => self.accessed_by.push((range, l)),
         }
         Ok(())
