@@ -7,7 +7,11 @@
 //! about 0.3 ms per GiB).
 //!
 //! A fault costs a round trip through the handler thread (more than the asynchronous mode's
-//! in-kernel fault) but comes once per page of the watch, not once per 4 KiB.
+//! in-kernel fault) but comes once per page of the watch, not once per 4 KiB. Writes the
+//! kernel makes for the process wait for the handler like any other (`read(2)` into the
+//! memory, `process_vm_writev`, direct I/O); the few kernel paths that cannot wait for a
+//! handler refuse the write instead (a debugger's write through `/proc/PID/mem` or ptrace
+//! fails with EIO while the page is protected), so a write is seen or visibly refused.
 //!
 //! # Why no write is lost
 //! One lock covers "record the page, then un-protect it" in the handler and "protect pages,

@@ -514,4 +514,68 @@ mod tests {
             assert!(w.written_pages(0..1024).unwrap().is_empty(), "all taken");
         }
     }
+
+    /// Writes made by the kernel on the process's behalf through its page tables
+    /// (`process_vm_writev`) are seen in both modes. A write through `/proc/self/mem` (how
+    /// debuggers poke memory) is seen in scanned mode; in notified mode the kernel refuses it
+    /// (EIO: that path cannot wait for a handler) and nothing changes. Either way a write
+    /// is seen or visibly refused, never silently missed.
+    #[test]
+    fn writes_by_the_kernel_are_seen_or_refused() {
+        use super::test_memory::with_deadline;
+        use std::os::unix::fs::FileExt;
+        for mode in [WatchMode::Scanned, WatchMode::Notified] {
+            let seed: u64 = rand::random();
+            println!("{mode:?}: seed {seed}");
+            let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+            let page = 4096;
+            let pages = 32;
+            let mem = Shared::new(page * pages);
+            let Ok(w) = WriteWatch::new(mem.ptr, mem.len, page, mode) else {
+                println!("skipped {mode:?}: unavailable here");
+                continue;
+            };
+            with_deadline(std::time::Duration::from_secs(30), "kernel writes", || {
+                let (a, b) = (
+                    rng.random_range(0..pages / 2),
+                    rng.random_range(pages / 2..pages),
+                );
+                let data = [0xa5u8; 16];
+                let local = libc::iovec {
+                    iov_base: data.as_ptr().cast_mut().cast(),
+                    iov_len: data.len(),
+                };
+                let remote = libc::iovec {
+                    // SAFETY: an address inside the mapping (page a < pages), only passed on.
+                    iov_base: unsafe { mem.ptr.add(a * page + 8) }.cast(),
+                    iov_len: data.len(),
+                };
+                // SAFETY: one local and one remote iovec, both live and 16 bytes long, in this
+                // process.
+                let n =
+                    unsafe { libc::process_vm_writev(libc::getpid(), &local, 1, &remote, 1, 0) };
+                assert_eq!(n, 16, "{mode:?}: {}", io::Error::last_os_error());
+                assert_eq!(w.written_pages(0..pages).unwrap(), vec![a], "{mode:?}");
+                let f = std::fs::OpenOptions::new()
+                    .write(true)
+                    .open("/proc/self/mem")
+                    .unwrap();
+                let before = mem.bytes()[b * page];
+                let wrote = f.write_at(&data, mem.ptr as u64 + (b * page) as u64);
+                let listed = w.written_pages(0..pages).unwrap();
+                println!("{mode:?}: /proc/self/mem write {wrote:?}, listed {listed:?}");
+                match wrote {
+                    Ok(16) => assert_eq!(listed, vec![a, b], "{mode:?}"),
+                    _ => {
+                        assert_eq!(
+                            mem.bytes()[b * page],
+                            before,
+                            "{mode:?}: refused, unchanged"
+                        );
+                        assert_eq!(listed, vec![a], "{mode:?}");
+                    }
+                }
+            });
+        }
+    }
 }
