@@ -15,6 +15,12 @@
 //!   DMA into the host copy (a `cudaMemcpy` into the pointer, RDMA) are not seen: declare them
 //!   ([`CpuTracker::declare`]) or use hashes. Falls back to hashes when the kernel refuses
 //!   (before Linux 6.7, or userfaultfd disabled); [`CpuTracker::mode`] says which runs.
+//!   The kernel reports writes in one of two ways ([`WatchMode`]): by default a sync walks
+//!   the page table of the synced range (`PAGEMAP_SCAN`, about 0.3 ms per GiB even when
+//!   nothing was written); for data the CPU seldom writes (read-mostly) the tracker can be
+//!   moved ([`CpuTracker::prefer_watch`]) to notified protection, where a handler thread
+//!   records each page's first write and a sync reads the records (microseconds), at the
+//!   price of a slower first write per page.
 //! * **Hashes**: a 64-bit XXH3 of every page as of the last sync; a sync hashes the pages
 //!   again and a changed hash is a CPU write. It catches every write through any path
 //!   (DMA too) at the price of reading the synced range once per sync (about 16 ms per GiB
@@ -25,7 +31,7 @@
 
 use std::ops::Range;
 
-use crate::write_watch::WriteWatch;
+use crate::write_watch::{WatchMode, WriteWatch};
 
 /// How CPU writes are found at a sync.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -62,43 +68,156 @@ pub struct CpuTracker {
     /// Pages declared written since the last sync (kept in every mode, so a declared write is
     /// never missed).
     declared: Vec<bool>,
+    /// Pages set in `declared`.
+    declared_count: usize,
     /// WriteProtect mode: the kernel's view of the host copy.
     watch: Option<WriteWatch>,
+    /// A notified watch was refused here (not tried again).
+    notified_refused: bool,
     /// WriteProtect mode: pages left unprotected and tracked by hash.
     hot: Vec<bool>,
+    /// Pages set in `hot`.
+    hot_count: usize,
     /// Bytes hashed by the last call that looked for writes.
     hashed: u64,
 }
 
 impl CpuTracker {
     /// A tracker for `bytes` (whole pages of `page` bytes) as they are now. `WriteProtect`
-    /// falls back to `Hash` when the kernel cannot protect `bytes` (logged).
+    /// starts with asynchronous protection ([`WatchMode::Scanned`]; see
+    /// [`CpuTracker::prefer_watch`] for the other) and falls back to `Hash` when the kernel
+    /// cannot protect `bytes` (logged).
     pub fn new(mode: DirtyTracking, page: usize, bytes: &[u8]) -> Self {
+        Self::with_watch(mode, page, bytes, &[WatchMode::Scanned])
+    }
+
+    /// [`CpuTracker::new`] trying only the watch modes `watch` (in order) for `WriteProtect`.
+    pub fn with_watch(mode: DirtyTracking, page: usize, bytes: &[u8], watch: &[WatchMode]) -> Self {
         let pages = bytes.len() / page;
         let mut t = CpuTracker {
             mode,
             page,
             hashes: Vec::new(),
             declared: vec![false; pages],
+            declared_count: 0,
+            notified_refused: false,
             watch: None,
             hot: Vec::new(),
+            hot_count: 0,
             hashed: 0,
         };
         match mode {
             DirtyTracking::Hash => t.hashes = hash_pages(bytes, page, 0..pages),
             DirtyTracking::Declared => {}
             DirtyTracking::WriteProtect => {
-                match WriteWatch::new(bytes.as_ptr(), pages * page, page) {
-                    Ok(w) => {
-                        t.watch = Some(w);
-                        t.hashes = vec![0; pages];
-                        t.hot = vec![false; pages];
+                let mut why = std::io::Error::other("no watch mode was asked for");
+                for &m in watch {
+                    match WriteWatch::new(bytes.as_ptr(), pages * page, page, m) {
+                        Ok(w) => {
+                            t.watch = Some(w);
+                            break;
+                        }
+                        Err(e) => why = e,
                     }
-                    Err(e) => t.fall_back_to_hash(bytes, &e),
+                }
+                if t.watch.is_some() {
+                    t.hashes = vec![0; pages];
+                    t.hot = vec![false; pages];
+                } else {
+                    t.fall_back_to_hash(bytes, &why);
                 }
             }
         }
         t
+    }
+
+    /// How the watch learns of writes (`None` unless in `WriteProtect` mode).
+    pub fn watch_mode(&self) -> Option<WatchMode> {
+        self.watch.as_ref().map(WriteWatch::mode)
+    }
+
+    /// The watch of `WriteProtect` mode.
+    pub fn watch(&self) -> Option<&WriteWatch> {
+        self.watch.as_ref()
+    }
+
+    fn declare_page(&mut self, p: usize) {
+        self.declared_count += usize::from(!self.declared[p]);
+        self.declared[p] = true;
+    }
+
+    /// Moves a `WriteProtect` tracker to watch mode `want` (nothing happens in other modes,
+    /// or where the tracker is in that mode already, or where a notified watch was refused
+    /// before). [`WatchMode::Notified`] suits data the CPU seldom writes (read-mostly): a sync
+    /// that finds nothing written costs microseconds instead of a page-table walk of the
+    /// range, but each first write to a page costs a round trip through the handler thread
+    /// (measured 12-30 us on a loaded 2-core machine, against 0.7-1.2 us per 4 KiB
+    /// asynchronously). If `want` is refused (no privilege for a notified userfaultfd) the
+    /// tracker stays in its mode.
+    ///
+    /// No write is lost across the move, even one made by another thread meanwhile: the old
+    /// watch's written pages are carried over (declared), and a write in the moment between
+    /// the old watch ending and the new one protecting everything is caught by hashing the
+    /// watched (not hot) pages before and after: two passes over the data, once per move.
+    pub fn prefer_watch(&mut self, bytes: &[u8], want: WatchMode) {
+        let Some(old) = self.watch.as_ref().map(WriteWatch::mode) else {
+            return;
+        };
+        if old == want || (want == WatchMode::Notified && self.notified_refused) {
+            return;
+        }
+        let pages = self.declared.len();
+        let cold: Vec<usize> = (0..pages).filter(|&p| !self.hot[p]).collect();
+        let hash_cold = |t: &Self| -> Vec<u64> {
+            runs(&cold)
+                .into_iter()
+                .flat_map(|r| hash_pages(bytes, t.page, r))
+                .collect()
+        };
+        // Order matters: hashes first, then the old watch's list (a write between the two is
+        // in the list), then the swap, then hashes again (a write during the swap changes a
+        // hash).
+        let before = hash_cold(self);
+        let carried = match self.watch.as_ref().map(|w| w.written_pages(0..pages)) {
+            Some(Ok(list)) => list,
+            Some(Err(e)) => {
+                self.fall_back_to_hash(bytes, &e);
+                (0..pages).for_each(|p| self.declare_page(p));
+                return;
+            }
+            None => return,
+        };
+        self.watch = None;
+        let base = bytes.as_ptr();
+        let watch = WriteWatch::new(base, pages * self.page, self.page, want).or_else(|e| {
+            if want == WatchMode::Notified {
+                tracing::debug!("no notified write protection ({e}): keeping {old:?}");
+                self.notified_refused = true;
+            }
+            WriteWatch::new(base, pages * self.page, self.page, old)
+        });
+        match watch {
+            Ok(w) => self.watch = Some(w),
+            Err(e) => {
+                // Unwatched for a moment and now for good: every page counts as written once.
+                self.fall_back_to_hash(bytes, &e);
+                (0..pages).for_each(|p| self.declare_page(p));
+                return;
+            }
+        }
+        let after = hash_cold(self);
+        for (i, &p) in cold.iter().enumerate() {
+            if before[i] != after[i] {
+                self.declare_page(p);
+            }
+        }
+        // Hot pages are unprotected (so always listed) and tracked by their hashes, which
+        // the move leaves valid: only watched pages carry a write over.
+        for p in carried {
+            if !self.hot[p] {
+                self.declare_page(p);
+            }
+        }
     }
 
     fn fall_back_to_hash(&mut self, bytes: &[u8], why: &std::io::Error) {
@@ -107,6 +226,7 @@ impl CpuTracker {
         );
         self.watch = None;
         self.hot = Vec::new();
+        self.hot_count = 0;
         self.mode = DirtyTracking::Hash;
         self.hashes = hash_pages(bytes, self.page, 0..self.declared.len());
     }
@@ -126,14 +246,14 @@ impl CpuTracker {
         match self.mode {
             DirtyTracking::Hash => self.declared.len(),
             DirtyTracking::Declared => 0,
-            DirtyTracking::WriteProtect => self.hot.iter().filter(|&&h| h).count(),
+            DirtyTracking::WriteProtect => self.hot_count,
         }
     }
 
     /// Records that the CPU wrote `pages`.
     pub fn declare(&mut self, pages: Range<usize>) {
-        for d in &mut self.declared[pages] {
-            *d = true;
+        for p in pages {
+            self.declare_page(p);
         }
     }
 
@@ -156,7 +276,7 @@ impl CpuTracker {
                     .collect()
             }
             DirtyTracking::WriteProtect => {
-                let scanned = match self.watch.as_ref().map(|w| w.written(pages.clone())) {
+                let seen = match self.watch.as_ref().map(|w| w.written_pages(pages.clone())) {
                     Some(Ok(s)) => s,
                     Some(Err(e)) => {
                         // Nothing was recorded since the last sync's hashes... there are none
@@ -166,21 +286,34 @@ impl CpuTracker {
                     }
                     None => unreachable!("WriteProtect mode always has a watch"),
                 };
-                let hot: Vec<usize> = pages.clone().filter(|&p| self.hot[p]).collect();
-                let mut hot_hash = std::collections::HashMap::new();
+                // Pages seen by the watch, declared, or hot (hashed), ascending; the per-page
+                // pass only when some page is declared or hot, so a sync after a CPU phase
+                // that wrote nothing costs what the watch costs.
+                let mut candidates = seen;
+                if self.declared_count > 0 || self.hot_count > 0 {
+                    candidates.extend(pages.clone().filter(|&p| self.declared[p] || self.hot[p]));
+                    candidates.sort_unstable();
+                    candidates.dedup();
+                }
+                let hot: Vec<usize> = candidates
+                    .iter()
+                    .copied()
+                    .filter(|&p| self.hot[p])
+                    .collect();
+                let mut hot_hashes = Vec::with_capacity(hot.len());
                 for run in runs(&hot) {
                     self.hashed += (run.len() * self.page) as u64;
-                    for (p, h) in run.clone().zip(hash_pages(bytes, self.page, run)) {
-                        hot_hash.insert(p, h);
-                    }
+                    hot_hashes.extend(hash_pages(bytes, self.page, run));
                 }
-                pages
-                    .zip(scanned)
-                    .filter_map(|(p, seen)| {
-                        if let Some(&h) = hot_hash.get(&p) {
+                let mut hot_hashes = hot.into_iter().zip(hot_hashes).peekable();
+                candidates
+                    .into_iter()
+                    .filter_map(|p| {
+                        if hot_hashes.peek().is_some_and(|&(q, _)| q == p) {
+                            let (_, h) = hot_hashes.next()?;
                             (h != self.hashes[p] || self.declared[p]).then_some((p, h))
                         } else {
-                            (seen || self.declared[p]).then_some((p, 0))
+                            Some((p, 0))
                         }
                     })
                     .collect()
@@ -219,6 +352,7 @@ impl CpuTracker {
     /// (hashed at the next sync).
     pub fn record(&mut self, bytes: &[u8], synced: Range<usize>, taken: &[(usize, u64)]) {
         for &(p, _) in taken {
+            self.declared_count -= usize::from(self.declared[p]);
             self.declared[p] = false;
         }
         match self.mode {
@@ -228,35 +362,58 @@ impl CpuTracker {
                     self.hashes[p] = h;
                 }
             }
-            DirtyTracking::WriteProtect => {
-                let heavy =
-                    synced.len() >= HOT_MIN_PAGES && taken.len() * HOT_DIVISOR >= synced.len();
-                let mut was_taken = vec![false; synced.len()];
-                for &(p, _) in taken {
-                    was_taken[p - synced.start] = true;
-                }
-                let mut protect = Vec::new();
-                let mut heat = Vec::new();
-                for p in synced.clone() {
-                    let w = was_taken[p - synced.start];
-                    if w && heavy {
-                        heat.push(p);
-                    } else if w || self.hot[p] {
-                        protect.push(p);
-                    }
-                }
-                for run in runs(&heat) {
-                    let h = hash_pages(bytes, self.page, run.clone());
-                    self.hashes[run.clone()].copy_from_slice(&h);
-                    self.hot[run].fill(true);
-                }
-                for run in runs(&protect) {
-                    self.hot[run.clone()].fill(false);
-                    let result = self.watch.as_ref().map(|w| w.protect(run));
-                    if let Some(Err(e)) = result {
-                        self.fall_back_to_hash(bytes, &e);
-                        return;
-                    }
+            DirtyTracking::WriteProtect => self.record_watched(bytes, synced, taken),
+        }
+    }
+
+    /// `record` with write protection: a heavy sync's pages become hot (hashed from now on),
+    /// a light sync's pages are protected again, and hot pages found unchanged are protected
+    /// again (cool).
+    fn record_watched(&mut self, bytes: &[u8], synced: Range<usize>, taken: &[(usize, u64)]) {
+        let heavy = synced.len() >= HOT_MIN_PAGES && taken.len() * HOT_DIVISOR >= synced.len();
+        let taken: Vec<usize> = taken.iter().map(|&(p, _)| p).collect();
+        let mut cool = Vec::new();
+        if self.hot_count > 0 {
+            cool.extend(
+                synced
+                    .clone()
+                    .filter(|&p| self.hot[p] && taken.binary_search(&p).is_err()),
+            );
+        }
+        let (heat, protect) = if heavy {
+            (taken, Vec::new())
+        } else {
+            (Vec::new(), taken)
+        };
+        for run in runs(&heat) {
+            let h = hash_pages(bytes, self.page, run.clone());
+            self.hashes[run.clone()].copy_from_slice(&h);
+            self.hot_count += self.hot[run.clone()].iter().filter(|&&x| !x).count();
+            self.hot[run].fill(true);
+        }
+        for run in runs(&protect) {
+            self.hot_count -= self.hot[run.clone()].iter().filter(|&&x| x).count();
+            self.hot[run.clone()].fill(false);
+            let result = self.watch.as_ref().map(|w| w.protect(run));
+            if let Some(Err(e)) = result {
+                self.fall_back_to_hash(bytes, &e);
+                return;
+            }
+        }
+        for run in runs(&cool) {
+            self.hot_count -= run.len();
+            self.hot[run.clone()].fill(false);
+            let result = self.watch.as_ref().map(|w| w.protect(run.clone()));
+            if let Some(Err(e)) = result {
+                self.fall_back_to_hash(bytes, &e);
+                return;
+            }
+            // A write that landed between this sync's hash and the protection above is in
+            // no record: hash again now that later writes are watched, and count a change as
+            // written at the next sync.
+            for (p, h) in run.clone().zip(hash_pages(bytes, self.page, run)) {
+                if h != self.hashes[p] {
+                    self.declare_page(p);
                 }
             }
         }
@@ -290,6 +447,7 @@ impl CpuTracker {
                     }
                 }
             }
+            DirtyTracking::WriteProtect if self.hot_count == 0 => {}
             DirtyTracking::WriteProtect => {
                 let hot: Vec<usize> = (0..self.hot.len())
                     .filter(|&p| self.hot[p] && !self.declared[p])
@@ -432,12 +590,9 @@ mod write_protect_tests {
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
         let page = 8192;
         let pages = 1024;
-        let mem = Shared::new(page * pages);
-        let mut t = CpuTracker::new(DirtyTracking::WriteProtect, page, mem.bytes());
-        if t.mode() != DirtyTracking::WriteProtect {
-            println!("skipped: no asynchronous write protection here (fell back to hashes)");
+        let Some((mem, mut t)) = watched(page, pages) else {
             return;
-        }
+        };
         assert!(t.written(mem.bytes(), 0..pages).is_empty());
         assert_eq!(
             t.hashed_bytes(),
@@ -489,5 +644,149 @@ mod write_protect_tests {
         mem.bytes()[3 * page] ^= 0x10;
         t.rehash(mem.bytes(), &[3]);
         assert!(t.written(mem.bytes(), 0..pages).is_empty());
+    }
+
+    /// Writer threads race with a thread that syncs (written + record) and now and then
+    /// moves the tracker between watch modes: no write is lost, through watched, hot (heavy
+    /// syncs of a small range) and cooling pages and across the moves.
+    #[test]
+    fn no_write_is_lost_racing_with_syncs_and_watch_moves() {
+        use crate::write_watch::WatchMode;
+        use crate::write_watch::test_memory::{no_concurrent_write_is_lost, with_deadline};
+        let seed: u64 = rand::random();
+        println!("seed {seed}");
+        let page = 4096;
+        let pages = 1024;
+        let Some((mem, mut t)) = watched(page, pages) else {
+            return;
+        };
+        let (mut max_hot, mut modes) = (0, std::collections::BTreeSet::new());
+        let mut light = 0;
+        let (writes, syncs) = with_deadline(
+            std::time::Duration::from_secs(60),
+            "no_write_is_lost_racing_with_syncs_and_watch_moves",
+            || {
+                no_concurrent_write_is_lost(
+                    &mem,
+                    page,
+                    2,
+                    std::time::Duration::from_millis(900),
+                    seed,
+                    |k| {
+                        let mut found = t.written(mem.bytes(), 0..pages);
+                        t.record(mem.bytes(), 0..pages, &found);
+                        max_hot = max_hot.max(t.hot_pages());
+                        if k % 2 == 1 {
+                            // A second sync at once: few writes, so hot pages cool down (are
+                            // protected again) while the writers go on.
+                            let again = t.written(mem.bytes(), 0..pages);
+                            t.record(mem.bytes(), 0..pages, &again);
+                            light += usize::from(again.len() * HOT_DIVISOR < pages);
+                            found.extend(again);
+                            found.sort_unstable();
+                            found.dedup_by_key(|x| x.0);
+                        }
+                        modes.insert(format!("{:?}", t.watch_mode()));
+                        if k % 7 == 6 {
+                            let to = if k % 14 == 6 {
+                                WatchMode::Notified
+                            } else {
+                                WatchMode::Scanned
+                            };
+                            t.prefer_watch(mem.bytes(), to);
+                        }
+                        found.into_iter().map(|(p, _)| p).collect()
+                    },
+                )
+            },
+        );
+        println!(
+            "{writes} writes over {syncs} syncs, none lost; up to {max_hot} pages hot, {light} light syncs; modes {modes:?}"
+        );
+        assert!(
+            writes > 100 && syncs >= 20,
+            "{writes} writes, {syncs} syncs"
+        );
+        assert_eq!(
+            t.mode(),
+            DirtyTracking::WriteProtect,
+            "no fallback to hashes"
+        );
+        // A fault message handled after the last sync (two writers faulted on one page, the
+        // second message read late) may list its page once more: one sync drains that.
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let late = t.written(mem.bytes(), 0..pages);
+        t.record(mem.bytes(), 0..pages, &late);
+        let left = t.written(mem.bytes(), 0..pages);
+        assert!(
+            left.is_empty(),
+            "all taken, but {left:?} left in {:?}",
+            t.watch_mode()
+        );
+    }
+
+    /// A move between watch modes carries the written pages over and refuses nothing; a
+    /// tracker in Hash or Declared mode ignores it; reads are never writes.
+    #[test]
+    fn a_watch_move_carries_written_pages() {
+        use crate::write_watch::WatchMode;
+        let mut rng = seeded_rng();
+        let page = 8192;
+        let pages = 128;
+        let Some((mem, mut t)) = watched(page, pages) else {
+            return;
+        };
+        assert_eq!(t.watch_mode(), Some(WatchMode::Scanned));
+        for to in [
+            WatchMode::Notified,
+            WatchMode::Notified,
+            WatchMode::Scanned,
+            WatchMode::Notified,
+        ] {
+            let mut want: Vec<usize> = (0..rng.random_range(1..10))
+                .map(|_| rng.random_range(0..pages))
+                .collect();
+            want.sort_unstable();
+            want.dedup();
+            for &p in &want {
+                mem.bytes()[p * page + rng.random_range(0..page)] ^= 0x81;
+            }
+            let sum: u64 = mem.bytes().iter().map(|&b| u64::from(b)).sum();
+            assert!(sum > 0);
+            t.prefer_watch(mem.bytes(), to);
+            let mode = t.watch_mode().unwrap();
+            assert!(mode == to || to == WatchMode::Notified, "{mode:?}");
+            let found = t.written(mem.bytes(), 0..pages);
+            let got: Vec<usize> = found.iter().map(|&(p, _)| p).collect();
+            assert_eq!(got, want, "after a move to {to:?} (now {mode:?})");
+            t.record(mem.bytes(), 0..pages, &found);
+            assert!(t.written(mem.bytes(), 0..pages).is_empty());
+            // Protection is back after the sync: the next write is seen.
+            mem.bytes()[want[0] * page] ^= 1;
+            assert_eq!(t.written(mem.bytes(), 0..pages), vec![(want[0], 0)]);
+            let found = t.written(mem.bytes(), 0..pages);
+            t.record(mem.bytes(), 0..pages, &found);
+        }
+        let mut h = CpuTracker::new(DirtyTracking::Hash, page, mem.bytes());
+        h.prefer_watch(mem.bytes(), WatchMode::Notified);
+        assert_eq!((h.mode(), h.watch_mode()), (DirtyTracking::Hash, None));
+    }
+
+    /// Test memory of `pages` pages of `page` bytes and a write-protect tracker over it;
+    /// `None` (skipped) where the kernel cannot protect it.
+    fn watched(page: usize, pages: usize) -> Option<(Shared, CpuTracker)> {
+        let mem = Shared::new(page * pages);
+        let t = CpuTracker::new(DirtyTracking::WriteProtect, page, mem.bytes());
+        if t.mode() != DirtyTracking::WriteProtect {
+            println!("skipped: no asynchronous write protection here (fell back to hashes)");
+            return None;
+        }
+        Some((mem, t))
+    }
+
+    fn seeded_rng() -> rand::rngs::StdRng {
+        let seed: u64 = rand::random();
+        println!("seed {seed}");
+        rand::rngs::StdRng::seed_from_u64(seed)
     }
 }

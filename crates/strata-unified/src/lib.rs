@@ -38,7 +38,10 @@
 //! write-protected between syncs (userfaultfd, asynchronous mode), so the first CPU write to
 //! each 4 KiB costs a minor fault (about 0.7 us) and a sync reads no data, only the kernel's
 //! list of written pages (0.3 ms per GiB); pages rewritten wholesale become "hot" and are
-//! hashed instead. DMA writes into the pointer are not seen (declare them). Where the kernel
+//! hashed instead. While at least half the allocation is advised read-mostly, a handler
+//! thread records the CPU's first write to each page as it happens instead (notified write
+//! protection, [`write_log`]; [`UnifiedOptions::notified_writes`]), so a sync after CPU
+//! phases that wrote nothing costs microseconds, not a page-table walk. DMA writes into the pointer are not seen (declare them). Where the kernel
 //! lacks it (before Linux 6.7) it falls back to [`DirtyTracking::Hash`]: one hash pass over
 //! the synced range per sync (about 16 ms per GiB on 16 cores).
 //! [`DirtyTracking::Declared`] costs nothing but counts only writes named through
@@ -67,6 +70,7 @@ pub mod over_store;
 pub mod page_state;
 mod sys;
 mod unified;
+pub mod write_log;
 pub mod write_watch;
 
 pub use cpu_tracker::DirtyTracking;

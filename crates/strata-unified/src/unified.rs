@@ -11,6 +11,7 @@ use crate::cpu_tracker::{CpuTracker, DirtyTracking};
 use crate::error::UnifiedError;
 use crate::options::{Advice, Location, UnifiedOptions};
 use crate::page_state::{Action, Event, PageState, Violation, step};
+use crate::write_watch::WatchMode;
 
 /// The value kernels take for a unified allocation (`StrataUnified` in `strata/unified.cuh`):
 /// the space's handle, the CPU address of byte 0, so that CPU addresses stored in the data
@@ -106,6 +107,14 @@ pub struct Unified {
     /// different count means pages were written down into the host copy behind our back
     /// (evictions during a kernel), so their hashes must be taken again.
     writebacks_seen: u64,
+    /// [`UnifiedOptions::notified_writes`].
+    notified_writes: bool,
+    /// The longest run of read-mostly pages, the replica wanted (kept with the advice, so a
+    /// sync does not walk the per-page advice).
+    replica_wanted: Option<Range<u64>>,
+    /// Whether some page is advised to live on the CPU (else a sync to the CPU evicts
+    /// nothing and does not walk the per-page advice).
+    prefers_cpu: bool,
     stats: UnifiedStats,
 }
 
@@ -166,6 +175,9 @@ impl Unified {
             preferred: vec![None; n],
             accessed_by: Vec::new(),
             writebacks_seen,
+            notified_writes: options.notified_writes,
+            replica_wanted: None,
+            prefers_cpu: false,
             stats: UnifiedStats::default(),
         })
     }
@@ -286,8 +298,15 @@ impl Unified {
         (self.tracker.mode(), self.tracker.hot_pages())
     }
 
+    /// With `WriteProtect` tracking, how the kernel reports CPU writes: `Notified` (a handler
+    /// thread records them; chosen while at least half the pages are advised read-mostly,
+    /// where the process may open such a userfaultfd) or `Scanned`.
+    pub fn watch_mode(&self) -> Option<WatchMode> {
+        self.tracker.watch_mode()
+    }
+
     /// The longest run of read-mostly pages (the first of equal ones).
-    fn wanted_replica(&self) -> Option<Range<u64>> {
+    fn longest_read_mostly_run(&self) -> Option<Range<u64>> {
         let mut best: Option<Range<u64>> = None;
         let mut start = None;
         for (p, &rm) in self
@@ -317,7 +336,7 @@ impl Unified {
     /// Brings the replica in line with the advice after a sync to the GPU: built (whole) when
     /// wanted and missing, otherwise only the pages the CPU wrote are copied up.
     fn refresh_replica(&mut self, cpu_written: &[usize]) -> Result<(), UnifiedError> {
-        let Some(want) = self.wanted_replica() else {
+        let Some(want) = self.replica_wanted.clone() else {
             self.replica = None;
             return Ok(());
         };
@@ -604,9 +623,13 @@ impl Unified {
         } else {
             self.space.stats()?.writebacks
         };
-        let leave: Vec<u64> = (pages.start..pages.end)
-            .filter(|&p| self.preferred[to_usize(p)] == Some(Location::Cpu))
-            .collect();
+        let leave: Vec<u64> = if self.prefers_cpu {
+            (pages.start..pages.end)
+                .filter(|&p| self.preferred[to_usize(p)] == Some(Location::Cpu))
+                .collect()
+        } else {
+            Vec::new()
+        };
         for r in runs(&leave) {
             self.space
                 .evict(r.start * self.page..(r.end * self.page).min(self.space.size()))?;
@@ -662,17 +685,30 @@ impl Unified {
                     }
                 }
                 self.read_mostly[a..b].fill(on);
+                self.replica_wanted = self.longest_read_mostly_run();
+                // Mostly read-mostly data: notified write protection, so that a sync after CPU
+                // phases that wrote nothing does not walk the page table of the allocation.
+                let rm = self.read_mostly.iter().filter(|&&x| x).count();
+                let watch = if self.notified_writes && rm * 2 >= self.read_mostly.len() {
+                    WatchMode::Notified
+                } else {
+                    WatchMode::Scanned
+                };
+                self.tracker.prefer_watch(self.space.host_bytes(), watch);
                 // A replica no longer matching the advice goes at once: a kernel launched
                 // before the next sync must not read pages it may now write from it.
                 if self
                     .replica
                     .as_ref()
-                    .is_some_and(|r| Some(&r.pages) != self.wanted_replica().as_ref())
+                    .is_some_and(|r| Some(&r.pages) != self.replica_wanted.as_ref())
                 {
                     self.replica = None;
                 }
             }
-            Advice::PreferredLocation(l) => self.preferred[a..b].fill(l),
+            Advice::PreferredLocation(l) => {
+                self.preferred[a..b].fill(l);
+                self.prefers_cpu = self.preferred.contains(&Some(Location::Cpu));
+            }
             Advice::AccessedBy(l) => self.accessed_by.push((range, l)),
         }
         Ok(())

@@ -335,6 +335,75 @@ fn read_mostly_pages_are_never_written_back() {
     assert_eq!(u.replica(), None, "no read-mostly pages, no replica");
 }
 
+/// A read-mostly table with write-protect tracking: CPU writes are recorded by the notified
+/// handler (where the process may open one: asserted when root), and every write reaches the
+/// kernels, from two threads, round after round; a sync after a CPU phase that wrote nothing
+/// finds nothing, and one after a few writes finds exactly their pages.
+#[test]
+fn read_mostly_table_with_notified_writes() {
+    use strata_unified::write_watch::WatchMode;
+    let Some((strata, m)) = setup() else { return };
+    let mut rng = rng();
+    let page: u64 = 64 << 10;
+    let bytes: u64 = 16 << 20;
+    let n = bytes / 8;
+    let opts = UnifiedOptions {
+        dirty_tracking: DirtyTracking::WriteProtect,
+        ..UnifiedOptions::default()
+    };
+    let mut u = Unified::new(&strata, bytes, &opts).unwrap();
+    let mut table: Vec<u64> = (0..n).map(|_| rng.random()).collect();
+    words_mut(&mut u).copy_from_slice(&table);
+    u.advise(0..bytes, Advice::ReadMostly(true)).unwrap();
+    let mode = u.watch_mode();
+    eprintln!("watch mode {mode:?}, tracking {:?}", u.dirty_tracking());
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } == 0 && opts.notified_writes {
+        assert_eq!(mode, Some(WatchMode::Notified));
+    }
+    let sum = |t: &[u64]| t.iter().fold(0u64, |s, &w| s.wrapping_add(w));
+    assert_eq!(gpu_sum(&mut u, &m, 0, n), sum(&table));
+    for round in 0..8 {
+        let writes = if round % 3 == 0 {
+            0
+        } else {
+            rng.random_range(1..40)
+        };
+        // Distinct words (a map by index), so the two threads never write the same one.
+        let picks: Vec<(usize, u64)> = (0..writes)
+            .map(|_| (rng.random_range(0..n as usize), rng.random()))
+            .collect::<std::collections::BTreeMap<_, _>>()
+            .into_iter()
+            .collect();
+        let base = u.as_ptr() as usize;
+        std::thread::scope(|s| {
+            for half in picks.chunks(picks.len().div_ceil(2).max(1)) {
+                s.spawn(move || {
+                    for &(i, v) in half {
+                        // SAFETY: word i < n of the allocation, alive for the scope; a CPU
+                        // phase (no kernel runs); each word written by one thread.
+                        unsafe { std::ptr::write_volatile((base as *mut u64).add(i), v) };
+                    }
+                });
+            }
+        });
+        for &(i, v) in &picks {
+            table[i] = v;
+        }
+        let pages: std::collections::BTreeSet<u64> =
+            picks.iter().map(|&(i, _)| i as u64 * 8 / page).collect();
+        let r = u.sync_to_gpu(0..bytes).unwrap();
+        assert_eq!(
+            r.cpu_written,
+            pages.len() as u64,
+            "round {round}: {pages:?}"
+        );
+        assert_eq!(gpu_sum(&mut u, &m, 0, n), sum(&table), "round {round}");
+        assert_eq!(words(&u), &table[..], "round {round}: the host copy");
+    }
+    assert_eq!(u.replica(), Some(0..bytes / page));
+}
+
 #[test]
 fn discard_drops_gpu_writes() {
     let Some((strata, m)) = setup() else { return };
