@@ -183,10 +183,12 @@ fn syncs_out_of_order_are_refused_and_move_nothing() {
     assert!(e.to_string().contains("nothing was moved"), "{e}");
     let logged = side.cpu_log.peek();
     assert!(logged.iter().all(|p| [4, 9, 20].contains(p)), "{logged:?}");
-    assert_eq!(
-        side.region.counters().dirty_pages + logged.len() as u64,
-        3,
-        "the CPU's writes kept (dirty, or logged by an eviction)"
+    // At least 3: a page a write-back is storing right now is already logged and still
+    // counted dirty (seen once in 8 runs under load), so the sum may briefly be 4.
+    let dirty = side.region.counters().dirty_pages;
+    assert!(
+        dirty + logged.len() as u64 >= 3 && dirty <= 3,
+        "the CPU's writes kept (dirty, or logged by an eviction): {dirty} dirty, logged {logged:?}"
     );
     let store = store_bytes(inner.as_ref(), rounded as usize);
     let outside = |p: usize| ![4, 9, 20].contains(&(p as u64 / page));
@@ -269,10 +271,11 @@ fn a_store_that_fails_writes_loses_nothing() {
         if plan.short_write == 0.0 {
             assert!(store_bytes(memory.as_ref(), rounded as usize) == before);
         }
-        assert!(
-            side.region.as_slice() == &replay[..size as usize],
-            "the CPU's bytes are kept"
-        );
+        // The region is not read while the store refuses writes: a page that is not resident
+        // needs a frame, and with every frame dirty and no write possible the pager answers
+        // that fault with SIGBUS (a failing store's documented outcome). Whether some frame
+        // happens to be clean depends on the background write-back's timing, which made this
+        // test fail about once in 8 runs under load. The bytes are checked once it is healed.
         if plan.write_error >= 1.0 {
             // Nothing can be written, by the flush or by an evictor: the pages stay dirty (an
             // evictor retrying one holds it in transition for a moment). (With a store that
@@ -289,6 +292,10 @@ fn a_store_that_fails_writes_loses_nothing() {
         assert!(
             store_bytes(memory.as_ref(), size as usize) == replay[..size as usize],
             "the store holds every page after the repeat"
+        );
+        assert!(
+            side.region.as_slice() == &replay[..size as usize],
+            "the CPU's bytes are kept"
         );
     }
 }
