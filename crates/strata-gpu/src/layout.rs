@@ -170,6 +170,8 @@ pub struct DeviceCounters {
     pub fault_hist: [u64; FAULT_HIST_BUCKETS],
     /// First page a kernel tried to write in a read-only space (`u64::MAX` if none).
     pub read_only_write_page: u64,
+    /// Times a page word gained its dirty bit (never reset).
+    pub pages_dirtied: u64,
 }
 
 /// The histogram bucket the device counts a fault of `ns` in (`fault_hist_bucket` in
@@ -229,6 +231,7 @@ impl DeviceCounters {
             free_frames: 0,
             fault_hist: [0; FAULT_HIST_BUCKETS],
             read_only_write_page: u64::MAX,
+            pages_dirtied: 0,
         }
     }
 }
@@ -333,7 +336,7 @@ const _: () = assert!(offset_of!(SpaceHandle<'static>, frame_count) == 56);
 const _: () = assert!(offset_of!(SpaceHandle<'static>, protected_quota) == 68);
 const _: () = assert!(
     size_of::<DeviceCounters>()
-        == 8 * (HIT_SHARDS * SHARD_STRIDE + 11) + 8 + 96 + 8 * FAULT_HIST_BUCKETS + 8
+        == 8 * (HIT_SHARDS * SHARD_STRIDE + 11) + 8 + 96 + 8 * FAULT_HIST_BUCKETS + 16
 );
 const _: () = assert!(size_of::<WriteBackControl>() == 32);
 

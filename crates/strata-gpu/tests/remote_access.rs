@@ -496,6 +496,8 @@ fn a_read_only_space_refuses_writes_and_reads_current_bytes() {
                 "{what}: read-only sums, read mode {mode}"
             );
         }
+        let dirtied = space.stats().unwrap().pages_dirtied;
+        assert!(dirtied > 0, "{what}: the writers dirtied no page");
         // Writers are refused, and write nothing; readers in the same warps read right.
         let done = DeviceBuffer::zeroed(strata.gpu(), 8).unwrap();
         let mixed = |space: &strata_gpu::Space| {
@@ -542,6 +544,11 @@ fn a_read_only_space_refuses_writes_and_reads_current_bytes() {
         let mut back = vec![0u64; n];
         space.read_back(0, &mut back).unwrap();
         assert!(back == want, "{what}: a refused write changed the space");
+        assert_eq!(
+            space.stats().unwrap().pages_dirtied,
+            dirtied,
+            "{what}: a page became dirty in a read-only space"
+        );
         // Writable again: the same kernels write.
         space.set_read_only(false).unwrap();
         write_pass(&writers, &space, &mut want, s ^ 5);
@@ -550,6 +557,10 @@ fn a_read_only_space_refuses_writes_and_reads_current_bytes() {
         space.check_errors().unwrap();
         done.download(0, &mut d).unwrap();
         assert_eq!(d[0], 16 * pages as u64, "{what}: writers once writable");
+        assert!(
+            space.stats().unwrap().pages_dirtied > dirtied,
+            "{what}: writes once writable dirtied no page"
+        );
         space.read_back(0, &mut back).unwrap();
         for chunk in want.chunks_mut(words) {
             for w in (1..32).step_by(2) {

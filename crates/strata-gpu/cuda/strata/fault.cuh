@@ -19,7 +19,8 @@ __device__ __forceinline__ int try_pin(const StrataSpace& s, strata_u64 page, bo
     strata_u64 st = state_of(old);
     if (st == STRATA_RESIDENT) {
         *frame = (strata_u32)(old & STRATA_FRAME_MASK);
-        if (write && !(old & STRATA_DIRTY)) atomicOr(word, STRATA_DIRTY);
+        if (write && !(old & STRATA_DIRTY) && !(atomicOr(word, STRATA_DIRTY) & STRATA_DIRTY))
+            atomicAdd(&s.counters->pages_dirtied, 1ull);
         touch_frame(s, *frame);
         return PIN_HIT;
     }
@@ -145,6 +146,7 @@ __device__ strata_u32 serve_fault(const StrataSpace& s, strata_u64 page, unsigne
         strata_u64 publish = (1ull << STRATA_STATE_SHIFT) + frame + (write ? STRATA_DIRTY : 0ull) +
                              ((w & STRATA_HISTORY) ? 0ull : STRATA_HISTORY);
         atomicAdd(&s.page_table[page], publish);
+        if (write) atomicAdd(&s.counters->pages_dirtied, 1ull);
         atomicAdd(&s.counters->faults, 1ull);
         atomicAdd(&s.counters->lifetime_faults, 1ull);
         atomicAdd(&s.counters->bytes_in, ps);

@@ -145,6 +145,8 @@ struct StrataCounters {
     strata_u64 free_frames;    // frames holding no page (never reset by reset_stats)
     strata_u64 fault_hist[STRATA_FAULT_HIST_BUCKETS]; // fault service times (see above)
     strata_u64 read_only_write_page; // first page a kernel tried to write in a read-only space (~0 if none)
+    strata_u64 pages_dirtied;  // times a page word gained its dirty bit (never reset): a host
+                               // that saw no change since its last look knows no page is dirty
 };
 
 // The space handle a kernel receives (by value). Pointers are device addresses.
@@ -239,6 +241,6 @@ static_assert(sizeof(StrataRing) == 80, "StrataRing layout changed: update strat
 
 static_assert(sizeof(StrataFrame) == 8, "StrataFrame layout changed: update strata_gpu::layout");
 static_assert(sizeof(StrataCounters) == 8 * (STRATA_HIT_SHARDS * STRATA_SHARD_STRIDE + 11) + 8 + 96 +
-                                            8 * STRATA_FAULT_HIST_BUCKETS + 8,
+                                            8 * STRATA_FAULT_HIST_BUCKETS + 16,
               "StrataCounters layout changed: update strata_gpu::layout");
 static_assert(sizeof(StrataSpace) == 96, "StrataSpace layout changed: update strata_gpu::layout");

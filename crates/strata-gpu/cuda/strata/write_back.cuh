@@ -62,7 +62,10 @@ __device__ __forceinline__ void clean_claimed(const StrataSpace& s, strata_u32 p
     if (lane == 0) {
         strata_u64* const word = &s.page_table[page];
         if (ok) atomicAdd(&s.counters->background_writebacks, 1ull);
-        else atomicOr(word, STRATA_DIRTY);
+        else {
+            atomicOr(word, STRATA_DIRTY);
+            atomicAdd(&s.counters->pages_dirtied, 1ull);
+        }
         // Ordering point (release): the copy down (fenced in write_frame_down) before the pin
         // drops; an evictor that then takes the frame without writing finds the page's bytes
         // in the tier below.

@@ -686,6 +686,7 @@ impl Space {
             background_writebacks: c.background_writebacks,
             remote_reads: c.remote_reads,
             remote_writes: c.remote_writes,
+            pages_dirtied: c.pages_dirtied,
             fault_hist: FaultHistogram(c.fault_hist),
             peer: match &self.peer {
                 Some(p) => {
@@ -717,6 +718,7 @@ impl Space {
         fresh.no_frame_page = c.no_frame_page;
         fresh.store_error_page = c.store_error_page;
         fresh.read_only_write_page = c.read_only_write_page;
+        fresh.pages_dirtied = c.pages_dirtied;
         fresh.wait_limit_ns = c.wait_limit_ns;
         fresh.clock_hand = c.clock_hand;
         fresh.protected_now = c.protected_now;

@@ -102,6 +102,9 @@ pub struct GpuStats {
     pub remote_reads: u64,
     /// Element writes made in place in the host copy.
     pub remote_writes: u64,
+    /// Times a page in a GPU frame became dirty, since the space was made (never reset): a
+    /// host that finds it unchanged since a moment when no page was dirty knows none is.
+    pub pages_dirtied: u64,
     /// Fault service times (p50/p99 through [`FaultHistogram::p50_ns`] and `p99_ns`).
     pub fault_hist: FaultHistogram,
     /// The peer tier's figures, for a space that borrows neighbour GPUs' memory.
