@@ -41,6 +41,10 @@ pub const KNOWN_VARIABLES: &[(&str, &str)] = &[
         "microseconds a filler polls for the next fault before sleeping (0: never)",
     ),
     (
+        "STRATA_PAGER_TRACE",
+        "pager regions: file prefix for a record of evictions and fills (for offline studies)",
+    ),
+    (
         "STRATA_STORE",
         "backing store: memory, file:PATH or remote:HOST:PORT[,HOST:PORT...]",
     ),

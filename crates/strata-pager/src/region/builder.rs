@@ -235,6 +235,7 @@ impl Region {
             write_streams: Streams::new(),
             predict_writes: b.predict_writes && !b.read_only,
             guessed: Guessed::new(page_count, b.predict_writes && !b.read_only),
+            trace: super::trace::Trace::from_env(page_bytes, frames),
             config,
         });
         let mut region = Region {

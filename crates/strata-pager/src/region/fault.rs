@@ -9,6 +9,7 @@ use super::RegionError;
 use super::discard::is_discarded;
 use super::read_ahead::WINDOWS_AHEAD;
 use super::shared::{Scratch, Shared, bump};
+use super::trace::Event;
 use crate::pages::{REF, STAMP_BITS, State, word};
 use crate::sys::{self, FaultPoller, UffdMsg};
 
@@ -522,6 +523,13 @@ impl Shared {
                 State::Clean
             };
             self.guessed.set(page, guessed);
+            if let Some(trace) = &self.trace {
+                let event = match (source, i) {
+                    (FrameSource::Demand, 0) => Event::Demand,
+                    _ => Event::Ahead,
+                };
+                trace.note(event, page, u64::from(zero));
+            }
             self.finish(page, word::with_frame(word::with_state(new, state), *f));
         }
         Ok(got)

@@ -40,6 +40,7 @@
 //! - `write_intent.rs`: installing pages written last time writable at once (optional).
 //! - `evict.rs`: victim choice, evictor threads, and `Region::evict`.
 //! - `flush.rs`: writing dirty pages back (for flush, eviction and unmap).
+//! - `trace.rs`: the optional event record (`STRATA_PAGER_TRACE`) for offline studies.
 //! - `discard.rs`: `Region::discard` (pages dropped unwritten, read back as zeros).
 //! - `error.rs`: [`RegionError`] and [`UnmapError`].
 //! - this file: the public [`Region`] API (access, statistics, flush, prefetch, evict, unmap).
@@ -54,6 +55,7 @@ mod frames;
 mod read_ahead;
 mod shared;
 mod streams;
+mod trace;
 mod write_intent;
 
 pub use builder::RegionBuilder;

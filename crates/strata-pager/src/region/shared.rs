@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use strata_core::{PagerConfig, Stats, Store, Tier};
 
 use super::streams::Streams;
+use super::trace::Trace;
 use super::write_intent::Guessed;
 use super::{EvictionPolicy, RegionError};
 use crate::pages::{FramePool, PageTable};
@@ -83,6 +84,8 @@ pub(super) struct Shared {
     pub(super) predict_writes: bool,
     /// Pages installed writable on that guess (see `write_intent.rs`).
     pub(super) guessed: Guessed,
+    /// The event record `STRATA_PAGER_TRACE` asks for (see `trace.rs`); None by default.
+    pub(super) trace: Option<Trace>,
 }
 
 impl std::fmt::Debug for Shared {
