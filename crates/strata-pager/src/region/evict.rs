@@ -161,6 +161,13 @@ impl Shared {
             if let (Some(trace), Some(batch)) = (&self.trace, batch) {
                 trace.note(Event::Evicted, page, batch);
             }
+            if let Some(log) = &self.evict_log {
+                if self.read_back_unused.take(page) {
+                    log.forget(page);
+                } else {
+                    log.note(page);
+                }
+            }
             let stamp = self.evictions.fetch_add(1, Ordering::Relaxed) / self.stamp_unit;
             let mark = self.written_mark(page, w);
             self.finish(page, word::evicted(stamp, word::heat(w)) | mark);

@@ -4,7 +4,7 @@
 //! process's regions): 16-byte little-endian records, two `u64` each. The first holds the
 //! event kind in its top byte and the page number below; the second the eviction batch (for
 //! evictions) or 1 for a fill of zeros and 0 for a fill from the store. Records are written in
-//! 1 MiB chunks, so a process that exits without dropping its regions loses at most the last
+//! 4 KiB chunks, so a process that exits without dropping its regions loses at most the last
 //! chunk. Off (the default), each event costs one branch on a `None`.
 
 use std::fs::File;
@@ -24,9 +24,11 @@ pub(super) enum Event {
     Demand = 2,
     /// Filled without a fault on it: read with a demand page, read ahead, or prefetched.
     Ahead = 3,
+    /// Read back with a fault on another page (evicted next to it).
+    ReadBack = 4,
 }
 
-const CHUNK: usize = 1 << 20;
+const CHUNK: usize = 4 << 10;
 const PAGE_MASK: u64 = (1 << 56) - 1;
 
 /// The open trace of one region.

@@ -9,9 +9,11 @@ Kinds: 0 header (page bytes, frames), 1 evicted (page, batch), 2 demand fill (pa
 Model. The trace is replayed as it happened; a policy adds read-backs on top. On every demand
 fill from the store that the policy did not cover (a synchronous read in its world), it reads
 back candidate pages that are in the store and not resident (evicted, not filled since, not
-already read back). A read-back page is a hit if its demand fault comes within W evictions of
-the read-back (W = the buffer's frames: about how long a page with a fresh reference bit
-stays under the clock), else it is wasted (it took a frame for nothing). The trace itself is
+already read back). Time is counted in frames consumed (every fill, read-backs included), so
+that reading back more pages shortens everyone's stay. A read-back page is a hit if its demand
+fault comes within W frames consumed after the read-back (W = the buffer's frames: how long a
+page stays under FIFO; 0.5 W as a stricter check), else it is wasted (it took a frame for
+nothing). The trace itself is
 not changed by the read-backs (their extra frames would evict other pages sooner; the
 `wasted` column is that cost's measure). Pages the existing stream read-ahead filled count as
 neither hit nor waste when a read-back got there too.
@@ -37,7 +39,7 @@ def load(path):
     return words
 
 
-def policies(max_k=(4, 8, 16, 64)):
+def policies(max_k=(2, 4, 8, 16)):
     out = [("none", None, 0)]
     for k in max_k:
         out.append((f"batch-{k}", "batch", k))
@@ -56,7 +58,7 @@ def simulate(words, kind, k, window_factor=1.0):
     batches = {}  # batch -> sorted pages
     order = array("Q")  # pages in eviction order
     read_back = {}  # page -> eviction count when it was read back
-    evictions = 0
+    evictions = 0  # the clock: frames consumed (fills of any kind, read-backs included)
     stats = dict(demand_reads=0, zero_fills=0, hits=0, synchronous=0, read_back_pages=0,
                  read_back_ops=0, wasted=0, taken_by_stream=0)
     for i in range(2, len(words), 2):
@@ -67,11 +69,11 @@ def simulate(words, kind, k, window_factor=1.0):
             absent[page] = (extra, len(order))
             batches.setdefault(extra, []).append(page)
             order.append(page)
-            evictions += 1
             if page in read_back:  # resident by then in its world too: neither hit nor fault
                 del read_back[page]
             continue
         if ev == AHEAD:
+            evictions += 1
             absent.pop(page, None)
             if page in read_back:
                 del read_back[page]
@@ -80,6 +82,7 @@ def simulate(words, kind, k, window_factor=1.0):
         if ev != DEMAND:
             continue
         if extra == 1:
+            evictions += 1
             stats["zero_fills"] += 1
             absent.pop(page, None)
             read_back.pop(page, None)
@@ -93,6 +96,7 @@ def simulate(words, kind, k, window_factor=1.0):
                 continue
             stats["wasted"] += 1
         stats["synchronous"] += 1
+        evictions += 1
         if kind is None or where is None:
             continue
         batch, pos = where
@@ -134,6 +138,7 @@ def simulate(words, kind, k, window_factor=1.0):
             stats["read_back_ops"] += 1
         for q in cands:
             read_back[q] = evictions
+            evictions += 1
             stats["read_back_pages"] += 1
     # Read-backs still pending at the end were never used.
     stats["wasted"] += len(read_back)
