@@ -167,6 +167,25 @@ fn read_back_pages_written_afterwards_keep_their_writes() {
             region.counters().read_back_pages > before,
             "round {round}: nothing was read back with page {hit}"
         );
+        // The group's pages that came back with it are resident (state Clean in the page
+        // word's low bits), and reading them takes no fault.
+        let words = region.debug_words(pages);
+        let back = (first..first + 8)
+            .filter(|&p| p != hit && words[p] & 0b111 == 2)
+            .count() as u64;
+        assert!(
+            back > 0,
+            "round {round}: no neighbour of page {hit} came back"
+        );
+        let faults = region.stats().faults;
+        for p in first..first + 8 {
+            assert_eq!(region.as_slice()[p * PAGE + 1], expect[p * PAGE + 1]);
+        }
+        let more = region.stats().faults - faults;
+        assert!(
+            more + back <= 7,
+            "round {round}: {back} of the group read back, yet reading it took {more} faults"
+        );
         for p in first..first + 8 {
             let at = p * PAGE + rng.below(PAGE as u64) as usize;
             let v = rng.next() as u8;
