@@ -1063,6 +1063,13 @@ mod tests {
             PagerConfig::builder().read_ahead(5000).build().unwrap_err(),
             ConfigError::ReadAhead(5000)
         );
+        assert_eq!(
+            PagerConfig::builder()
+                .read_back(MAX_READ_BACK + 1)
+                .build()
+                .unwrap_err(),
+            ConfigError::ReadBack(MAX_READ_BACK + 1)
+        );
     }
 
     #[test]
@@ -1074,6 +1081,7 @@ mod tests {
                 ("STRATA_FILLERS", "3"),
                 ("STRATA_EVICTORS", "2"),
                 ("STRATA_READ_AHEAD", "8"),
+                ("STRATA_READ_BACK", "7"),
                 ("STRATA_EVICT_LOW_WATER", "50"),
                 ("STRATA_EVICT_HIGH_WATER", "80"),
             ]))
@@ -1091,6 +1099,7 @@ mod tests {
             (8192, 64 << 20, 3, 2, 8)
         );
         assert_eq!((c.low_water_percent, c.high_water_percent), (50, 80));
+        assert_eq!(c.read_back, 7);
 
         let e = PagerConfig::builder()
             .with_env_vars(&env(&[("STRATA_FILLERS", "four")]))
