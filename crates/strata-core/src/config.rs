@@ -41,6 +41,14 @@ pub const KNOWN_VARIABLES: &[(&str, &str)] = &[
         "microseconds a filler polls for the next fault before sleeping (0: never)",
     ),
     (
+        "STRATA_READ_BACK",
+        "pages evicted next to a faulting page that are read back with it (0: none)",
+    ),
+    (
+        "STRATA_PAGER_TRACE",
+        "pager regions: file prefix for a record of evictions and fills (for offline studies)",
+    ),
+    (
         "STRATA_STORE",
         "backing store: memory, file:PATH or remote:HOST:PORT[,HOST:PORT...]",
     ),
@@ -161,6 +169,9 @@ pub enum ConfigError {
     /// Read-ahead beyond reason.
     #[error("read-ahead of {0} pages is too large; use 0 to 1024 pages")]
     ReadAhead(u64),
+    /// Read-back beyond reason.
+    #[error("read-back of {0} pages is too large; use 0 to {MAX_READ_BACK} pages")]
+    ReadBack(u64),
     /// A fault poll beyond reason.
     #[error(
         "a fault poll of {0} us is too long; use 0 (fillers sleep at once) to {MAX_FAULT_SPIN_US} us"
@@ -509,6 +520,9 @@ pub struct PagerConfig {
     pub evictors: usize,
     /// Pages read ahead after a fault that continues a sequential run.
     pub read_ahead: u64,
+    /// Pages evicted next to a faulting page (in eviction order) that are read back with it
+    /// in one batched store read, where they are still in the store only. 0: none.
+    pub read_back: u64,
     /// Eviction stops once the resident set falls to this percent of the buffer.
     pub low_water_percent: u8,
     /// Eviction starts once the resident set reaches this percent of the buffer.
@@ -531,6 +545,7 @@ impl PagerConfig {
             fillers: half,
             evictors: half,
             read_ahead: 0,
+            read_back: DEFAULT_READ_BACK,
             low_water: 70,
             high_water: 90,
             fault_spin_us: if cpus > 1 { DEFAULT_FAULT_SPIN_US } else { 0 },
@@ -551,6 +566,7 @@ pub struct PagerConfigBuilder {
     fillers: usize,
     evictors: usize,
     read_ahead: u64,
+    read_back: u64,
     low_water: u8,
     high_water: u8,
     fault_spin_us: u32,
@@ -563,6 +579,14 @@ pub struct PagerConfigBuilder {
 /// that keeps polling while faults keep coming takes the next fault at once. Sort at 6x its
 /// budget on a 2-CPU VM: see `crates/strata-run/results/RESULTS.md` (session 7).
 pub const DEFAULT_FAULT_SPIN_US: u32 = 50;
+
+/// Default of [`PagerConfig::read_back`]: pages evicted next to a faulting page that are
+/// read back with it. Sort at 6x its budget: see `crates/strata-run/results/RESULTS.md`
+/// (read-back).
+pub const DEFAULT_READ_BACK: u64 = 0;
+
+/// The most pages read back with one fault (one store batch; an evictor's batch is 64).
+pub const MAX_READ_BACK: u64 = 63;
 
 /// The longest fault poll accepted (a filler that polls longer only burns a CPU).
 pub const MAX_FAULT_SPIN_US: u32 = 10_000;
@@ -591,6 +615,11 @@ impl PagerConfigBuilder {
     /// Read-ahead in pages.
     pub fn read_ahead(mut self, pages: u64) -> Self {
         self.read_ahead = pages;
+        self
+    }
+    /// Pages evicted next to a faulting page read back with it (0: none).
+    pub fn read_back(mut self, pages: u64) -> Self {
+        self.read_back = pages;
         self
     }
     /// Water marks in percent of the buffer.
@@ -625,6 +654,9 @@ impl PagerConfigBuilder {
         }
         if let Some(v) = env_number(env, "STRATA_READ_AHEAD")? {
             self.read_ahead = v;
+        }
+        if let Some(v) = env_number(env, "STRATA_READ_BACK")? {
+            self.read_back = v;
         }
         if let Some(v) = env_number(env, "STRATA_EVICT_LOW_WATER")? {
             self.low_water = v;
@@ -666,6 +698,9 @@ impl PagerConfigBuilder {
         if self.read_ahead > 1024 {
             return Err(ConfigError::ReadAhead(self.read_ahead));
         }
+        if self.read_back > MAX_READ_BACK {
+            return Err(ConfigError::ReadBack(self.read_back));
+        }
         if self.fault_spin_us > MAX_FAULT_SPIN_US {
             return Err(ConfigError::FaultSpin(self.fault_spin_us));
         }
@@ -675,6 +710,7 @@ impl PagerConfigBuilder {
             fillers: self.fillers,
             evictors: self.evictors,
             read_ahead: self.read_ahead,
+            read_back: self.read_back,
             low_water_percent: self.low_water,
             high_water_percent: self.high_water,
             fault_spin_us: self.fault_spin_us,
@@ -1027,6 +1063,13 @@ mod tests {
             PagerConfig::builder().read_ahead(5000).build().unwrap_err(),
             ConfigError::ReadAhead(5000)
         );
+        assert_eq!(
+            PagerConfig::builder()
+                .read_back(MAX_READ_BACK + 1)
+                .build()
+                .unwrap_err(),
+            ConfigError::ReadBack(MAX_READ_BACK + 1)
+        );
     }
 
     #[test]
@@ -1038,6 +1081,7 @@ mod tests {
                 ("STRATA_FILLERS", "3"),
                 ("STRATA_EVICTORS", "2"),
                 ("STRATA_READ_AHEAD", "8"),
+                ("STRATA_READ_BACK", "7"),
                 ("STRATA_EVICT_LOW_WATER", "50"),
                 ("STRATA_EVICT_HIGH_WATER", "80"),
             ]))
@@ -1055,6 +1099,7 @@ mod tests {
             (8192, 64 << 20, 3, 2, 8)
         );
         assert_eq!((c.low_water_percent, c.high_water_percent), (50, 80));
+        assert_eq!(c.read_back, 7);
 
         let e = PagerConfig::builder()
             .with_env_vars(&env(&[("STRATA_FILLERS", "four")]))

@@ -1,4 +1,4 @@
-//! `FileStore::write_batch`: batches of scattered requests (written through an `io_uring`
+//! `FileStore::write_batch` and `read_batch`: batches of scattered requests (through an `io_uring`
 //! where the kernel allows) land every byte in the file, bad batches write nothing, and
 //! overlapping or unaligned requests keep `write_at`'s meaning.
 
@@ -61,25 +61,48 @@ fn scattered(rng: &mut StdRng, pages: usize, count: usize, unaligned: bool) -> V
     out
 }
 
+/// Pages of the stores [`random_file`] opens.
+const FILE_PAGES: usize = 1024;
+
+/// A store over `dir/name` of [`FILE_PAGES`] pages holding random bytes: its path, the store
+/// and the bytes.
+fn random_file(
+    rng: &mut StdRng,
+    dir: &std::path::Path,
+    name: &str,
+    direct: bool,
+) -> (std::path::PathBuf, FileStore, Vec<u8>) {
+    let path = dir.join(name);
+    let store = open(&path, (FILE_PAGES * PAGE) as u64, direct);
+    let mut reference = vec![0u8; FILE_PAGES * PAGE];
+    rng.fill_bytes(&mut reference);
+    store.write_at(0, &reference).unwrap();
+    (path, store, reference)
+}
+
+/// 150 scattered requests over [`FILE_PAGES`] pages (more than one ring's worth, 64, so a
+/// batch goes in parts) and an aligned buffer where each request's bytes start on a page, as
+/// a pager's pages do: the requests, the buffer, where its aligned part starts, and its length.
+fn requests_with_room(
+    rng: &mut StdRng,
+    unaligned: bool,
+) -> (Vec<(u64, usize)>, Vec<u8>, usize, usize) {
+    let requests = scattered(rng, FILE_PAGES, 150, unaligned);
+    let total: usize = requests.iter().map(|r| r.1.next_multiple_of(PAGE)).sum();
+    let (storage, start) = aligned(total);
+    (requests, storage, start, total)
+}
+
 #[test]
 fn a_batch_of_scattered_requests_lands_every_byte() {
     let seed = seed();
     let mut rng = StdRng::seed_from_u64(seed);
     let dir = tempfile::tempdir().unwrap();
-    let pages = 1024;
-    let size = (pages * PAGE) as u64;
     for direct in [true, false] {
         for unaligned in [false, true] {
-            let path = dir.path().join(format!("batch-{direct}-{unaligned}"));
-            let store = open(&path, size, direct);
-            let mut reference = vec![0u8; pages * PAGE];
-            rng.fill_bytes(&mut reference);
-            store.write_at(0, &reference).unwrap();
-            // 150 requests: more than one ring's worth (64), so the batch goes in parts.
-            let requests = scattered(&mut rng, pages, 150, unaligned);
-            // Each request's bytes start on a page of the buffer, as a pager's pages do.
-            let total: usize = requests.iter().map(|r| r.1.next_multiple_of(PAGE)).sum();
-            let (mut storage, start) = aligned(total);
+            let name = format!("batch-{direct}-{unaligned}");
+            let (path, store, mut reference) = random_file(&mut rng, dir.path(), &name, direct);
+            let (requests, mut storage, start, total) = requests_with_room(&mut rng, unaligned);
             let data = &mut storage[start..start + total];
             rng.fill_bytes(data);
             let mut batch = Vec::new();
@@ -114,7 +137,7 @@ fn a_batch_of_scattered_requests_lands_every_byte() {
             drop(store);
             // The file itself, read without the store, holds every byte.
             let file = std::fs::read(&path).unwrap();
-            assert_eq!(file.len(), pages * PAGE, "the file keeps its size");
+            assert_eq!(file.len(), FILE_PAGES * PAGE, "the file keeps its size");
             if let Some(i) = (0..file.len()).find(|&i| file[i] != reference[i]) {
                 panic!("direct {direct} unaligned {unaligned}: byte {i} differs (seed {seed})");
             }
@@ -238,6 +261,63 @@ fn concurrent_batches_keep_every_page() {
             assert!(
                 back[start..start + PAGE] == want[..],
                 "page {page} (seed {seed})"
+            );
+        }
+    }
+}
+
+/// `FileStore::read_batch` (through a ring where the requests fit one): every request gets
+/// its own bytes, direct or buffered, aligned or not, over several ring loads; a request out
+/// of range fails the batch with a range error.
+#[test]
+fn a_batch_of_scattered_reads_gets_every_byte() {
+    let seed = seed();
+    let mut rng = StdRng::seed_from_u64(seed);
+    let dir = tempfile::tempdir().unwrap();
+    let size = (FILE_PAGES * PAGE) as u64;
+    for direct in [true, false] {
+        for unaligned in [false, true] {
+            let name = format!("read-{direct}-{unaligned}");
+            let (_path, store, reference) = random_file(&mut rng, dir.path(), &name, direct);
+            let (requests, mut storage, start, total) = requests_with_room(&mut rng, unaligned);
+            let data = &mut storage[start..start + total];
+            data.fill(0xA5);
+            let mut batch = Vec::new();
+            let mut rest = &mut data[..];
+            for &(offset, len) in &requests {
+                let (buf, tail) = rest.split_at_mut(len.next_multiple_of(PAGE));
+                rest = tail;
+                batch.push(strata_core::store::ReadRequest {
+                    offset,
+                    buf: &mut buf[..len],
+                });
+            }
+            store.read_batch(&mut batch).unwrap();
+            for (i, r) in batch.iter().enumerate() {
+                let at = r.offset as usize;
+                assert!(
+                    r.buf[..] == reference[at..at + r.buf.len()],
+                    "direct {direct} unaligned {unaligned}: request {i} at {at} read wrong bytes (seed {seed})"
+                );
+            }
+            let mut past = [0u8; PAGE];
+            let mut inside = [0u8; PAGE];
+            let mut bad = [
+                strata_core::store::ReadRequest {
+                    offset: 0,
+                    buf: &mut inside,
+                },
+                strata_core::store::ReadRequest {
+                    offset: size,
+                    buf: &mut past,
+                },
+            ];
+            assert!(
+                matches!(
+                    store.read_batch(&mut bad),
+                    Err(StoreError::OutOfRange { .. })
+                ),
+                "a request past the end fails the batch"
             );
         }
     }

@@ -9,7 +9,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use super::sys::WriteRing;
-use super::{Store, StoreError, check_range};
+use super::{ReadRequest, Store, StoreError, check_range};
 use crate::units::format_size;
 
 /// Alignment `O_DIRECT` needs for offsets, lengths and buffers on every Linux file system we
@@ -261,6 +261,38 @@ impl FileStore {
         Some(first_error.map_or(Ok(()), Err))
     }
 
+    /// Reads `requests` (checked, each [`FileStore::ring_fits`]) through a ring, all at once;
+    /// None when no ring is available (nothing was read). A short or interrupted read is
+    /// finished with [`Store::read_at`].
+    fn read_queued(&self, requests: &mut [(u64, &mut [u8])]) -> Option<Result<(), StoreError>> {
+        let mut ring = self.take_ring()?;
+        let results = ring.read_many(self.file.as_fd(), requests);
+        if !ring.is_broken() {
+            let mut idle = self.rings.lock().unwrap_or_else(|e| e.into_inner());
+            idle.push(ring);
+        }
+        for ((offset, buf), result) in requests.iter_mut().zip(results) {
+            let done = match result {
+                Ok(n) => n.min(buf.len()),
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock
+                    ) =>
+                {
+                    0
+                }
+                Err(e) => return Some(Err(self.io_error("read", *offset, buf.len(), e))),
+            };
+            if done < buf.len()
+                && let Err(e) = self.read_at(*offset + done as u64, &mut buf[done..])
+            {
+                return Some(Err(e));
+            }
+        }
+        Some(Ok(()))
+    }
+
     fn io_error(&self, op: &'static str, offset: u64, len: usize, source: io::Error) -> StoreError {
         StoreError::Io {
             store: self.describe(),
@@ -429,6 +461,28 @@ impl Store for FileStore {
         }
         for (offset, buf) in rest {
             self.write_at(offset, buf)?;
+        }
+        Ok(())
+    }
+
+    /// Reads a batch through an `io_uring` (one submission, the disk serving the reads in
+    /// parallel) where the requests fit one; the rest one by one.
+    fn read_batch(&self, requests: &mut [ReadRequest<'_>]) -> Result<(), StoreError> {
+        for r in requests.iter() {
+            check_range(self, r.offset, r.buf.len())?;
+        }
+        let (mut queued, rest): (Vec<_>, Vec<_>) = requests
+            .iter_mut()
+            .map(|r| (r.offset, &mut *r.buf))
+            .partition(|(offset, buf)| self.ring_fits(*offset, buf));
+        if queued.len() >= 2
+            && let Some(read) = self.read_queued(&mut queued)
+        {
+            read?;
+            queued.clear();
+        }
+        for (offset, buf) in queued.into_iter().chain(rest) {
+            self.read_at(offset, buf)?;
         }
         Ok(())
     }

@@ -1,5 +1,5 @@
-//! Raw system calls of the stores: an `io_uring` that writes a batch of positioned buffers
-//! to one file with one system call.
+//! Raw system calls of the stores: an `io_uring` that writes (or reads) a batch of positioned
+//! buffers to (from) one file with one system call.
 //!
 //! Why: on a virtual disk a synchronous `O_DIRECT` `pwrite` of 4 KiB costs about 28 us of CPU
 //! (system time: the block layer, the virtio doorbell, the completion interrupt and the
@@ -62,30 +62,66 @@ impl WriteRing {
         fd: BorrowedFd<'_>,
         requests: &[(u64, &[u8])],
     ) -> Vec<io::Result<usize>> {
-        let mut results: Vec<io::Result<usize>> = Vec::with_capacity(requests.len());
-        results.resize_with(requests.len(), || Ok(0));
+        self.run_many(requests.len(), |i| {
+            let (offset, bytes) = requests[i];
+            let len = u32::try_from(bytes.len()).expect("requests are at most MAX_REQUEST");
+            opcode::Write::new(types::Fd(fd.as_raw_fd()), bytes.as_ptr(), len)
+                .offset(offset)
+                .build()
+        })
+    }
+
+    /// Reads every `(offset, buffer)` of `requests` from `fd` at once and returns, for each,
+    /// how many bytes the kernel read (possibly fewer: the caller finishes the rest) or its
+    /// error; as [`WriteRing::write_many`], every read is complete when this returns.
+    pub(super) fn read_many(
+        &mut self,
+        fd: BorrowedFd<'_>,
+        requests: &mut [(u64, &mut [u8])],
+    ) -> Vec<io::Result<usize>> {
+        let targets: Vec<(u64, *mut u8, u32)> = requests
+            .iter_mut()
+            .map(|(offset, buf)| {
+                let len = u32::try_from(buf.len()).expect("requests are at most MAX_REQUEST");
+                (*offset, buf.as_mut_ptr(), len)
+            })
+            .collect();
+        self.run_many(targets.len(), |i| {
+            let (offset, ptr, len) = targets[i];
+            opcode::Read::new(types::Fd(fd.as_raw_fd()), ptr, len)
+                .offset(offset)
+                .build()
+        })
+    }
+
+    /// Queues `count` entries (`entry(i)` builds the i-th, over buffers the caller borrows
+    /// for the whole call) a ring load at a time, and returns each entry's result.
+    fn run_many(
+        &mut self,
+        count: usize,
+        entry: impl Fn(usize) -> io_uring::squeue::Entry,
+    ) -> Vec<io::Result<usize>> {
+        let mut results: Vec<io::Result<usize>> = Vec::with_capacity(count);
+        results.resize_with(count, || Ok(0));
         let chunk = RING_ENTRIES as usize;
-        for (c, part) in requests.chunks(chunk).enumerate() {
-            let base = c * chunk;
+        let mut base = 0;
+        while base < count {
+            let end = (base + chunk).min(count);
             let mut queued = 0usize;
             {
                 let mut sq = self.ring.submission();
-                for (i, (offset, bytes)) in part.iter().enumerate() {
-                    let len = u32::try_from(bytes.len()).expect("requests are at most MAX_REQUEST");
-                    let entry = opcode::Write::new(types::Fd(fd.as_raw_fd()), bytes.as_ptr(), len)
-                        .offset(*offset)
-                        .build()
-                        .user_data((base + i) as u64);
-                    // SAFETY: the buffer is borrowed for this whole call and the call returns
-                    // only once the kernel has completed every entry it took (below), so the
-                    // bytes outlive the write; `fd` is borrowed for the call too.
-                    if unsafe { sq.push(&entry) }.is_err() {
+                for i in base..end {
+                    let e = entry(i).user_data(i as u64);
+                    // SAFETY: the buffers are borrowed by the caller for this whole call and
+                    // the call returns only once the kernel has completed every entry it took
+                    // (below), so they outlive the transfer; so is the descriptor.
+                    if unsafe { sq.push(&e) }.is_err() {
                         break; // cannot happen: the ring holds a whole chunk and starts empty
                     }
                     queued += 1;
                 }
             }
-            for r in &mut results[base + queued..base + part.len()] {
+            for r in &mut results[base + queued..end] {
                 *r = Err(io::Error::other("the io_uring submission queue was full"));
             }
             if let Err(e) = self.complete(queued) {
@@ -103,6 +139,7 @@ impl WriteRing {
                         .map_err(|_| io::Error::from_raw_os_error(-cqe.result()));
                 }
             }
+            base = end;
         }
         results
     }
@@ -136,7 +173,7 @@ impl WriteRing {
                 Err(e) => {
                     if started.elapsed() > STUCK_WAIT {
                         eprintln!(
-                            "strata-core: io_uring cannot wait for {queued} queued writes: {e}; \
+                            "strata-core: io_uring cannot wait for {queued} queued requests: {e}; \
                              stopping rather than let them write reused memory"
                         );
                         std::process::abort();

@@ -190,6 +190,11 @@ impl Region {
         });
         // A window is at most a quarter of the buffer, and read-ahead never takes the last
         // free frames (the reserve): demand faults must always find a frame quickly.
+        // As a read-ahead window: one batch fits the scratch limit and a quarter of the buffer.
+        let read_back = usize::try_from(config.read_back)
+            .unwrap_or(0)
+            .min((MAX_RUN_BYTES / page_bytes).saturating_sub(1))
+            .min(frames / 4);
         let read_ahead = usize::try_from(config.read_ahead)
             .unwrap_or(0)
             .min(MAX_RUN_BYTES / page_bytes)
@@ -235,6 +240,14 @@ impl Region {
             write_streams: Streams::new(),
             predict_writes: b.predict_writes && !b.read_only,
             guessed: Guessed::new(page_count, b.predict_writes && !b.read_only),
+            read_back,
+            evict_log: (read_back > 0).then(|| {
+                // Deep enough that a page evicted a few buffers' worth ago still finds its
+                // neighbours: past that, they rarely come back together.
+                super::read_back::EvictLog::new(page_count, (16 * frames).max(1 << 16))
+            }),
+            read_back_unused: Guessed::new(page_count, read_back > 0),
+            trace: super::trace::Trace::from_env(page_bytes, frames),
             config,
         });
         let mut region = Region {

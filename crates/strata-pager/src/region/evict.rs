@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use super::RegionError;
 use super::shared::Shared;
+use super::trace::{Event, Trace};
 use crate::pages::{HOT, REF, State, word};
 
 /// How the evictors choose a victim.
@@ -155,7 +156,18 @@ impl Shared {
             return (Vec::new(), first_error);
         }
         let mut frames = Vec::with_capacity(claimed.len());
+        let batch = self.trace.as_ref().map(Trace::next_batch);
         for &(page, w) in &claimed {
+            if let (Some(trace), Some(batch)) = (&self.trace, batch) {
+                trace.note(Event::Evicted, page, batch);
+            }
+            if let Some(log) = &self.evict_log {
+                if self.read_back_unused.take(page) {
+                    log.forget(page);
+                } else {
+                    log.note(page);
+                }
+            }
             let stamp = self.evictions.fetch_add(1, Ordering::Relaxed) / self.stamp_unit;
             let mark = self.written_mark(page, w);
             self.finish(page, word::evicted(stamp, word::heat(w)) | mark);

@@ -9,6 +9,7 @@ use super::RegionError;
 use super::discard::is_discarded;
 use super::read_ahead::WINDOWS_AHEAD;
 use super::shared::{Scratch, Shared, bump};
+use super::trace::Event;
 use crate::pages::{REF, STAMP_BITS, State, word};
 use crate::sys::{self, FaultPoller, UffdMsg};
 
@@ -154,6 +155,7 @@ impl Shared {
                     }
                     // Seen written: its next eviction marks it so (write_intent.rs).
                     self.guessed.set(page, false);
+                    self.read_back_unused.set(page, false);
                     // Unprotecting wakes the writer; the page is already marked in transition,
                     // so no evictor or flush can re-protect it underneath us.
                     if let Err(e) =
@@ -320,6 +322,21 @@ impl Shared {
                     };
                     self.queue_read_ahead(first, self.read_ahead);
                 }
+            }
+        }
+        // A fault that starts no stream: its neighbours in eviction order come back with it.
+        if !sequential && !descending && self.read_back > 0 && !is_discarded(self.pages.load(page))
+        {
+            let others = self.claim_read_back(page);
+            if !others.is_empty() {
+                match self.fill_with_read_back(page, write, others, tid, scratch) {
+                    Ok(_) => self.stats.record_fault(started.elapsed()),
+                    Err(e) => return self.record(e),
+                }
+                if write && self.read_ahead > 0 {
+                    self.continue_write_stream(page);
+                }
+                return;
             }
         }
         let together = if write { 1 } else { 1 + extra };
@@ -500,31 +517,48 @@ impl Shared {
                 hint: "this is a pager bug or a program that remapped the region; report it",
             });
         }
-        let now = self.evictions.load(Ordering::Relaxed) / self.stamp_unit;
-        let span = self.frames.len() as u64 / self.stamp_unit;
         for (i, f) in frames.iter().enumerate() {
-            let page = first + i;
-            let old = self.pages.load(page);
-            let mut new = REF;
-            if old & crate::pages::GHOST != 0 {
-                let distance = now.wrapping_sub(word::stamp(old)) & ((1 << STAMP_BITS) - 1);
-                if distance <= span {
-                    // Back within one buffer's worth of evictions: a little more memory would
-                    // have kept it, so it earns (more) extra passes.
-                    new = word::with_heat(new, word::heat(old) + 1);
-                    bump(&self.counters.refaults, 1);
-                }
-            }
-            // A zero page differs from the store's copy: dirty, so eviction writes it.
-            let state = if write || zero {
-                State::Dirty
-            } else {
-                State::Clean
+            let event = match (source, i) {
+                (FrameSource::Demand, 0) => Event::Demand,
+                _ => Event::Ahead,
             };
-            self.guessed.set(page, guessed);
-            self.finish(page, word::with_frame(word::with_state(new, state), *f));
+            // A zero page differs from the store's copy: dirty, so eviction writes it.
+            self.installed(first + i, *f, write || zero, guessed, event, zero);
         }
         Ok(got)
+    }
+
+    /// Bookkeeping for `page`, just installed in `frame` (dirty or clean; `guessed`: made
+    /// writable on a guess): reference and heat bits, the re-fault count, the trace.
+    pub(super) fn installed(
+        &self,
+        page: usize,
+        frame: u32,
+        dirty: bool,
+        guessed: bool,
+        event: Event,
+        zero: bool,
+    ) {
+        let now = self.evictions.load(Ordering::Relaxed) / self.stamp_unit;
+        let span = self.frames.len() as u64 / self.stamp_unit;
+        let old = self.pages.load(page);
+        let mut new = REF;
+        if old & crate::pages::GHOST != 0 {
+            let distance = now.wrapping_sub(word::stamp(old)) & ((1 << STAMP_BITS) - 1);
+            if distance <= span {
+                // Back within one buffer's worth of evictions: a little more memory would
+                // have kept it, so it earns (more) extra passes.
+                new = word::with_heat(new, word::heat(old) + 1);
+                bump(&self.counters.refaults, 1);
+            }
+        }
+        let state = if dirty { State::Dirty } else { State::Clean };
+        self.guessed.set(page, guessed);
+        self.read_back_unused.set(page, event == Event::ReadBack);
+        if let Some(trace) = &self.trace {
+            trace.note(event, page, u64::from(zero));
+        }
+        self.finish(page, word::with_frame(word::with_state(new, state), frame));
     }
 
     pub(super) fn release_run(&self, first: usize, count: usize) {

@@ -36,10 +36,12 @@
 //! - `fault.rs`: filler threads and the fault path (fills, write-protect faults, poison).
 //! - `frames.rs`: where a fill gets frames (free list, read-ahead's share, direct reclaim).
 //! - `read_ahead.rs`: read-ahead windows and their threads, and explicit prefetch.
+//! - `read_back.rs`: pages evicted next to a faulting page read back with it (the eviction log).
 //! - `streams.rs`: sequential-stream detection (the ends of recent runs).
 //! - `write_intent.rs`: installing pages written last time writable at once (optional).
 //! - `evict.rs`: victim choice, evictor threads, and `Region::evict`.
 //! - `flush.rs`: writing dirty pages back (for flush, eviction and unmap).
+//! - `trace.rs`: the optional event record (`STRATA_PAGER_TRACE`) for offline studies.
 //! - `discard.rs`: `Region::discard` (pages dropped unwritten, read back as zeros).
 //! - `error.rs`: [`RegionError`] and [`UnmapError`].
 //! - this file: the public [`Region`] API (access, statistics, flush, prefetch, evict, unmap).
@@ -52,8 +54,10 @@ mod fault;
 mod flush;
 mod frames;
 mod read_ahead;
+mod read_back;
 mod shared;
 mod streams;
+mod trace;
 mod write_intent;
 
 pub use builder::RegionBuilder;
@@ -86,6 +90,8 @@ pub struct PagerCounters {
     pub duplicate_faults: u64,
     /// Faults answered with `SIGBUS` because the store failed.
     pub failed_faults: u64,
+    /// Pages read back with a fault because they were evicted next to its page.
+    pub read_back_pages: u64,
     /// Pages resident now.
     pub resident_pages: u64,
     /// Pages dirty now.
@@ -198,6 +204,7 @@ impl Region {
             read_ahead_pages: c.read_ahead_pages.load(Ordering::Relaxed),
             duplicate_faults: c.duplicate_faults.load(Ordering::Relaxed),
             failed_faults: c.failed_faults.load(Ordering::Relaxed),
+            read_back_pages: c.read_back_pages.load(Ordering::Relaxed),
             resident_pages: resident,
             dirty_pages: dirty,
             pages_in_transition: moving,

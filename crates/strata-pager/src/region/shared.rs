@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 
 use strata_core::{PagerConfig, Stats, Store, Tier};
 
+use super::read_back::EvictLog;
 use super::streams::Streams;
+use super::trace::Trace;
 use super::write_intent::Guessed;
 use super::{EvictionPolicy, RegionError};
 use crate::pages::{FramePool, PageTable};
@@ -24,6 +26,7 @@ pub(super) struct Counters {
     pub(super) read_ahead_pages: AtomicU64,
     pub(super) duplicate_faults: AtomicU64,
     pub(super) failed_faults: AtomicU64,
+    pub(super) read_back_pages: AtomicU64,
 }
 
 pub(super) fn bump(c: &AtomicU64, n: u64) {
@@ -83,6 +86,14 @@ pub(super) struct Shared {
     pub(super) predict_writes: bool,
     /// Pages installed writable on that guess (see `write_intent.rs`).
     pub(super) guessed: Guessed,
+    /// Pages read back with a fault from its neighbours in eviction order (0: none).
+    pub(super) read_back: usize,
+    /// The eviction order read-back draws on (None when read-back is off).
+    pub(super) evict_log: Option<EvictLog>,
+    /// Pages installed by read-back and not seen used since (a first write shows use).
+    pub(super) read_back_unused: Guessed,
+    /// The event record `STRATA_PAGER_TRACE` asks for (see `trace.rs`); None by default.
+    pub(super) trace: Option<Trace>,
 }
 
 impl std::fmt::Debug for Shared {

@@ -19,7 +19,9 @@ use crate::pages::{State, word};
 /// fresh word, which clears it.
 pub(super) const WRITTEN: u64 = 1 << 62;
 
-/// One bit per page: installed writable on a guess, not seen written since.
+/// One bit per page (empty when not enabled): for write prediction, installed writable on a
+/// guess and not seen written since; reused for read-back, installed by read-back and not
+/// seen used since.
 #[derive(Debug)]
 pub(super) struct Guessed(Box<[AtomicU64]>);
 
