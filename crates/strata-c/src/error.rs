@@ -109,6 +109,9 @@ impl Error {
                 Status::KernelOutOfRange
             }
             SpaceError::NoFrame { .. } => Status::NoFrame,
+            // The nearest code: writes a kernel made were dropped (spaces cannot be marked
+            // read-only through C yet, so a C caller does not meet this one).
+            SpaceError::WroteReadOnly { .. } => Status::ReadMostly,
             SpaceError::Range { .. } => Status::Range,
             SpaceError::Store { .. }
             | SpaceError::StoreFailed { .. }
