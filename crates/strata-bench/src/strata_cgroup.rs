@@ -84,8 +84,7 @@ impl Charge {
     }
 }
 
-/// The room a budget needs beside it: margins are rounded up to this and get it once more
-/// as slack for what sampling every millisecond or so can miss.
+/// Room kept free beside the margin for what sampling every millisecond or so can miss.
 pub const SLACK_BYTES: u64 = 1 << 20;
 
 /// Smallest budget worth running: below it the row is reported as not fitting.
@@ -94,14 +93,14 @@ pub const MIN_BUDGET_BYTES: u64 = 1 << 20;
 /// The next `--memory` budget from a measurement at `budget` whose unreclaimable peak was
 /// `peak`: `Ok(None)` when the peak plus [`SLACK_BYTES`] fits in `limit` (keep `budget`),
 /// `Ok(Some(b))` to measure again at the smaller `b` (the limit less the margin that rose
-/// above `budget`, less the slack, in whole `page` bytes), `Err(margin)` when no budget of
+/// above `budget` in whole pages, less the slack, in whole `page` bytes), `Err(margin)` when no budget of
 /// at least [`MIN_BUDGET_BYTES`] is left beside the margin.
 pub fn next_budget(limit: u64, budget: u64, peak: u64, page: u64) -> Result<Option<u64>, u64> {
     let page = page.max(1);
     if peak + SLACK_BYTES <= limit {
         return Ok(None);
     }
-    let margin = peak.saturating_sub(budget).next_multiple_of(SLACK_BYTES);
+    let margin = peak.saturating_sub(budget).next_multiple_of(page);
     let room = limit.saturating_sub(margin + SLACK_BYTES);
     let next = room / page * page;
     if next < MIN_BUDGET_BYTES {
@@ -288,9 +287,12 @@ mod tests {
 
     #[test]
     fn the_margin_above_the_budget_comes_off_the_limit() {
-        // 3.5 MiB above a 32 MiB budget: a 4 MiB margin and 1 MiB of slack.
+        // 3.5 MiB above a 32 MiB budget, and 1 MiB of slack.
         let next = next_budget(32 * MIB, 32 * MIB, 32 * MIB + 3 * MIB + MIB / 2, 4096);
-        assert_eq!(next, Ok(Some(27 * MIB)));
+        assert_eq!(next, Ok(Some(27 * MIB + MIB / 2)));
+        // A margin of part of a page takes the whole page.
+        let next = next_budget(32 * MIB, 32 * MIB, 32 * MIB + 100, 65_536);
+        assert_eq!(next, Ok(Some(31 * MIB - 65_536)));
         // Whole pages of 64 KiB.
         let next = next_budget(32 * MIB + 4096, 32 * MIB, 40 * MIB, 65_536).unwrap();
         assert_eq!(next.unwrap() % 65_536, 0);
@@ -330,7 +332,7 @@ mod tests {
             assert!(budget + margin + SLACK_BYTES <= limit);
             assert_eq!(budget % page, 0);
             assert!(
-                budget + margin + 2 * SLACK_BYTES + page >= limit,
+                budget + margin + SLACK_BYTES + 2 * page >= limit,
                 "limit {limit} margin {margin}: budget {budget} too small"
             );
         }
