@@ -527,7 +527,14 @@ pub fn run(args: &RunBenchArgs) -> anyhow::Result<()> {
                             ..
                         }) => {
                             let group = StrataCgroup::new(Some(limit))?;
-                            strata_row(&setup, contestant, program, &reference, *budget, Some(&group))?
+                            strata_row(
+                                &setup,
+                                contestant,
+                                program,
+                                &reference,
+                                *budget,
+                                Some(&group),
+                            )?
                         }
                         Some(s) => {
                             let mut row = Row::new(name, contestant);
@@ -661,7 +668,10 @@ fn run_strata(
             env.push(("STRATA_FILE_DIRECT", "true"));
         }
         "strata-remote" => {
-            argv.extend(["--store".into(), format!("remote:{}", node()?.node.address())]);
+            argv.extend([
+                "--store".into(),
+                format!("remote:{}", node()?.node.address()),
+            ]);
             env.push(("STRATA_REMOTE_TOKEN", &node()?.token));
         }
         "strata-lz4-node" => {
@@ -676,7 +686,13 @@ fn run_strata(
         }
         other => bail!("not a strata contestant: {other}"),
     }
-    argv.extend(setup.args.strata_options.split_whitespace().map(String::from));
+    argv.extend(
+        setup
+            .args
+            .strata_options
+            .split_whitespace()
+            .map(String::from),
+    );
     argv.push("--".into());
     argv.extend(program.iter().cloned());
     let run = match group {
@@ -757,7 +773,10 @@ fn row_note(r: &GroupRun, ok: bool, time_limit: Duration) -> String {
             format_size(r.peak.unreclaimable_bytes)
         )
     } else if r.seconds >= time_limit.as_secs_f64() {
-        format!("failed: killed at the time limit ({} s)", time_limit.as_secs())
+        format!(
+            "failed: killed at the time limit ({} s)",
+            time_limit.as_secs()
+        )
     } else if r.success {
         "failed: wrong output".into()
     } else {
@@ -891,4 +910,73 @@ fn write_lines(path: &Path, bytes: u64) -> anyhow::Result<()> {
         n += 17;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn group_run() -> GroupRun {
+        GroupRun {
+            seconds: 1.0,
+            success: true,
+            stdout: String::new(),
+            peak: Charge::default(),
+            max_usage_bytes: 32 << 20,
+            limit_hits: 0,
+            oom_kills: 0,
+            swap_seen: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_failed_row_says_why() {
+        let limit = Duration::from_secs(300);
+        assert_eq!(row_note(&group_run(), true, limit), "");
+        let mut r = group_run();
+        r.success = false;
+        r.oom_kills = 2;
+        let note = row_note(&r, false, limit);
+        assert!(note.starts_with("failed: OOM-killed"), "{note}");
+        assert!(
+            note.contains("2 kills") && note.contains("32 MiB"),
+            "{note}"
+        );
+        // Swap on during a row voids it, whatever else happened.
+        r.swap_seen = vec!["/dev/zram0".into()];
+        let note = row_note(&r, false, limit);
+        assert!(
+            note.starts_with("void") && note.contains("/dev/zram0"),
+            "{note}"
+        );
+        let mut r = group_run();
+        r.success = false;
+        r.seconds = 300.0;
+        assert!(row_note(&r, false, limit).contains("time limit"));
+        r.seconds = 3.0;
+        assert!(row_note(&r, false, limit).contains("exited with an error"));
+        // Exit 0 but not the reference output.
+        assert!(row_note(&group_run(), false, limit).contains("wrong output"));
+    }
+
+    #[test]
+    fn a_budget_is_whole_pages_of_the_given_size() {
+        assert_eq!(budget_granule(""), 64 << 10);
+        assert_eq!(budget_granule("--page-size 4KiB"), 64 << 10);
+        assert_eq!(budget_granule("--page-size 2MiB --threshold 1MiB"), 2 << 20);
+        assert_eq!(
+            budget_granule("--threshold 1MiB --page-size=256KiB"),
+            256 << 10
+        );
+        // A bad size is `strata run`'s to refuse; the granule stays the default.
+        assert_eq!(budget_granule("--page-size lots"), 64 << 10);
+        assert_eq!(budget_granule("--page-size"), 64 << 10);
+    }
+
+    #[test]
+    fn a_row_that_did_not_run_is_a_failure() {
+        let row = Row::new("sort", "strata-lz4");
+        assert!(!row.ok);
+        assert_eq!(median_time(&[row], "sort", "strata-lz4"), None);
+    }
 }
