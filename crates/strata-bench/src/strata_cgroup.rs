@@ -84,8 +84,14 @@ impl Charge {
     }
 }
 
-/// Room kept free beside the margin for what sampling every millisecond or so can miss.
-pub const SLACK_BYTES: u64 = 1 << 20;
+/// Room a measured peak must leave free below the limit, for what sampling every
+/// millisecond can miss: with 1 MiB, one sort in six over the file store was OOM-killed at
+/// 32 MiB.
+pub const SLACK_BYTES: u64 = 2 << 20;
+
+/// How far below the slack a new budget aims, so that a margin that moves a little between
+/// measurements (an LZ4 store's grows as the budget shrinks) still fits at the next one.
+pub const AIM_BELOW_BYTES: u64 = 1 << 20;
 
 /// Smallest budget worth running: below it the row is reported as not fitting.
 pub const MIN_BUDGET_BYTES: u64 = 1 << 20;
@@ -93,7 +99,8 @@ pub const MIN_BUDGET_BYTES: u64 = 1 << 20;
 /// The next `--memory` budget from a measurement at `budget` whose unreclaimable peak was
 /// `peak`: `Ok(None)` when the peak plus [`SLACK_BYTES`] fits in `limit` (keep `budget`),
 /// `Ok(Some(b))` to measure again at the smaller `b` (the limit less the margin that rose
-/// above `budget` in whole pages, less the slack, in whole `page` bytes), `Err(margin)` when no budget of
+/// above `budget` in whole pages, less the slack and [`AIM_BELOW_BYTES`], in whole `page`
+/// bytes), `Err(margin)` when no budget of
 /// at least [`MIN_BUDGET_BYTES`] is left beside the margin.
 pub fn next_budget(limit: u64, budget: u64, peak: u64, page: u64) -> Result<Option<u64>, u64> {
     let page = page.max(1);
@@ -101,7 +108,7 @@ pub fn next_budget(limit: u64, budget: u64, peak: u64, page: u64) -> Result<Opti
         return Ok(None);
     }
     let margin = peak.saturating_sub(budget).next_multiple_of(page);
-    let room = limit.saturating_sub(margin + SLACK_BYTES);
+    let room = limit.saturating_sub(margin + SLACK_BYTES + AIM_BELOW_BYTES);
     let next = room / page * page;
     if next < MIN_BUDGET_BYTES {
         return Err(margin);
@@ -288,18 +295,24 @@ mod tests {
 
     #[test]
     fn a_peak_that_fits_keeps_the_budget() {
-        assert_eq!(next_budget(32 * MIB, 32 * MIB, 31 * MIB, 4096), Ok(None));
-        assert_eq!(next_budget(32 * MIB, 20 * MIB, 31 * MIB, 4096), Ok(None));
+        assert_eq!(next_budget(32 * MIB, 32 * MIB, 30 * MIB, 4096), Ok(None));
+        assert_eq!(next_budget(32 * MIB, 20 * MIB, 30 * MIB, 4096), Ok(None));
+        // Within the slack is not fitting.
+        assert!(
+            next_budget(32 * MIB, 20 * MIB, 30 * MIB + 1, 4096)
+                .unwrap()
+                .is_some()
+        );
     }
 
     #[test]
     fn the_margin_above_the_budget_comes_off_the_limit() {
-        // 3.5 MiB above a 32 MiB budget, and 1 MiB of slack.
+        // 3.5 MiB above a 32 MiB budget, 2 MiB of slack, aimed 1 MiB lower.
         let next = next_budget(32 * MIB, 32 * MIB, 32 * MIB + 3 * MIB + MIB / 2, 4096);
-        assert_eq!(next, Ok(Some(27 * MIB + MIB / 2)));
+        assert_eq!(next, Ok(Some(25 * MIB + MIB / 2)));
         // A margin of part of a page takes the whole page.
         let next = next_budget(32 * MIB, 32 * MIB, 32 * MIB + 100, 65_536);
-        assert_eq!(next, Ok(Some(31 * MIB - 65_536)));
+        assert_eq!(next, Ok(Some(29 * MIB - 65_536)));
         // Whole pages of 64 KiB.
         let next = next_budget(32 * MIB + 4096, 32 * MIB, 40 * MIB, 65_536).unwrap();
         assert_eq!(next.unwrap() % 65_536, 0);
@@ -318,6 +331,13 @@ mod tests {
             Err(168 * MIB)
         );
         assert!(next_budget(32 * MIB, 2 * MIB, 33 * MIB, 4096).is_err());
+        // Room for the margin and the slack but not for a budget of 1 MiB; a page less of
+        // margin leaves exactly 1 MiB.
+        assert!(next_budget(32 * MIB, 32 * MIB, 60 * MIB + 4096, 4096).is_err());
+        assert_eq!(
+            next_budget(32 * MIB, 32 * MIB, 60 * MIB, 4096),
+            Ok(Some(MIN_BUDGET_BYTES))
+        );
     }
 
     #[test]
@@ -333,6 +353,9 @@ mod tests {
             let page = [4096, 16_384, 65_536][rng.random_range(0..3)];
             let mut budget = limit / page * page;
             let mut steps = 0;
+            if limit < margin + SLACK_BYTES + AIM_BELOW_BYTES + MIN_BUDGET_BYTES + page {
+                continue;
+            }
             while let Some(next) = next_budget(limit, budget, budget + margin, page).unwrap() {
                 budget = next;
                 steps += 1;
@@ -341,7 +364,7 @@ mod tests {
             assert!(budget + margin + SLACK_BYTES <= limit);
             assert_eq!(budget % page, 0);
             assert!(
-                budget + margin + SLACK_BYTES + 2 * page >= limit,
+                budget + margin + SLACK_BYTES + AIM_BELOW_BYTES + 2 * page >= limit,
                 "limit {limit} margin {margin}: budget {budget} too small"
             );
         }

@@ -294,7 +294,7 @@ struct StrataSetup<'a> {
 const TIMED_SAMPLE: Duration = Duration::from_millis(5);
 const MEASURE_SAMPLE: Duration = Duration::from_millis(1);
 /// Measurements of a program's margin before it is given up as not settling.
-const MAX_MEASUREMENTS: usize = 4;
+const MAX_MEASUREMENTS: usize = 5;
 
 /// One measuring run of the budget search: the program under `strata run --memory
 /// budget_bytes` in a group without a limit.
