@@ -140,7 +140,9 @@ pub struct GroupRun {
     pub peak: Charge,
     /// `memory.max_usage_in_bytes`: the kernel's own peak of everything charged.
     pub max_usage_bytes: u64,
-    /// Times the charge hit the limit (`memory.failcnt`) and reclaim ran.
+    /// Times a charge hit the limit and reclaim ran: `memory.failcnt` plus
+    /// `memory.memsw.failcnt` (with both limits equal and no swap, the memory-plus-swap
+    /// counter is charged first and counts the hits).
     pub limit_hits: u64,
     /// OOM kills in the group.
     pub oom_kills: u64,
@@ -211,7 +213,9 @@ impl StrataCgroup {
         let mut swap_seen = active_swaps();
         let kills0 = cgroup_value(&self.dir, "memory.oom_control", "oom_kill");
         let _ = std::fs::write(self.dir.join("memory.max_usage_in_bytes"), "0");
-        let _ = std::fs::write(self.dir.join("memory.failcnt"), "0");
+        for counter in ["memory.failcnt", "memory.memsw.failcnt"] {
+            let _ = std::fs::write(self.dir.join(counter), "0");
+        }
         let t = Instant::now();
         let child = spawn_in_group(&self.dir, argv, env, time_limit, Stdio::piped())?;
         let done = Arc::new(AtomicBool::new(false));
@@ -241,7 +245,7 @@ impl StrataCgroup {
             stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
             peak,
             max_usage_bytes: number("memory.max_usage_in_bytes"),
-            limit_hits: number("memory.failcnt"),
+            limit_hits: number("memory.failcnt") + number("memory.memsw.failcnt"),
             oom_kills: cgroup_value(&self.dir, "memory.oom_control", "oom_kill") - kills0,
             swap_seen,
         })
@@ -419,6 +423,7 @@ mod tests {
             .run(&big, &[], time, Duration::from_millis(1))
             .unwrap();
         assert!(!r.success && r.oom_kills >= 1, "{r:?}");
+        assert!(r.limit_hits >= 1, "{r:?}");
         assert!(r.max_usage_bytes <= limit, "{r:?}");
         // A program still in the group when it is dropped is killed, and the group goes.
         let mut sleeper =

@@ -100,7 +100,8 @@ struct Row {
     max_usage_bytes: u64,
     /// Strata in a group: the charge when its unreclaimable part peaked (sampled every 5 ms).
     peak_charge: Option<Charge>,
-    /// Strata in a group: times the charge hit the limit and reclaim ran (`memory.failcnt`).
+    /// Strata in a group: times the charge hit the limit and reclaim ran (`memory.failcnt`
+    /// and `memory.memsw.failcnt`).
     limit_hits: u64,
     /// The program's own figure, where it prints one (stress-ng: bogo ops/s, real time).
     program_figure: Option<f64>,
