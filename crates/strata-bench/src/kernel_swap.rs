@@ -36,7 +36,7 @@ use crate::cleanup::{Temporary, is_active_swap};
 pub enum SwapError {
     /// Not root.
     #[error(
-        "the kernel baselines switch swap on and make memory cgroups, which needs root; run as root, or leave them out with --contestants"
+        "the kernel baselines switch swap on and every row runs in a memory cgroup, which needs root; run as root, or leave the kernel baselines out with --contestants and run the strata rows without cgroups (--strata-cgroup false)"
     )]
     NotRoot,
     /// Some swap is already on: switching it off would change the machine for others.
@@ -51,7 +51,7 @@ pub enum SwapError {
     SwapOnForStrata(String),
     /// No v1 memory controller.
     #[error(
-        "no cgroup v1 memory controller at /sys/fs/cgroup/memory ({0}); this benchmark needs it for the kernel baselines (cgroup v2's memory controller is not supported yet)"
+        "no cgroup v1 memory controller at /sys/fs/cgroup/memory ({0}); this benchmark runs every row in one (cgroup v2's memory controller is not supported yet)"
     )]
     NoMemoryCgroup(String),
     /// A setup step failed.
@@ -235,6 +235,14 @@ pub fn own_memory_cgroup() -> PathBuf {
     PathBuf::from("/sys/fs/cgroup/memory").join(rel.trim_start_matches('/'))
 }
 
+/// Reads a cgroup file that holds one number (0 if it cannot be read).
+pub(crate) fn cgroup_number(dir: &Path, file: &str) -> u64 {
+    std::fs::read_to_string(dir.join(file))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0)
+}
+
 /// Reads one `key value` line of a cgroup file.
 pub(crate) fn cgroup_value(dir: &Path, file: &str, key: &str) -> u64 {
     std::fs::read_to_string(dir.join(file))
@@ -344,10 +352,7 @@ impl SwapCgroup {
             oom_retries: watched.retries,
             over_limit_seconds: watched.over_limit.as_secs_f64(),
             oom_kills: cgroup_value(&self.dir, "memory.oom_control", "oom_kill") - kills0,
-            max_usage_bytes: std::fs::read_to_string(self.dir.join("memory.max_usage_in_bytes"))
-                .ok()
-                .and_then(|s| s.trim().parse().ok())
-                .unwrap_or(0),
+            max_usage_bytes: cgroup_number(&self.dir, "memory.max_usage_in_bytes"),
         })
     }
 }

@@ -27,7 +27,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::cleanup::Temporary;
-use crate::kernel_swap::{SwapError, cgroup_value, own_memory_cgroup, spawn_in_group};
+use crate::kernel_swap::{
+    SwapError, cgroup_number, cgroup_value, own_memory_cgroup, spawn_in_group,
+};
 
 /// What a group has charged at one moment, from `memory.usage_in_bytes`,
 /// `memory.kmem.usage_in_bytes` and `memory.stat`.
@@ -70,15 +72,9 @@ impl Charge {
     }
 
     fn read(dir: &Path) -> Self {
-        let number = |f: &str| {
-            std::fs::read_to_string(dir.join(f))
-                .ok()
-                .and_then(|s| s.trim().parse().ok())
-                .unwrap_or(0)
-        };
         Self::from_files(
-            number("memory.usage_in_bytes"),
-            number("memory.kmem.usage_in_bytes"),
+            cgroup_number(dir, "memory.usage_in_bytes"),
+            cgroup_number(dir, "memory.kmem.usage_in_bytes"),
             &std::fs::read_to_string(dir.join("memory.stat")).unwrap_or_default(),
         )
     }
@@ -140,10 +136,6 @@ pub struct GroupRun {
     pub peak: Charge,
     /// `memory.max_usage_in_bytes`: the kernel's own peak of everything charged.
     pub max_usage_bytes: u64,
-    /// Times a charge hit the limit and reclaim ran: `memory.failcnt` plus
-    /// `memory.memsw.failcnt` (with both limits equal and no swap, the memory-plus-swap
-    /// counter is charged first and counts the hits).
-    pub limit_hits: u64,
     /// OOM kills in the group.
     pub oom_kills: u64,
     /// Swap devices that were on at the start or end (none, or the row is void).
@@ -213,9 +205,6 @@ impl StrataCgroup {
         let mut swap_seen = active_swaps();
         let kills0 = cgroup_value(&self.dir, "memory.oom_control", "oom_kill");
         let _ = std::fs::write(self.dir.join("memory.max_usage_in_bytes"), "0");
-        for counter in ["memory.failcnt", "memory.memsw.failcnt"] {
-            let _ = std::fs::write(self.dir.join(counter), "0");
-        }
         let t = Instant::now();
         let child = spawn_in_group(&self.dir, argv, env, time_limit, Stdio::piped())?;
         let done = Arc::new(AtomicBool::new(false));
@@ -233,19 +222,13 @@ impl StrataCgroup {
                 swap_seen.push(s);
             }
         }
-        let number = |f: &str| {
-            std::fs::read_to_string(self.dir.join(f))
-                .ok()
-                .and_then(|s| s.trim().parse().ok())
-                .unwrap_or(0)
-        };
+        let number = |f: &str| cgroup_number(&self.dir, f);
         Ok(GroupRun {
             seconds,
             success: out.status.success(),
             stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
             peak,
             max_usage_bytes: number("memory.max_usage_in_bytes"),
-            limit_hits: number("memory.failcnt") + number("memory.memsw.failcnt"),
             oom_kills: cgroup_value(&self.dir, "memory.oom_control", "oom_kill") - kills0,
             swap_seen,
         })
@@ -423,7 +406,6 @@ mod tests {
             .run(&big, &[], time, Duration::from_millis(1))
             .unwrap();
         assert!(!r.success && r.oom_kills >= 1, "{r:?}");
-        assert!(r.limit_hits >= 1, "{r:?}");
         assert!(r.max_usage_bytes <= limit, "{r:?}");
         // A program still in the group when it is dropped is killed, and the group goes.
         let mut sleeper =

@@ -100,9 +100,6 @@ struct Row {
     max_usage_bytes: u64,
     /// Strata in a group: the charge when its unreclaimable part peaked (sampled every 5 ms).
     peak_charge: Option<Charge>,
-    /// Strata in a group: times the charge hit the limit and reclaim ran (`memory.failcnt`
-    /// and `memory.memsw.failcnt`).
-    limit_hits: u64,
     /// The program's own figure, where it prints one (stress-ng: bogo ops/s, real time).
     program_figure: Option<f64>,
     /// 1-minute load average when the run started (2 cores shared with others).
@@ -619,7 +616,6 @@ impl Row {
             budget_bytes: None,
             max_usage_bytes: 0,
             peak_charge: None,
-            limit_hits: 0,
             program_figure: None,
             load_before: 0.0,
             ok: false,
@@ -713,7 +709,6 @@ fn run_strata(
                 stdout,
                 peak: Charge::default(),
                 max_usage_bytes: 0,
-                limit_hits: 0,
                 oom_kills: 0,
                 swap_seen: Vec::new(),
             }
@@ -750,7 +745,6 @@ fn strata_row(
         row.cgroup_limit_bytes = group.limit();
         row.max_usage_bytes = r.max_usage_bytes;
         row.peak_charge = Some(r.peak);
-        row.limit_hits = r.limit_hits;
     }
     row.ok = r.success && r.stdout == reference && r.oom_kills == 0 && r.swap_seen.is_empty();
     row.note = row_note(&r, row.ok, setup.time_limit);
@@ -924,7 +918,6 @@ mod tests {
             stdout: String::new(),
             peak: Charge::default(),
             max_usage_bytes: 32 << 20,
-            limit_hits: 0,
             oom_kills: 0,
             swap_seen: Vec::new(),
         }
