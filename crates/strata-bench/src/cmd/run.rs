@@ -345,9 +345,42 @@ fn find_budget(
     limit: u64,
 ) -> anyhow::Result<BudgetSearch> {
     let page = budget_granule(&setup.args.strata_options);
+    let ask = BudgetAsk {
+        program: name,
+        contestant,
+        limit,
+        page,
+        reference,
+        time_limit: setup.time_limit,
+    };
+    search_budget(&ask, |budget| {
+        let group = StrataCgroup::new(None)?;
+        Ok(run_strata(setup, contestant, program, budget, Some(&group))?.0)
+    })
+}
+
+/// What a budget search is for.
+struct BudgetAsk<'a> {
+    program: &'a str,
+    contestant: &'a str,
+    limit: u64,
+    /// Budgets are whole multiples of this.
+    page: u64,
+    /// The output a good run prints.
+    reference: &'a str,
+    time_limit: Duration,
+}
+
+/// The budget search, with `measure` running the program at a budget in a group without a
+/// limit.
+fn search_budget(
+    ask: &BudgetAsk<'_>,
+    mut measure: impl FnMut(u64) -> anyhow::Result<GroupRun>,
+) -> anyhow::Result<BudgetSearch> {
+    let (limit, page) = (ask.limit, ask.page);
     let mut search = BudgetSearch {
-        program: name.into(),
-        contestant: contestant.into(),
+        program: ask.program.into(),
+        contestant: ask.contestant.into(),
         limit_bytes: limit,
         measurements: Vec::new(),
         budget_bytes: None,
@@ -356,9 +389,8 @@ fn find_budget(
     };
     let mut budget = limit / page * page;
     for _ in 0..MAX_MEASUREMENTS {
-        let group = StrataCgroup::new(None)?;
-        let (r, _) = run_strata(setup, contestant, program, budget, Some(&group))?;
-        let ok = r.success && r.stdout == *reference && r.oom_kills == 0;
+        let r = measure(budget)?;
+        let ok = r.success && r.stdout == ask.reference && r.oom_kills == 0;
         let peak = r.peak.unreclaimable_bytes;
         search.measurements.push(Measurement {
             budget_bytes: budget,
@@ -370,7 +402,8 @@ fn find_budget(
         search.margin_bytes = Some(peak.saturating_sub(budget));
         if !ok {
             search.outcome = format!(
-                "failed while measuring its margin at a budget of {} (the time limit or wrong output)",
+                "{} while measuring its margin at a budget of {}",
+                row_note(&r, false, ask.time_limit),
                 format_size(budget)
             );
             return Ok(search);
@@ -537,7 +570,11 @@ pub fn run(args: &RunBenchArgs) -> anyhow::Result<()> {
                         Some(s) => {
                             let mut row = Row::new(name, contestant);
                             row.cgroup_limit_bytes = Some(limit);
-                            row.note = format!("failed: {}", s.outcome);
+                            row.note = if s.outcome.starts_with("failed") {
+                                s.outcome.clone()
+                            } else {
+                                format!("failed: {}", s.outcome)
+                            };
                             row
                         }
                         None => strata_row(&setup, contestant, program, &reference, limit, None)?,
@@ -965,6 +1002,116 @@ mod tests {
         // A bad size is `strata run`'s to refuse; the granule stays the default.
         assert_eq!(budget_granule("--page-size lots"), 64 << 10);
         assert_eq!(budget_granule("--page-size"), 64 << 10);
+    }
+
+    const MIB: u64 = 1 << 20;
+
+    fn ask(limit: u64) -> BudgetAsk<'static> {
+        BudgetAsk {
+            program: "sort",
+            contestant: "strata-file",
+            limit,
+            page: 64 << 10,
+            reference: "sorted\n",
+            time_limit: Duration::from_secs(300),
+        }
+    }
+
+    /// A measurement that printed the reference and peaked at `peak` bytes.
+    fn measured(peak: u64) -> GroupRun {
+        let mut r = group_run();
+        r.stdout = "sorted\n".into();
+        r.peak.unreclaimable_bytes = peak;
+        r.max_usage_bytes = peak;
+        r
+    }
+
+    #[test]
+    fn a_budget_search_takes_off_a_fixed_margin_once() {
+        let mut budgets = Vec::new();
+        let s = search_budget(&ask(32 * MIB), |b| {
+            budgets.push(b);
+            Ok(measured(b + 4 * MIB))
+        })
+        .unwrap();
+        let budget = s.budget_bytes.unwrap();
+        assert_eq!(
+            budgets,
+            [32 * MIB, budget],
+            "measured at the limit, then once more"
+        );
+        assert_eq!(
+            budget,
+            25 * MIB,
+            "32 less 4 of margin, 2 of slack, 1 aimed below"
+        );
+        assert_eq!(s.margin_bytes, Some(4 * MIB));
+        assert!(s.outcome.starts_with("fits"), "{}", s.outcome);
+        assert_eq!(s.measurements.len(), 2);
+    }
+
+    #[test]
+    fn a_budget_search_follows_a_store_that_grows_as_the_budget_shrinks() {
+        // An in-process compressed store: 3 MiB of program, and a quarter of every byte of
+        // 40 MiB that the budget does not hold.
+        let peak = |b: u64| b + 3 * MIB + (40 * MIB).saturating_sub(b) / 4;
+        let s = search_budget(&ask(32 * MIB), |b| Ok(measured(peak(b)))).unwrap();
+        let budget = s.budget_bytes.expect(&s.outcome);
+        assert!(peak(budget) + crate::strata_cgroup::SLACK_BYTES <= 32 * MIB);
+        assert!(s.measurements.len() <= MAX_MEASUREMENTS);
+        // Every measurement but the last did not fit, and budgets only shrank.
+        let b: Vec<u64> = s.measurements.iter().map(|m| m.budget_bytes).collect();
+        assert!(b.windows(2).all(|w| w[1] < w[0]), "{b:?}");
+    }
+
+    #[test]
+    fn a_budget_search_says_what_does_not_fit_and_why() {
+        // An incompressible in-process store: far more than the limit beside the budget.
+        let s = search_budget(&ask(32 * MIB), |b| Ok(measured(b + 150 * MIB))).unwrap();
+        assert_eq!(s.budget_bytes, None);
+        assert_eq!(s.measurements.len(), 1);
+        assert!(
+            s.outcome.starts_with("does not fit: 150 MiB"),
+            "{}",
+            s.outcome
+        );
+        // A margin that keeps growing as the budget shrinks, never fitting.
+        let mut n = 0;
+        let s = search_budget(&ask(64 * MIB), |b| {
+            n += 1;
+            Ok(measured(b + n * 3 * MIB + 60 * MIB - b / 2))
+        })
+        .unwrap();
+        assert_eq!(s.budget_bytes, None, "{}", s.outcome);
+        assert!(s.outcome.starts_with("does not fit"), "{}", s.outcome);
+    }
+
+    #[test]
+    fn a_budget_search_stops_at_a_failed_measurement() {
+        let mut calls = 0;
+        let s = search_budget(&ask(32 * MIB), |_| {
+            calls += 1;
+            let mut r = measured(10 * MIB);
+            r.stdout = "unsorted\n".into();
+            Ok(r)
+        })
+        .unwrap();
+        assert_eq!((calls, s.budget_bytes), (1, None));
+        assert!(
+            s.outcome.contains("wrong output while measuring"),
+            "{}",
+            s.outcome
+        );
+        let s = search_budget(&ask(32 * MIB), |_| {
+            let mut r = measured(40 * MIB);
+            r.success = false;
+            r.oom_kills = 1;
+            Ok(r)
+        })
+        .unwrap();
+        assert!(s.outcome.starts_with("failed: OOM-killed"), "{}", s.outcome);
+        // A run that cannot start is an error, not a row.
+        assert!(search_budget(&ask(32 * MIB), |_| anyhow::bail!("no cgroup")).is_err());
     }
 
     #[test]
