@@ -36,7 +36,7 @@ use crate::cleanup::{Temporary, is_active_swap};
 pub enum SwapError {
     /// Not root.
     #[error(
-        "the kernel baselines switch swap on and make memory cgroups, which needs root; run as root, or leave them out with --contestants"
+        "the kernel baselines switch swap on and every row runs in a memory cgroup, which needs root; run as root, or leave the kernel baselines out with --contestants and run the strata rows without cgroups (--strata-cgroup false)"
     )]
     NotRoot,
     /// Some swap is already on: switching it off would change the machine for others.
@@ -44,9 +44,14 @@ pub enum SwapError {
         "swap is already on ({0}); the kernel baselines must be the only swap: switch it off (swapoff) first, or leave them out with --contestants"
     )]
     SwapAlreadyOn(String),
+    /// Swap is on while a Strata row would run.
+    #[error(
+        "swap is on ({0}) while a strata run row would run in its memory group; swap must not hold any of its pages: switch it off (swapoff) first"
+    )]
+    SwapOnForStrata(String),
     /// No v1 memory controller.
     #[error(
-        "no cgroup v1 memory controller at /sys/fs/cgroup/memory ({0}); this benchmark needs it for the kernel baselines (cgroup v2's memory controller is not supported yet)"
+        "no cgroup v1 memory controller at /sys/fs/cgroup/memory ({0}); this benchmark runs every row in one (cgroup v2's memory controller is not supported yet)"
     )]
     NoMemoryCgroup(String),
     /// A setup step failed.
@@ -230,8 +235,16 @@ pub fn own_memory_cgroup() -> PathBuf {
     PathBuf::from("/sys/fs/cgroup/memory").join(rel.trim_start_matches('/'))
 }
 
+/// Reads a cgroup file that holds one number (0 if it cannot be read).
+pub(crate) fn cgroup_number(dir: &Path, file: &str) -> u64 {
+    std::fs::read_to_string(dir.join(file))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0)
+}
+
 /// Reads one `key value` line of a cgroup file.
-fn cgroup_value(dir: &Path, file: &str, key: &str) -> u64 {
+pub(crate) fn cgroup_value(dir: &Path, file: &str, key: &str) -> u64 {
     std::fs::read_to_string(dir.join(file))
         .unwrap_or_default()
         .lines()
@@ -266,6 +279,8 @@ pub struct KernelRun {
     pub over_limit_seconds: f64,
     /// OOM kills in the group (0 unless the OOM kill could not be disabled).
     pub oom_kills: u64,
+    /// `memory.max_usage_in_bytes` over the run (one page above the limit after a wake-up).
+    pub max_usage_bytes: u64,
 }
 
 /// A v1 memory cgroup of `limit` bytes whose OOM kill is replaced by retries.
@@ -314,26 +329,9 @@ impl SwapCgroup {
             cgroup_value(&self.dir, "memory.oom_control", "oom_kill"),
         );
         let (in0, out0) = (vmstat("pswpin"), vmstat("pswpout"));
-        let join = format!(
-            "echo $$ > '{}/cgroup.procs' && exec \"$@\"",
-            self.dir.display()
-        );
+        let _ = std::fs::write(self.dir.join("memory.max_usage_in_bytes"), "0");
         let t = Instant::now();
-        let child = Command::new("timeout")
-            .args([
-                "-s",
-                "KILL",
-                &limit.as_secs().to_string(),
-                "sh",
-                "-c",
-                &join,
-                "sh",
-            ])
-            .args(argv)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()?;
+        let child = spawn_in_group(&self.dir, argv, &[], limit, Stdio::piped())?;
         let done = Arc::new(AtomicBool::new(false));
         let watcher = {
             let (done, dir, limit) = (done.clone(), self.dir.clone(), self.limit);
@@ -354,8 +352,37 @@ impl SwapCgroup {
             oom_retries: watched.retries,
             over_limit_seconds: watched.over_limit.as_secs_f64(),
             oom_kills: cgroup_value(&self.dir, "memory.oom_control", "oom_kill") - kills0,
+            max_usage_bytes: cgroup_number(&self.dir, "memory.max_usage_in_bytes"),
         })
     }
+}
+
+/// Starts `argv` with `env` in the memory group `dir` (the shell joins it, then becomes the
+/// program), killed after `limit`; standard output goes to `stdout`.
+pub(crate) fn spawn_in_group(
+    dir: &Path,
+    argv: &[String],
+    env: &[(&str, &str)],
+    limit: Duration,
+    stdout: Stdio,
+) -> std::io::Result<std::process::Child> {
+    let join = format!("echo $$ > '{}/cgroup.procs' && exec \"$@\"", dir.display());
+    Command::new("timeout")
+        .args([
+            "-s",
+            "KILL",
+            &limit.as_secs().to_string(),
+            "sh",
+            "-c",
+            &join,
+            "sh",
+        ])
+        .args(argv)
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .stdout(stdout)
+        .stderr(Stdio::inherit())
+        .spawn()
 }
 
 /// What the OOM watcher did.

@@ -31,6 +31,7 @@ pub mod peer;
 pub mod plot;
 pub mod record;
 pub mod store_spec;
+pub mod strata_cgroup;
 pub mod stream;
 pub mod sys;
 pub mod unified;
