@@ -136,7 +136,17 @@ __device__ void gather(const Table& table, const u32* ids, u64 bags, u32 bag, fl
     table.done(hits);
 }
 
-extern "C" __global__ void gather_space(StrataSpace s, const u32* ids, u64 bags, u32 bag, float* out) {
+// As the graph's space kernels do, the gather over a space bounds its registers to four blocks
+// of 256 per SM where rows are at most 1 KiB: Strata's inlined fault path would otherwise set
+// the register count to one block per SM, and the rarely taken fault path spills instead.
+// Longer rows keep their PER_LANE accumulators (32 for 4 KiB) in registers unbounded.
+#if PER_LANE <= 8
+#define EMBED_SPACE_BOUNDS __launch_bounds__(256, 4)
+#else
+#define EMBED_SPACE_BOUNDS
+#endif
+extern "C" __global__ void EMBED_SPACE_BOUNDS gather_space(StrataSpace s, const u32* ids, u64 bags, u32 bag,
+                                                           float* out) {
     gather(SpaceTable{s}, ids, bags, bag, out);
 }
 
