@@ -64,7 +64,7 @@ pub enum SwapError {
     },
 }
 
-fn step(step: impl Into<String>) -> impl FnOnce(std::io::Error) -> SwapError {
+pub(crate) fn step(step: impl Into<String>) -> impl FnOnce(std::io::Error) -> SwapError {
     let step = step.into();
     move |e| SwapError::Step {
         step,
@@ -283,6 +283,22 @@ pub struct KernelRun {
     pub max_usage_bytes: u64,
 }
 
+/// Makes a memory group named `KIND-PID` (with the cleanup prefix) under this process's own
+/// memory cgroup, after removing groups that dead runs left there; removed when the guard
+/// drops. The process id comes last, as `cleanup::remove_stale` reads it.
+pub(crate) fn new_group(kind: &str) -> Result<(PathBuf, Temporary), SwapError> {
+    let parent = own_memory_cgroup();
+    crate::cleanup::remove_stale(&parent);
+    let dir = parent.join(format!(
+        "{}{kind}-{}",
+        crate::cleanup::PREFIX,
+        std::process::id()
+    ));
+    std::fs::create_dir(&dir).map_err(step(format!("creating {}", dir.display())))?;
+    let guard = Temporary::register(dir.clone());
+    Ok((dir, guard))
+}
+
 /// A v1 memory cgroup of `limit` bytes whose OOM kill is replaced by retries.
 #[derive(Debug)]
 pub struct SwapCgroup {
@@ -294,15 +310,7 @@ pub struct SwapCgroup {
 impl SwapCgroup {
     /// Makes the group under this process's own memory cgroup.
     pub fn new(limit: u64) -> Result<Self, SwapError> {
-        let parent = own_memory_cgroup();
-        crate::cleanup::remove_stale(&parent);
-        let dir = parent.join(format!(
-            "{}run-{}",
-            crate::cleanup::PREFIX,
-            std::process::id()
-        ));
-        std::fs::create_dir(&dir).map_err(step(format!("creating {}", dir.display())))?;
-        let guard = Temporary::register(dir.clone());
+        let (dir, guard) = new_group("run")?;
         std::fs::write(dir.join("memory.limit_in_bytes"), limit.to_string())
             .map_err(step("setting memory.limit_in_bytes"))?;
         std::fs::write(dir.join("memory.oom_control"), "1")

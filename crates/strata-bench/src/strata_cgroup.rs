@@ -27,9 +27,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::cleanup::Temporary;
-use crate::kernel_swap::{
-    SwapError, cgroup_number, cgroup_value, own_memory_cgroup, spawn_in_group,
-};
+use crate::kernel_swap::{SwapError, cgroup_number, cgroup_value, new_group, spawn_in_group, step};
 
 /// What a group has charged at one moment, from `memory.usage_in_bytes`,
 /// `memory.kmem.usage_in_bytes` and `memory.stat`.
@@ -158,19 +156,9 @@ impl StrataCgroup {
         if !swaps.is_empty() {
             return Err(SwapError::SwapOnForStrata(swaps.join(", ")));
         }
-        let parent = own_memory_cgroup();
-        crate::cleanup::remove_stale(&parent);
-        // Numbered, so that groups made at once (tests) do not meet; the process id last,
-        // as `cleanup::remove_stale` reads it.
+        // Numbered, so that groups made at once (tests) do not meet.
         static MADE: AtomicU64 = AtomicU64::new(0);
-        let dir = parent.join(format!(
-            "{}strata{}-{}",
-            crate::cleanup::PREFIX,
-            MADE.fetch_add(1, Ordering::Relaxed),
-            std::process::id()
-        ));
-        std::fs::create_dir(&dir).map_err(step(format!("creating {}", dir.display())))?;
-        let guard = Temporary::register(dir.clone());
+        let (dir, guard) = new_group(&format!("strata{}", MADE.fetch_add(1, Ordering::Relaxed)))?;
         let write = |file: &str, value: &str| {
             std::fs::write(dir.join(file), value).map_err(step(format!("setting {file}")))
         };
@@ -232,13 +220,6 @@ impl StrataCgroup {
             oom_kills: cgroup_value(&self.dir, "memory.oom_control", "oom_kill") - kills0,
             swap_seen,
         })
-    }
-}
-
-fn step(what: String) -> impl FnOnce(std::io::Error) -> SwapError {
-    move |e| SwapError::Step {
-        step: what,
-        why: e.to_string(),
     }
 }
 

@@ -340,6 +340,23 @@ const WRITERS: Grid = Grid {
     threads: 128,
 };
 
+/// The page-read tests' kernels: this file's module, and `rmw_owned` (the writers).
+fn page_read_kernels(strata: &strata_gpu::Strata) -> (strata_gpu::KernelModule, Function) {
+    let module = strata.compile(KERNELS, "remote_kernels.cu").unwrap();
+    let writers = strata
+        .compile(include_str!("gpu_kernels.cu"), "gpu_kernels.cu")
+        .unwrap()
+        .function("rmw_owned")
+        .unwrap();
+    (module, writers)
+}
+
+/// The grid of the page-read kernels (one warp per page, grid-stride).
+const READERS: Grid = Grid {
+    blocks: 8,
+    threads: 128,
+};
+
 /// Runs `rmw_owned` (`writers`) over `space` with `seed` and replays it on `want`.
 fn write_pass(writers: &Function, space: &Space, want: &mut [u64], seed: u64) {
     writers
@@ -381,10 +398,7 @@ fn run_page_sums(
 ) -> Vec<u64> {
     sums_fn
         .launch(
-            Grid {
-                blocks: 8,
-                threads: 128,
-            },
+            READERS,
             &Args::new()
                 .arg(space.handle())
                 .arg(read_mode)
@@ -415,13 +429,8 @@ fn page_reads_in_place_see_current_bytes_and_move_nothing() {
     let Some(strata) = strata_or_skip() else {
         return;
     };
-    let module = strata.compile(KERNELS, "remote_kernels.cu").unwrap();
+    let (module, writers) = page_read_kernels(&strata);
     let sums_fn = module.function("page_sums").unwrap();
-    let writers = strata
-        .compile(include_str!("gpu_kernels.cu"), "gpu_kernels.cu")
-        .unwrap()
-        .function("rmw_owned")
-        .unwrap();
     for (page, remote) in [
         (4u64 << 10, RemoteAccess::Off),
         (64 << 10, RemoteAccess::Auto),
@@ -465,14 +474,9 @@ fn a_read_only_space_refuses_writes_and_reads_current_bytes() {
     let Some(strata) = strata_or_skip() else {
         return;
     };
-    let module = strata.compile(KERNELS, "remote_kernels.cu").unwrap();
+    let (module, writers) = page_read_kernels(&strata);
     let sums_fn = module.function("page_sums").unwrap();
     let mixed_fn = module.function("page_readers_and_writers").unwrap();
-    let writers = strata
-        .compile(include_str!("gpu_kernels.cu"), "gpu_kernels.cu")
-        .unwrap()
-        .function("rmw_owned")
-        .unwrap();
     for (page, remote) in [
         (4u64 << 10, RemoteAccess::Auto),
         (64 << 10, RemoteAccess::MigrateAfter(2)),
@@ -503,10 +507,7 @@ fn a_read_only_space_refuses_writes_and_reads_current_bytes() {
         let mixed = |space: &strata_gpu::Space| {
             mixed_fn
                 .launch(
-                    Grid {
-                        blocks: 8,
-                        threads: 128,
-                    },
+                    READERS,
                     &Args::new()
                         .arg(space.handle())
                         .arg(sums.ptr())

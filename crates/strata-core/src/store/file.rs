@@ -222,30 +222,29 @@ impl FileStore {
             && (!self.direct || Self::is_aligned(offset, buf.len(), buf.as_ptr()))
     }
 
+    /// Gives a ring taken with [`FileStore::take_ring`] back for the next batch, unless it broke.
+    fn put_ring(&self, ring: WriteRing) {
+        if !ring.is_broken() {
+            self.rings
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(ring);
+        }
+    }
+
     /// Writes `requests` (checked, writable, not overlapping, each [`FileStore::ring_fits`])
     /// through a ring, all at once; None when no ring is available (nothing was written).
     fn write_queued(&self, requests: &[(u64, &[u8])]) -> Option<Result<(), StoreError>> {
         let mut ring = self.take_ring()?;
         let results = ring.write_many(self.file.as_fd(), requests);
-        if !ring.is_broken() {
-            let mut idle = self.rings.lock().unwrap_or_else(|e| e.into_inner());
-            idle.push(ring);
-        }
+        self.put_ring(ring);
         let mut first_error = None;
         let mut written = 0u64;
         for (&(offset, buf), result) in requests.iter().zip(results) {
             // A short write (the kernel may stop early) or an interrupted one is finished
             // here; any other error fails the batch, after the other requests are written.
-            let done = match result {
-                Ok(n) => n.min(buf.len()),
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock
-                    ) =>
-                {
-                    0
-                }
+            let done = match bytes_done(result, buf.len()) {
+                Ok(n) => n,
                 Err(e) => {
                     first_error.get_or_insert_with(|| self.io_error("write", offset, buf.len(), e));
                     continue;
@@ -267,21 +266,10 @@ impl FileStore {
     fn read_queued(&self, requests: &mut [(u64, &mut [u8])]) -> Option<Result<(), StoreError>> {
         let mut ring = self.take_ring()?;
         let results = ring.read_many(self.file.as_fd(), requests);
-        if !ring.is_broken() {
-            let mut idle = self.rings.lock().unwrap_or_else(|e| e.into_inner());
-            idle.push(ring);
-        }
+        self.put_ring(ring);
         for ((offset, buf), result) in requests.iter_mut().zip(results) {
-            let done = match result {
-                Ok(n) => n.min(buf.len()),
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock
-                    ) =>
-                {
-                    0
-                }
+            let done = match bytes_done(result, buf.len()) {
+                Ok(n) => n,
                 Err(e) => return Some(Err(self.io_error("read", *offset, buf.len(), e))),
             };
             if done < buf.len()
@@ -498,6 +486,23 @@ impl Store for FileStore {
 
     fn describe(&self) -> String {
         format!("file:{} ({})", self.path.display(), format_size(self.size))
+    }
+}
+
+/// Bytes a queued request of `len` bytes got done: an interrupted (or would-block) request
+/// did none, and the caller finishes the rest itself; any other error is the request's.
+fn bytes_done(result: io::Result<usize>, len: usize) -> io::Result<usize> {
+    match result {
+        Ok(n) => Ok(n.min(len)),
+        Err(e)
+            if matches!(
+                e.kind(),
+                io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock
+            ) =>
+        {
+            Ok(0)
+        }
+        Err(e) => Err(e),
     }
 }
 

@@ -137,6 +137,28 @@ impl Shared {
         claimed
     }
 
+    /// Fills the faulting `page` alone, as a plain demand fault (which re-checks the page's
+    /// kind), giving back the frame `first` it had taken. No read-back page was installed.
+    fn fill_alone(
+        &self,
+        page: usize,
+        write: bool,
+        first: u32,
+        tid: u32,
+        scratch: &mut Scratch,
+    ) -> Result<usize, RegionError> {
+        self.frames.push(first);
+        self.fill_run(
+            page,
+            1,
+            write,
+            &super::fault::FrameSource::Demand,
+            &OnFillError::Poison { tid },
+            scratch,
+        )
+        .map(|_| 0)
+    }
+
     /// Fills the faulting `page` (claimed) and the read-back pages `others` (claimed) with one
     /// batched store read. The faulting page gets a frame as any demand fault; the others take
     /// free frames above the reserve, and those without one are released. Returns how many
@@ -169,18 +191,8 @@ impl Shared {
         self.give_back(&others[frames.len() - 1..], &[]);
         others.truncate(frames.len() - 1);
         if others.is_empty() {
-            // No frame to spare: the plain fill (which re-checks the page's kind).
-            self.frames.push(first);
-            return self
-                .fill_run(
-                    page,
-                    1,
-                    write,
-                    &super::fault::FrameSource::Demand,
-                    &OnFillError::Poison { tid },
-                    scratch,
-                )
-                .map(|_| 0);
+            // No frame to spare: the plain fill.
+            return self.fill_alone(page, write, first, tid, scratch);
         }
         let pb = self.page_bytes;
         let pages: Vec<usize> = std::iter::once(page)
@@ -204,17 +216,7 @@ impl Shared {
             // store copies untouched) and read the faulting page alone, so that an error on
             // a neighbour does not fail this fault.
             self.give_back(&others, &frames[1..]);
-            self.frames.push(first);
-            return self
-                .fill_run(
-                    page,
-                    1,
-                    write,
-                    &super::fault::FrameSource::Demand,
-                    &OnFillError::Poison { tid },
-                    scratch,
-                )
-                .map(|_| 0);
+            return self.fill_alone(page, write, first, tid, scratch);
         }
         let bytes: u64 = pages.iter().map(|&p| self.io_len(p) as u64).sum();
         self.stats.add_read(self.tier, bytes);
