@@ -14,6 +14,10 @@
 #     readonly  the workloads (whose inputs are read-only spaces): their correctness checks, then
 #              BFS and PageRank on a Kronecker scale-25 graph at 2x (Strata, zero-copy, UVM) and
 #              512-byte embedding rows at 4x (Strata, zero-copy)
+#     subpage  sub-page fetch (issue 12): its GPU tests, the element-access test binaries again with
+#              STRATA_GPU_SECTOR=4KiB (their 16-64 KiB pages then load 4 KiB sectors), then
+#              gpu-micro with sectors off and on: gathers over 64 KiB pages, random updates and
+#              streaming (SUBPAGE_RATIOS, default 2,8); subpage-bench: the gpu-micro part alone
 # Logs land in $OUT (the device tool brings them back).
 set -u -o pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -64,6 +68,27 @@ for step in "${steps[@]}"; do
                 EMBED_RUNS="--dim 128 --modes strata,zero-copy" \
                 bash "$ROOT/scripts/gpu-workloads.sh" run check bench-graph bench-embed
             ;;
-        *) echo "unknown step $step (tests, bfs25, micro, unified, gathers, readonly)" >&2; exit 2 ;;
+        subpage|subpage-bench)
+            [ "$step" = subpage ] && for t in sub_page; do
+                (cd "$ROOT" && timeout 240 ".carry/tests/strata-gpu__$t" --test-threads 1 --nocapture) \
+                    >"$OUT/tests-$t.log" 2>&1
+                echo "tests $t: exit $? ($(grep -c '\.\.\. ok' "$OUT/tests-$t.log") ok)"
+            done
+            [ "$step" = subpage ] && for t in remote_access gpu trust write_back; do
+                (cd "$ROOT" && STRATA_GPU_SECTOR=4KiB timeout 200 ".carry/tests/strata-gpu__$t" --test-threads 1 --nocapture) \
+                    >"$OUT/tests-sector-$t.log" 2>&1
+                echo "tests $t with 4 KiB sectors: exit $? ($(grep -c '\.\.\. ok' "$OUT/tests-sector-$t.log") ok)"
+            done
+            for sector in off 4KiB; do
+                for remote in auto off; do
+                    timeout "${SUBPAGE_TIMEOUT:-100}" "$ROOT/.carry/strata" bench gpu-micro --no-ceilings --skip-uvm \
+                        --ratios "${SUBPAGE_RATIOS:-2,8}" --reps 3 --gather-page 64KiB --sector $sector --remote-access $remote \
+                        --patterns gather-uniform,gather-zipf,rmw-random-64k,stream-read \
+                        --out "$OUT/subpage-$sector-$remote" >"$OUT/subpage-$sector-$remote.log" 2>&1
+                    echo "gpu-micro sector $sector remote $remote: exit $?"
+                done
+            done
+            ;;
+        *) echo "unknown step $step (tests, bfs25, micro, unified, gathers, readonly, subpage)" >&2; exit 2 ;;
     esac
 done

@@ -42,6 +42,10 @@ pub struct MicroOptions {
     /// What element accesses do on pages not resident (`--remote-access`; `None`: the
     /// default, or `STRATA_GPU_REMOTE_ACCESS`).
     pub remote_access: Option<strata_gpu::space::RemoteAccess>,
+    /// Sub-page fetch sector of every space (`--sector`; `None`: whole pages).
+    pub sector_bytes: Option<u64>,
+    /// Page size of the gather patterns' spaces (`--gather-page`; 4 KiB by default).
+    pub gather_page: u64,
 }
 
 impl Default for MicroOptions {
@@ -58,6 +62,8 @@ impl Default for MicroOptions {
             backing: None,
             peers: Vec::new(),
             remote_access: None,
+            sector_bytes: None,
+            gather_page: 4 << 10,
         }
     }
 }
@@ -380,6 +386,7 @@ impl Ctx<'_> {
                 .opts
                 .remote_access
                 .unwrap_or_else(|| SpaceOptions::default().remote_access),
+            sector_bytes: self.opts.sector_bytes,
         };
         let size = self.opts.cache_bytes * ratio;
         let seed = self.seed ^ ratio ^ page;
@@ -723,14 +730,21 @@ impl Ctx<'_> {
 
     /// 4 KiB-page space: page touches, cold faults, and 8-byte gathers (uniform and Zipf 0.99).
     fn small_pages(&mut self, ratio: u64) -> Result<(), SpaceError> {
-        let subject = self.new_space(ratio, 4 << 10, EvictionPolicy::Clock)?;
-        let space = &subject.space;
+        let small = self.new_space(ratio, 4 << 10, EvictionPolicy::Clock)?;
         if self.wants("touch-4k") {
-            self.touches(&subject, ratio, 4 << 10, false)?;
+            self.touches(&small, ratio, 4 << 10, false)?;
         }
         if self.wants("cold-4k") {
-            self.touches(&subject, ratio, 4 << 10, true)?;
+            self.touches(&small, ratio, 4 << 10, true)?;
         }
+        // The gathers run over pages of --gather-page (a space of their own if not 4 KiB).
+        let subject = if self.opts.gather_page == 4 << 10 {
+            small
+        } else {
+            drop(small);
+            self.new_space(ratio, self.opts.gather_page, EvictionPolicy::Clock)?
+        };
+        let space = &subject.space;
         let n = space.size() / 8;
         let count = self.opts.gathers;
         let zipf = zipf_indices(n, usize::try_from(count).unwrap_or(0), 0.99, self.seed);

@@ -796,6 +796,7 @@ impl Run<'_> {
             background_write_back: strata_gpu::space::default_write_back(),
             peers: Vec::new(),
             remote_access: SpaceOptions::default().remote_access,
+            sector_bytes: None,
         }
     }
 

@@ -664,6 +664,7 @@ impl Bench<'_> {
             background_write_back: strata_gpu::space::default_write_back(),
             peers,
             remote_access: SpaceOptions::default().remote_access,
+            sector_bytes: None,
         };
         let mut space = self.strata.space(self.opts.cache_bytes * ratio, &o)?;
         space.with_host_mut(|h| random_fill(h, self.seed ^ ratio ^ page))?;
@@ -1057,6 +1058,8 @@ pub fn run(opts: &PeerOptions, log: &mut dyn FnMut(String)) -> Result<PeerReport
             backing: None,
             peers: Vec::new(),
             remote_access: None,
+            sector_bytes: None,
+            gather_page: 4 << 10,
         };
         log("gpu-micro, host-only eviction".into());
         let host = run_micro(&base)?;

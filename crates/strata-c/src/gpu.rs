@@ -118,6 +118,11 @@ pub fn space_options(o: &CSpaceOptions) -> Result<SpaceOptions, Error> {
         peers: Vec::new(),
         // Not in the C options (yet): auto by default, STRATA_GPU_REMOTE_ACCESS=off|auto|N.
         remote_access: SpaceOptions::default().remote_access,
+        // Not in the C options (yet): whole pages, STRATA_GPU_SECTOR=SIZE turns sub-page
+        // fetch on (an unreadable value is reported as invalid).
+        sector_bytes: strata_gpu::space::sector_from_env()
+            .map_err(|e| Error::Invalid(e.to_string()))?
+            .flatten(),
     })
 }
 

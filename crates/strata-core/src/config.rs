@@ -95,6 +95,10 @@ pub const KNOWN_VARIABLES: &[(&str, &str)] = &[
         "GPU spaces: element accesses to pages not resident go over the bus in place until a page has this many (off, auto, or a number)",
     ),
     (
+        "STRATA_GPU_SECTOR",
+        "GPU spaces: sub-page fetch, element accesses load sectors of this size instead of whole pages (off or a size)",
+    ),
+    (
         "STRATA_RUN_MEMORY",
         "strata run: resident budget of the whole program",
     ),

@@ -51,6 +51,7 @@
 #include "strata/policy_scan_resistant.cuh"
 #include "strata/evict.cuh"
 #include "strata/copy.cuh"
+#include "strata/sectors.cuh"
 #include "strata/tier_host_copy.cuh"
 #include "strata/tier_ring.cuh"
 #include "strata/tier_peer.cuh"

@@ -40,8 +40,8 @@ extern "C" __global__ void strata_evict(StrataSpace s, strata_u64 first, strata_
         for (strata_u64 p = first + blockIdx.x * (strata_u64)blockDim.x + threadIdx.x; p < last;
              p += (strata_u64)gridDim.x * blockDim.x) {
             const strata_u64 w = s.page_table[p];
-            if (strata::detail::state_of(w) == STRATA_NOT_RESIDENT && (w & STRATA_FRAME_MASK))
-                atomicAnd(&s.page_table[p], ~STRATA_FRAME_MASK);
+            if (strata::detail::state_of(w) == STRATA_NOT_RESIDENT && (w & STRATA_LOW_MASK))
+                atomicAnd(&s.page_table[p], ~STRATA_LOW_MASK);
         }
     }
     // Peer copies of the range are dropped too: the host copy is about to be written (fills).

@@ -4,8 +4,10 @@
 
 use std::mem::{offset_of, size_of};
 
-/// Page-table word: frame number bits.
-pub const FRAME_MASK: u64 = 0xFFFF_FFFF;
+/// Page-table word: frame number bits (while resident).
+pub const FRAME_MASK: u64 = 0x7FFF_FFFF;
+/// Page-table word: the frame holds only some of the page's sectors (sub-page fetch).
+pub const PARTIAL: u64 = 1 << 31;
 /// Page-table word: state shift.
 pub const STATE_SHIFT: u32 = 32;
 /// State: not resident.
@@ -40,6 +42,10 @@ pub const FAULT_HIST_MIN_LOG2: u32 = 8;
 pub const POLICY_READ_THROUGH: u32 = 0x100;
 /// Space handle `policy` flag: no kernel writes the space ([`crate::Space::set_read_only`]).
 pub const POLICY_READ_ONLY: u32 = 0x200;
+/// Space handle `policy`: where log2 of the sub-page fetch sector size sits (0: whole pages).
+pub const POLICY_SECTOR_SHIFT: u32 = 16;
+/// Space handle `policy`: the bits of the sector size's log2.
+pub const POLICY_SECTOR_MASK: u32 = 0xFF << POLICY_SECTOR_SHIFT;
 /// Frame table: no page.
 pub const NO_PAGE: u32 = 0xFFFF_FFFF;
 /// Error flag: an index outside the space.
@@ -71,6 +77,8 @@ pub struct PageWord {
     pub state: u64,
     /// Frame (meaningful when resident).
     pub frame: u32,
+    /// The frame holds only some of the page's sectors (sub-page fetch; when resident).
+    pub partial: bool,
     /// Dirty bit.
     pub dirty: bool,
     /// Version (bumped each time the page leaves its frame).
@@ -85,6 +93,7 @@ impl PageWord {
         PageWord {
             state: (w >> STATE_SHIFT) & 3,
             frame: u32::try_from(w & FRAME_MASK).unwrap_or(u32::MAX),
+            partial: w & PARTIAL != 0,
             dirty: w & DIRTY != 0,
             version: u8::try_from((w & VERSION_MASK) >> VERSION_SHIFT).unwrap_or(u8::MAX),
             pins: u32::try_from(w >> PIN_SHIFT).unwrap_or(u32::MAX),
@@ -92,7 +101,8 @@ impl PageWord {
     }
     /// Encodes.
     pub fn encode(self) -> u64 {
-        u64::from(self.frame)
+        (u64::from(self.frame) & FRAME_MASK)
+            | if self.partial { PARTIAL } else { 0 }
             | (self.state << STATE_SHIFT)
             | if self.dirty { DIRTY } else { 0 }
             | (u64::from(self.version) << VERSION_SHIFT)
@@ -172,6 +182,8 @@ pub struct DeviceCounters {
     pub read_only_write_page: u64,
     /// Times a page word gained its dirty bit (never reset).
     pub pages_dirtied: u64,
+    /// Loads of missing sectors into resident pages (sub-page fetch).
+    pub sector_fills: u64,
 }
 
 /// The histogram bucket the device counts a fault of `ns` in (`fault_hist_bucket` in
@@ -232,6 +244,7 @@ impl DeviceCounters {
             fault_hist: [0; FAULT_HIST_BUCKETS],
             read_only_write_page: u64::MAX,
             pages_dirtied: 0,
+            sector_fills: 0,
         }
     }
 }
@@ -336,7 +349,7 @@ const _: () = assert!(offset_of!(SpaceHandle<'static>, frame_count) == 56);
 const _: () = assert!(offset_of!(SpaceHandle<'static>, protected_quota) == 68);
 const _: () = assert!(
     size_of::<DeviceCounters>()
-        == 8 * (HIT_SHARDS * SHARD_STRIDE + 11) + 8 + 96 + 8 * FAULT_HIST_BUCKETS + 16
+        == 8 * (HIT_SHARDS * SHARD_STRIDE + 11) + 8 + 96 + 8 * FAULT_HIST_BUCKETS + 24
 );
 const _: () = assert!(size_of::<WriteBackControl>() == 32);
 
@@ -398,6 +411,8 @@ pub fn static_check_source() -> String {
          static_assert(STRATA_PIN_ONE == {}ull, \"pin unit\");\n\
          static_assert(STRATA_VERSION_MASK == {}ull, \"version bits\");\n\
          static_assert(STRATA_POLICY_READ_THROUGH == {}u && STRATA_POLICY_READ_ONLY == {}u, \"policy flags\");\n\
+         static_assert(STRATA_POLICY_SECTOR_SHIFT == {}u && STRATA_POLICY_SECTOR_MASK == {}u, \"sector size bits\");\n\
+         static_assert(STRATA_FRAME_MASK == {}ull && STRATA_PARTIAL == {}ull, \"frame bits\");\n\
          static_assert(STRATA_DIRTY == {}ull, \"dirty bit\");\n\
          static_assert(STRATA_HISTORY == {}ull, \"history bit\");\n\
          static_assert(STRATA_NO_PAGE == {}u, \"no page\");\n\
@@ -420,6 +435,10 @@ pub fn static_check_source() -> String {
         VERSION_MASK,
         POLICY_READ_THROUGH,
         POLICY_READ_ONLY,
+        POLICY_SECTOR_SHIFT,
+        POLICY_SECTOR_MASK,
+        FRAME_MASK,
+        PARTIAL,
         DIRTY,
         HISTORY,
         NO_PAGE,
@@ -477,15 +496,16 @@ mod tests {
 
     #[test]
     fn page_word_round_trips() {
-        for (state, frame, dirty, version, pins) in [
-            (RESIDENT, 7, true, 1, 3),
-            (LOADING, 0, false, 0, 1),
-            (EVICTING, u32::MAX, true, 255, 0xF_FFFF),
-            (NOT_RESIDENT, 0, false, 17, 0),
+        for (state, frame, partial, dirty, version, pins) in [
+            (RESIDENT, 7, true, true, 1, 3),
+            (LOADING, 0, false, false, 0, 1),
+            (EVICTING, 0x7FFF_FFFF, false, true, 255, 0xF_FFFF),
+            (NOT_RESIDENT, 0, false, false, 17, 0),
         ] {
             let w = PageWord {
                 state,
                 frame,
+                partial,
                 dirty,
                 version,
                 pins,
@@ -496,6 +516,7 @@ mod tests {
         let w = PageWord {
             state: RESIDENT,
             frame: 5,
+            partial: false,
             dirty: false,
             version: 255,
             pins: 0,
@@ -513,6 +534,7 @@ mod tests {
             PageWord {
                 state: RESIDENT,
                 frame: 9,
+                partial: false,
                 dirty: false,
                 version: 0,
                 pins: 1

@@ -35,6 +35,10 @@ pub const HEADERS: &[(&str, &str)] = &[
     ("strata/evict.cuh", include_str!("../cuda/strata/evict.cuh")),
     ("strata/copy.cuh", include_str!("../cuda/strata/copy.cuh")),
     (
+        "strata/sectors.cuh",
+        include_str!("../cuda/strata/sectors.cuh"),
+    ),
+    (
         "strata/tier_host_copy.cuh",
         include_str!("../cuda/strata/tier_host_copy.cuh"),
     ),

@@ -14,42 +14,9 @@ use strata_gpu::space::RemoteAccess;
 use strata_gpu::{EvictionPolicy, SpaceOptions};
 
 mod common;
-use common::{mix, opts, random_words, seed, strata_or_skip};
+use common::{opts, page_sums, random_words, replay, seed, strata_or_skip};
 
 const KERNELS: &str = include_str!("remote_kernels.cu");
-
-/// What `mixed_lanes` leaves in a space that held `start`.
-fn replay(start: &[u64], threads: u64, ops: u64, seed: u64) -> Vec<u64> {
-    replay_lanes(start, threads, ops, seed, |_| true)
-}
-
-/// `replay` of the threads `works_here` picks (those of one space in
-/// `mixed_lanes_two_spaces`).
-fn replay_lanes(
-    start: &[u64],
-    threads: u64,
-    ops: u64,
-    seed: u64,
-    works_here: impl Fn(u64) -> bool,
-) -> Vec<u64> {
-    let mut out = start.to_vec();
-    let per = out.len() as u64 / threads;
-    for t in 0..threads {
-        if t & 3 == 3 || !works_here(t) {
-            continue;
-        }
-        for k in 0..ops {
-            let r = mix(seed ^ t.wrapping_mul(0x9E3779B97F4A7C15) ^ k);
-            let i = (t + threads * (r % per)) as usize;
-            out[i] = if t & 3 == 2 {
-                out[i].wrapping_add(i as u64 | 1)
-            } else {
-                out[i].wrapping_mul(3).wrapping_add(i as u64)
-            };
-        }
-    }
-    out
-}
 
 fn options(page: u64, cache: u64, remote: RemoteAccess) -> SpaceOptions {
     SpaceOptions {
@@ -261,7 +228,6 @@ fn warps_mixing_two_spaces_with_remote_access_and_two_frame_caches() {
         blocks: 8,
         threads: 128,
     };
-    let threads = u64::from(grid.blocks) * u64::from(grid.threads);
     let bad = DeviceBuffer::zeroed(strata.gpu(), 8).unwrap();
     // (page, frames, ratio, remote) of space 0 and of space 1.
     let cases = [
@@ -291,46 +257,8 @@ fn warps_mixing_two_spaces_with_remote_access_and_two_frame_caches() {
             spaces.push(space);
             starts.push(start);
         }
-        bad.upload(0, &[0u64]).unwrap();
-        let ops = 16u64;
-        f.launch(
-            grid,
-            &Args::new()
-                .arg(spaces[0].handle())
-                .arg(spaces[1].handle())
-                .arg(ops)
-                .arg(s ^ 0x77)
-                .arg(s.rotate_left(17))
-                .arg((s ^ 1).rotate_left(17))
-                .arg(bad.ptr()),
-        )
-        .unwrap();
         let what = format!("{a:?} + {b:?} seed {s:#x}");
-        for (k, space) in spaces.iter().enumerate() {
-            space.check_errors().unwrap();
-            let st = space.stats().unwrap();
-            eprintln!(
-                "{what}: space {k}: faults {} remote reads {} writes {} hits {}",
-                st.faults, st.remote_reads, st.remote_writes, st.hits
-            );
-            let mut back = vec![0u64; starts[k].len()];
-            space.read_back(0, &mut back).unwrap();
-            let want = replay_lanes(&starts[k], threads, ops, s ^ 0x77, |t| {
-                (t >> 2) & 1 == k as u64
-            });
-            let diff = back.iter().zip(&want).filter(|(x, y)| x != y).count();
-            let first = back.iter().zip(&want).position(|(x, y)| x != y);
-            assert_eq!(
-                diff, 0,
-                "{what}: space {k}: {diff} elements differ from the replay, first at {first:?}"
-            );
-        }
-        let mut wrong = [0u64];
-        bad.download(0, &mut wrong).unwrap();
-        assert_eq!(
-            wrong[0], 0,
-            "{what}: reads of never-written elements were wrong"
-        );
+        common::check_two_spaces(&f, grid, &spaces, &starts, s, &bad, &what);
     }
 }
 
@@ -409,14 +337,6 @@ fn run_page_sums(
     let mut got = vec![0u64; (space.size() / space.page_size()) as usize];
     sums.download(0, &mut got).unwrap();
     got
-}
-
-/// The wrapping sum of the words of each page of `page` bytes.
-fn page_sums(words: &[u64], page: u64) -> Vec<u64> {
-    words
-        .chunks((page / 8) as usize)
-        .map(|c| c.iter().fold(0u64, |a, w| a.wrapping_add(*w)))
-        .collect()
 }
 
 /// `acquire_page` with `STRATA_READ_IN_PLACE` over a space 4x its cache, after writers left

@@ -155,6 +155,8 @@ impl UnifiedOptions {
             } else {
                 strata_gpu::space::RemoteAccess::Off
             },
+            // Whole pages: the coherence code moves, compares and drops whole pages.
+            sector_bytes: None,
         };
         SpacePlan::new(rounded, &space)?;
         Ok(space)

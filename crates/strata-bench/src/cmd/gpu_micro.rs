@@ -48,6 +48,24 @@ pub struct GpuMicroArgs {
     /// default), or the accesses after which a page migrates (2-65535). Compare runs.
     #[arg(long, value_parser = parse_remote)]
     pub remote_access: Option<strata_gpu::space::RemoteAccess>,
+    /// Sub-page fetch: element accesses load sectors of SIZE (e.g. 4KiB; raised to a 32nd of
+    /// the page, whole pages where fewer than 2 fit) instead of whole pages; `off` (the
+    /// default) loads whole pages. Compare runs.
+    #[arg(long, default_value = "off", value_parser = parse_sector)]
+    pub sector: SectorArg,
+    /// Page size of the gather patterns' spaces (4KiB by default; e.g. 64KiB with --sector).
+    #[arg(long, default_value = "4KiB", value_parser = parse_size)]
+    pub gather_page: u64,
+}
+
+/// `--sector`: a sub-page fetch sector size, or `None` for whole pages.
+#[derive(Debug, Clone, Copy)]
+pub struct SectorArg(pub Option<u64>);
+
+fn parse_sector(s: &str) -> Result<SectorArg, String> {
+    strata_gpu::space::parse_sector(s)
+        .map(SectorArg)
+        .map_err(|e| e.to_string())
 }
 
 fn parse_remote(s: &str) -> Result<strata_gpu::space::RemoteAccess, String> {
@@ -97,7 +115,19 @@ pub fn micro(args: &GpuMicroArgs) -> anyhow::Result<()> {
         backing: backing.clone(),
         peers: args.peer.clone(),
         remote_access: args.remote_access,
+        sector_bytes: args.sector.0,
+        gather_page: args.gather_page,
     };
+    if let Some(sector) = opts.sector_bytes {
+        let probe = strata_gpu::SpaceOptions {
+            sector_bytes: Some(sector),
+            ..Default::default()
+        };
+        strata_gpu::SpacePlan::new(1 << 20, &probe)?;
+    }
+    if !opts.gather_page.is_power_of_two() || !(4096..=2 << 20).contains(&opts.gather_page) {
+        anyhow::bail!("--gather-page: give a power of two from 4KiB to 2MiB");
+    }
     if !opts.peers.is_empty() && backing.is_some() {
         anyhow::bail!("--peer works over the pinned host copy only: leave out --store");
     }
@@ -115,6 +145,8 @@ pub fn micro(args: &GpuMicroArgs) -> anyhow::Result<()> {
         "host_cache_bytes": backing.as_ref().and_then(|b| b.host_cache),
         "peers": args.peer,
         "remote_access": args.remote_access,
+        "sector_bytes": opts.sector_bytes,
+        "gather_page": opts.gather_page,
         "rows": rows,
     });
     let record = Record::new("gpu-micro", Device::of(0), ceilings, body);

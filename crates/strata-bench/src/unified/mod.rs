@@ -460,7 +460,11 @@ impl Ctx<'_> {
                 sys::prefetch(&gpu, base, len, Side::Device)?;
             }
             let (f, grid) = (&self.k.r_gather, Self::grid(&self.k.r_gather)?);
+            // The same parts as Strata's round: kernel (with the wait), then the sink and the
+            // CPU's reads (ms).
+            let mut parts = [0.0f64; 2];
             let (times, check) = timed_rounds(rounds, |r| {
+                let t = Instant::now();
                 f.launch(
                     grid,
                     &Args::new()
@@ -471,20 +475,33 @@ impl Ctx<'_> {
                         .arg(sink.ptr()),
                 )?;
                 gpu.synchronize()?;
-                Ok(read_sink(&sink)?.wrapping_add(cpu_reads(m.as_mut_slice(), r)))
+                let t1 = Instant::now();
+                let out = read_sink(&sink)?.wrapping_add(cpu_reads(m.as_mut_slice(), r));
+                let t2 = Instant::now();
+                for (p, d) in parts.iter_mut().zip([t1 - t, t2 - t1]) {
+                    *p += d.as_secs_f64() * 1e3;
+                }
+                Ok(out)
             })?;
-            let note = if hints {
-                "cuMemAdvise read-mostly, prefetched to the GPU"
-            } else {
-                "faults only"
-            };
+            #[allow(clippy::cast_precision_loss)]
+            let per = (rounds + 1) as f64;
+            let note = format!(
+                "{}; per round {:.3} ms kernel, {:.3} ms sink and CPU reads",
+                if hints {
+                    "cuMemAdvise read-mostly, prefetched to the GPU"
+                } else {
+                    "faults only"
+                },
+                parts[0] / per,
+                parts[1] / per
+            );
             self.push(
                 "table",
                 if hints { "managed+hints" } else { "managed" },
                 bytes,
                 times,
                 check,
-                note,
+                &note,
             );
         }
         Ok(())

@@ -193,6 +193,7 @@ fn space_over_store<T: Element>(
         peers: Vec::new(),
         // Over a store, remote access is off (auto); STRATA_GPU_REMOTE_ACCESS=N is refused.
         remote_access: strata_gpu::space::remote_access_from_env()?.unwrap_or_default(),
+        sector_bytes: strata_gpu::space::sector_from_env()?.flatten(),
     };
     // Whole pages: the store and the space cover the last partial page too.
     let bytes = (data.len() as u64 * 4)

@@ -155,6 +155,15 @@ __device__ __forceinline__ PageRef acquire_page(const StrataSpace& s, strata_u64
     if (lane == __ffs(mask) - 1 && (via_host & ~via_remote))
         atomicAdd(&s.counters->read_through, (strata_u64)__popc(via_host & ~via_remote));
     if (lane == __ffs(mask) - 1 && via_remote) atomicAdd(&s.counters->remote_reads, (strata_u64)__popc(via_remote));
+    // Sub-page fetch (sectors.cuh): a page taken whole must hold every sector. A fault here
+    // loaded them all, but a hit may find a page that element accesses loaded in part.
+    unsigned partial = __ballot_sync(mask, is_leader && !(((failed | via_host) >> lane) & 1u) && detail::sectors_on(s) &&
+                                               !detail::holds_sectors(s, frame, detail::all_sectors(s)));
+    while (partial) {
+        const unsigned l = __ffs(partial) - 1;
+        partial &= partial - 1;
+        detail::fill_sectors(s, page, frame, detail::all_sectors(s), l, lane, mask);
+    }
     frame = __shfl_sync(mask, frame, leader);
     // Ordering point: the leader's pin_acquire (or its serve_fault, whose copy ends in a
     // __syncwarp) is ordered before every lane's loads of the frame by this barrier.
@@ -193,16 +202,21 @@ namespace detail {
 // many distinct pages a warp touches. Lanes with `want` false ask for nothing but still help
 // copy the pages the others fault on (a page copy is as fast as the lanes doing it). Groups are
 // (space, page), writing if any lane writes. Returns false if this lane's access gave up (the
-// wait limit passed; STRATA_ERR_NO_FRAME recorded) and `op` did not run.
+// wait limit passed; STRATA_ERR_NO_FRAME recorded) and `op` did not run. With sub-page fetch
+// (sectors.cuh), `sectors` are those the lane needs (sectors_wanted; 0 when its space has no
+// sectors): the union of its group's is loaded rather than the whole page.
 template <typename Op>
 __device__ __forceinline__ bool with_page(const StrataSpace& s, strata_u64 page, bool write, Op op,
-                                          bool want = true) {
+                                          bool want, strata_u32 sectors) {
     const unsigned mask = __activemask();
     const unsigned lane = lane_id();
     const unsigned peers = __match_any_sync(mask, want ? page : ~0ull) & space_peers(mask, s);
     const unsigned leader = __ffs(peers) - 1;
     const bool is_leader = want && lane == leader;
     const bool group_write = (__ballot_sync(mask, want && write) & peers) != 0;
+    // The sectors each group needs (0: whole pages).
+    const bool any_sectors = __any_sync(mask, want && sectors != 0u);
+    const strata_u32 need = any_sectors ? group_sectors(mask, peers, want ? sectors : 0u) : 0u;
     unsigned pending = __ballot_sync(mask, is_leader);
     unsigned failed = 0;  // leaders whose page the tier below failed
     unsigned sleep_ns = 64;
@@ -219,6 +233,13 @@ __device__ __forceinline__ bool with_page(const StrataSpace& s, strata_u64 page,
         // for a frame it holds no pin at all.
         frame = __shfl_sync(mask, frame, leader);
         const bool mine = (hit >> leader) & 1u;
+        if (any_sectors) {
+            // Hits on pages that lack a sector the group needs: load it while pinned.
+            const bool lacks = is_leader && ((hit >> lane) & 1u) && need && !holds_sectors(s, frame, need);
+            fill_lacking(mask, lane, lacks, &s.page_table[page], sector_word(s, frame),
+                         s.frame_data + ((strata_u64)frame << s.page_shift), s.host + (page << s.page_shift),
+                         s.page_shift, sector_shift(s), need, s.counters);
+        }
         // Ordering point: the leader's pin_acquire before the group's loads of the frame.
         __syncwarp(mask);
         if (mine) op(s.frame_data + ((strata_u64)frame << s.page_shift));
@@ -230,7 +251,7 @@ __device__ __forceinline__ bool with_page(const StrataSpace& s, strata_u64 page,
             const unsigned l = __ffs(claimed) - 1;
             claimed &= claimed - 1;
             const strata_u64 p = __shfl_sync(mask, page, l);
-            const strata_u32 f = serve_fault(s, p, l, lane, mask, group_write, false);
+            const strata_u32 f = serve_fault(s, p, l, lane, mask, group_write, false, need ? need : 0xFFFFFFFFu);
             if (f == STRATA_FAULT_FAILED) {
                 // The tier below failed the page (recorded): this group's access fails.
                 ready |= 1u << l;
@@ -256,6 +277,13 @@ __device__ __forceinline__ bool with_page(const StrataSpace& s, strata_u64 page,
     if (lane == __ffs(mask) - 1 && hits_here)
         add_hits(s, hits_here);
     return !((failed >> leader) & 1u) || !want;
+}
+// with_page for an element access at byte `off` of its page (`sparse`: the miss may be
+// sparse, see sectors_wanted).
+template <typename Op>
+__device__ __forceinline__ bool element_access(const StrataSpace& s, strata_u64 page, bool write, Op op, bool want,
+                                               strata_u64 off, bool sparse) {
+    return with_page(s, page, write, op, want, sectors_wanted(s, off, sparse));
 }
 }  // namespace detail
 
@@ -301,7 +329,9 @@ __device__ __forceinline__ PageView view_page(const StrataSpace& s, strata_u64 p
     // Ordering point: an acquire load, paired with the publisher's release (serve_fault's fence
     // before its publishing add), so the frame bytes read after it are the published ones.
     v.word = detail::load_acquire(&s.page_table[page]);
-    v.resident = detail::state_of(v.word) == STRATA_RESIDENT;
+    // With sub-page fetch a view is of whole pages only: a page held in part takes the pinned
+    // path (acquire_page loads the rest).
+    v.resident = detail::state_of(v.word) == STRATA_RESIDENT && !(v.word & STRATA_PARTIAL);
     v.data = s.frame_data + ((v.word & STRATA_FRAME_MASK) << s.page_shift);
     return v;
 }
@@ -392,10 +422,14 @@ template <typename T> struct Array {
         const strata_u64 w = detail::load_acquire(&s.page_table[page]);
         if (detail::state_of(w) == STRATA_RESIDENT) {
             const strata_u32 frame = (strata_u32)(w & STRATA_FRAME_MASK);
-            v = detail::load_acquire_elem((const T*)(s.frame_data + ((strata_u64)frame << s.page_shift) + off));
-            done = detail::same_residency(w, detail::load_relaxed(&s.page_table[page]));
-            if (done) detail::touch_frame(s, frame);
-            else atomicAdd(&s.counters->optimistic_retries, 1ull);
+            // A page held in part (sub-page fetch): a sector the frame lacks takes the pinned
+            // path, which loads it. A whole page needs no look at its sector word.
+            if (!(w & STRATA_PARTIAL) || detail::holds_sectors(s, frame, detail::sector_bit(s, off))) {
+                v = detail::load_acquire_elem((const T*)(s.frame_data + ((strata_u64)frame << s.page_shift) + off));
+                done = detail::same_residency(w, detail::load_relaxed(&s.page_table[page]));
+                if (done) detail::touch_frame(s, frame);
+                else atomicAdd(&s.counters->optimistic_retries, 1ull);
+            }
         } else if (detail::remote_reads_on(s) &&
                    detail::try_remote(s, page, w, false) == detail::REMOTE_SERVED) {
             // Not resident and not yet worth a frame: read in place over the bus (remote.cuh).
@@ -417,8 +451,9 @@ template <typename T> struct Array {
         // The whole warp enters the pinned path if any lane needs it, so faults are copied by
         // every lane rather than by the few that missed.
         if (ok != mask)
-            detail::with_page(
-                s, page, false, [&](unsigned char* f) { v = detail::load_cg((const T*)(f + off)); }, !done);
+            detail::element_access(
+                s, page, false, [&](unsigned char* f) { v = detail::load_cg((const T*)(f + off)); }, !done, off,
+                !detail::remote_reads_on(s));
         return v;
     }
 
@@ -452,8 +487,9 @@ template <typename T> struct Array {
         if ((remotes & same_space) && detail::lane_id() == __ffs(same_space) - 1)
             atomicAdd(&s.counters->remote_writes, (strata_u64)__popc(remotes & same_space));
         if (remotes != mask)
-            detail::with_page(
-                s, page, true, [&](unsigned char* f) { __stcg((B*)(f + off), *(const B*)&v); }, !remote);
+            detail::element_access(
+                s, page, true, [&](unsigned char* f) { __stcg((B*)(f + off), *(const B*)&v); }, !remote, off,
+                !detail::remote_writes_on(s));
     }
 
     // Atomic add (int, unsigned, long long, unsigned long long, float, double); returns the old
@@ -470,8 +506,9 @@ template <typename T> struct Array {
             return T(0);
         }
         T old = T(0);
-        detail::with_page(s, byte >> s.page_shift, true,
-                          [&](unsigned char* f) { old = detail::atomic_add_elem((T*)(f + off), v); });
+        detail::element_access(s, byte >> s.page_shift, true,
+                               [&](unsigned char* f) { old = detail::atomic_add_elem((T*)(f + off), v); }, true, off,
+                               true);
         return old;
     }
 };

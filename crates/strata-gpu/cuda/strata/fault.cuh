@@ -41,7 +41,7 @@ __device__ __forceinline__ int try_pin(const StrataSpace& s, strata_u64 page, bo
             // Remote writers still writing the host copy in place (remote.cuh) finish first,
             // or the copy-in could miss their bytes. The claim clears the remote record.
             if (cur & STRATA_REMOTE_WRITERS_MASK) break;
-            strata_u64 claimed = (cur & ~(STRATA_STATE_MASK | STRATA_FRAME_MASK)) | (STRATA_LOADING << STRATA_STATE_SHIFT);
+            strata_u64 claimed = (cur & ~(STRATA_STATE_MASK | STRATA_LOW_MASK)) | (STRATA_LOADING << STRATA_STATE_SHIFT);
             strata_u64 prev = atomicCAS(word, cur, claimed);
             if (prev == cur) return PIN_CLAIMED;
             cur = prev;
@@ -59,10 +59,14 @@ __device__ __forceinline__ int try_pin(const StrataSpace& s, strata_u64 page, bo
 // (lanes of the warp may be using other spaces: every lane copies with the leader's pointers).
 // `write` and `prefetch` count on the leader. Returns the frame; STRATA_NO_PAGE (the claim is
 // undone) when no frame could be taken; STRATA_FAULT_FAILED (the claim is undone, the error
-// recorded) when the tier below failed to take the victim or to give the page.
+// recorded) when the tier below failed to take the victim or to give the page. With sub-page
+// fetch (sectors.cuh), the leader's `sectors` are the ones loaded (all of them if none of the
+// page's); the frame's sector word says so from the publish on.
 __device__ strata_u32 serve_fault(const StrataSpace& s, strata_u64 page, unsigned leader,
-                                  unsigned lane, unsigned mask, bool write, bool prefetch) {
+                                  unsigned lane, unsigned mask, bool write, bool prefetch,
+                                  strata_u32 sectors = 0xFFFFFFFFu) {
     strata_u32 frame = 0, victim = STRATA_NO_PAGE;
+    strata_u32 victim_sectors = 0xFFFFFFFFu, load_sectors = 0xFFFFFFFFu;
     strata_u64 victim_word = 0;
     bool dirty = false;
     strata_u64 t0 = 0;
@@ -77,6 +81,12 @@ __device__ strata_u32 serve_fault(const StrataSpace& s, strata_u64 page, unsigne
         // below). It also orders the EVICTING mark before any byte of the frame is overwritten
         // (optimistic readers re-read the word). The __syncwarp carries the order to the lanes.
         fence_acq_rel();
+        if (sectors_on(s) && frame != STRATA_NO_PAGE) {
+            const strata_u32 all = all_sectors(s);
+            // The victim's held sectors (it is unpinned, so no load into it is under way).
+            victim_sectors = victim != STRATA_NO_PAGE ? (strata_u32)load_volatile(sector_word(s, frame)) & all : 0u;
+            load_sectors = (sectors & all) ? sectors & all : all;
+        }
     }
     __syncwarp(mask);
     frame = __shfl_sync(mask, frame, leader);
@@ -95,7 +105,7 @@ __device__ strata_u32 serve_fault(const StrataSpace& s, strata_u64 page, unsigne
     }
     unsigned char* fdata = frame_data + (strata_u64)frame * ps;
     const bool write_victim = victim != STRATA_NO_PAGE && dirty;
-    const int moved = tier_exchange(s, victim, write_victim, page, fdata, lane, mask, leader);
+    const int moved = tier_exchange(s, victim, write_victim, page, fdata, lane, mask, leader, victim_sectors, load_sectors);
     __syncwarp(mask);
     if (moved == TIER_WRITE_FAILED) {
         if (lane == leader) {
@@ -109,7 +119,7 @@ __device__ strata_u32 serve_fault(const StrataSpace& s, strata_u64 page, unsigne
     if (lane == leader) {
         if (write_victim) {
             atomicAdd(&s.counters->writebacks, 1ull);
-            atomicAdd(&s.counters->bytes_out, ps);
+            atomicAdd(&s.counters->bytes_out, victim_sectors == 0xFFFFFFFFu ? ps : (strata_u64)__popc(victim_sectors) << sector_shift(s));
         }
         if (victim != STRATA_NO_PAGE) {
             // GPU scope is enough for the host-copy tier: only this GPU reads the host copy
@@ -137,19 +147,22 @@ __device__ strata_u32 serve_fault(const StrataSpace& s, strata_u64 page, unsigne
     }
     if (moved == TIER_LOAD_FAILED) return STRATA_FAULT_FAILED;
     if (lane == leader) {
+        // The sectors now held, published with the page (sub-page fetch).
+        if (sectors_on(s)) atomicExch(sector_word(s, frame), (strata_u64)load_sectors);
         // Ordering point (release): the copy-in (ordered to the leader by the __syncwarp above)
         // before the publishing add; pairs with pin_acquire and load_acquire of readers.
         __threadfence();
         // LOADING -> RESIDENT, the frame, and the history bit (set only by publishers, so
         // adding it when clear is the same as or-ing it).
         const strata_u64 w = load_volatile(&s.page_table[page]);
+        const bool partial = sectors_on(s) && load_sectors != all_sectors(s);
         strata_u64 publish = (1ull << STRATA_STATE_SHIFT) + frame + (write ? STRATA_DIRTY : 0ull) +
-                             ((w & STRATA_HISTORY) ? 0ull : STRATA_HISTORY);
+                             ((w & STRATA_HISTORY) ? 0ull : STRATA_HISTORY) + (partial ? STRATA_PARTIAL : 0ull);
         atomicAdd(&s.page_table[page], publish);
         if (write) atomicAdd(&s.counters->pages_dirtied, 1ull);
         atomicAdd(&s.counters->faults, 1ull);
         atomicAdd(&s.counters->lifetime_faults, 1ull);
-        atomicAdd(&s.counters->bytes_in, ps);
+        atomicAdd(&s.counters->bytes_in, load_sectors == 0xFFFFFFFFu ? ps : (strata_u64)__popc(load_sectors) << sector_shift(s));
         if (prefetch) atomicAdd(&s.counters->prefetched, 1ull);
         strata_u64 dt = now_ns() - t0;
         atomicAdd(&s.counters->fault_ns_total, dt);

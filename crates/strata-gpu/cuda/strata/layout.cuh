@@ -9,10 +9,14 @@ typedef unsigned long long strata_u64;
 typedef unsigned int strata_u32;
 
 // ---- page-table word (one per page, 64 bits) ---------------------------------------------------
-// bits  0..31  frame number (valid while RESIDENT, LOADING keeps 0 until publish); while the
-//              page is NOT_RESIDENT, its remote-access record instead (remote.cuh): an access
-//              count (bits 0..15), the epoch it was last counted in (16..23) and the remote
-//              writers now writing the host copy in place (24..31). A claim clears them.
+// bits  0..30  frame number (valid while RESIDENT, LOADING keeps 0 until publish)
+// bit   31     partial (RESIDENT, sub-page fetch): the frame holds only some of the page's
+//              sectors (its sector word says which; sectors.cuh). Clear means the whole page,
+//              so a hit on a whole page reads no sector word.
+//              While the page is NOT_RESIDENT, bits 0..31 are its remote-access record instead
+//              (remote.cuh): an access count (bits 0..15), the epoch it was last counted in
+//              (16..23) and the remote writers now writing the host copy in place (24..31).
+//              A claim clears them.
 // bits 32..33  state
 // bit  34      dirty
 // bit  35      history: the page was resident before (kept across eviction); the scan-resistant
@@ -25,7 +29,9 @@ typedef unsigned int strata_u32;
 //              that both pins the page and reads its state, and an evictor's single
 //              compare-and-swap can never race with a pin (it fails if any pin appears).
 //              20 bits hold a million pins, more than a GPU has threads.
-#define STRATA_FRAME_MASK 0xFFFFFFFFull
+#define STRATA_FRAME_MASK 0x7FFFFFFFull
+#define STRATA_PARTIAL (1ull << 31)
+#define STRATA_LOW_MASK 0xFFFFFFFFull  // frame and partial bit, or the remote record
 #define STRATA_STATE_SHIFT 32
 #define STRATA_STATE_MASK (3ull << STRATA_STATE_SHIFT)
 #define STRATA_NOT_RESIDENT 0ull
@@ -85,6 +91,10 @@ typedef unsigned int strata_u32;
 // acquire on the page word, whose L1 invalidation (CCTL.IVALL on sm_90) would throw out the
 // lines the SM's other warps are reading (scripts/experiments/acquire_in_place.sh).
 #define STRATA_POLICY_READ_ONLY 0x200u
+// Sub-page fetch (sectors.cuh): log2 of the sector size in bits 16..23, 0 for whole pages.
+// The frames' sector words follow the frame table.
+#define STRATA_POLICY_SECTOR_SHIFT 16u
+#define STRATA_POLICY_SECTOR_MASK (0xFFu << STRATA_POLICY_SECTOR_SHIFT)
 // How acquire_page reads a page that is not resident (access.cuh).
 #define STRATA_READ_MIGRATE 0u
 #define STRATA_READ_REMOTE_OK 1u
@@ -147,12 +157,13 @@ struct StrataCounters {
     strata_u64 read_only_write_page; // first page a kernel tried to write in a read-only space (~0 if none)
     strata_u64 pages_dirtied;  // times a page word gained its dirty bit (never reset): a host
                                // that saw no change since its last look knows no page is dirty
+    strata_u64 sector_fills;   // loads of missing sectors into resident pages (sectors.cuh)
 };
 
 // The space handle a kernel receives (by value). Pointers are device addresses.
 struct StrataSpace {
     strata_u64* page_table;      // [pages]
-    StrataFrame* frames;         // [frame_count]
+    StrataFrame* frames;         // [frame_count], then (sub-page fetch) a sector word per frame
     unsigned char* frame_data;   // (frame_count + 1) * page_size bytes, in GPU memory; the last
                                  // page is scratch that failed accesses point at
     unsigned char* host;         // the backing copy: pinned host memory mapped into the GPU
@@ -241,6 +252,6 @@ static_assert(sizeof(StrataRing) == 80, "StrataRing layout changed: update strat
 
 static_assert(sizeof(StrataFrame) == 8, "StrataFrame layout changed: update strata_gpu::layout");
 static_assert(sizeof(StrataCounters) == 8 * (STRATA_HIT_SHARDS * STRATA_SHARD_STRIDE + 11) + 8 + 96 +
-                                            8 * STRATA_FAULT_HIST_BUCKETS + 16,
+                                            8 * STRATA_FAULT_HIST_BUCKETS + 24,
               "StrataCounters layout changed: update strata_gpu::layout");
 static_assert(sizeof(StrataSpace) == 96, "StrataSpace layout changed: update strata_gpu::layout");

@@ -115,7 +115,7 @@ __device__ __forceinline__ int try_remote(const StrataSpace& s, strata_u64 page,
             writers += STRATA_REMOTE_WRITER_ONE;
         }
         const strata_u64 next_count = count + add < STRATA_REMOTE_COUNT_MASK ? count + add : STRATA_REMOTE_COUNT_MASK;
-        const strata_u64 next = (w & ~STRATA_FRAME_MASK) | writers | (epoch << STRATA_REMOTE_EPOCH_SHIFT) | next_count;
+        const strata_u64 next = (w & ~STRATA_LOW_MASK) | writers | (epoch << STRATA_REMOTE_EPOCH_SHIFT) | next_count;
         const strata_u64 prev = write ? cas_acquire(word, w, next) : atomicCAS(word, w, next);
         if (prev == w || !write) return REMOTE_SERVED;  // a lost sampled count is only a count
         w = prev;

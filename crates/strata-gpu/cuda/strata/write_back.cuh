@@ -45,12 +45,16 @@ __device__ __forceinline__ strata_u32 claim_for_cleaning(const StrataSpace& s, s
 // the page dirty. Host maintenance (strata_flush, strata_evict) and the cleaners share it.
 __device__ __forceinline__ bool write_frame_down(const StrataSpace& s, strata_u32 page, strata_u64 f, unsigned lane) {
     const strata_u64 ps = 1ull << s.page_shift;
-    const bool ok = tier_write_back(s, page, s.frame_data + f * ps, lane, 0xFFFFFFFFu, 0);
+    // With sub-page fetch, the sectors the frame holds (the page is pinned or no kernel runs,
+    // so none is being loaded; the caller's acquire orders this read after the last load).
+    const strata_u32 sectors =
+        sectors_on(s) ? (strata_u32)load_volatile(sector_word(s, (strata_u32)f)) & all_sectors(s) : 0xFFFFFFFFu;
+    const bool ok = tier_write_back(s, page, s.frame_data + f * ps, lane, 0xFFFFFFFFu, 0, sectors);
     __syncwarp();
     if (lane == 0 && ok) {
         __threadfence_system();
         atomicAdd(&s.counters->writebacks, 1ull);
-        atomicAdd(&s.counters->bytes_out, ps);
+        atomicAdd(&s.counters->bytes_out, sectors == 0xFFFFFFFFu ? ps : (strata_u64)__popc(sectors) << sector_shift(s));
     }
     return ok;
 }

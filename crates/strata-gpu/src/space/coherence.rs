@@ -243,6 +243,7 @@ impl Space {
             return Err(SpaceError::NoHostCopy);
         };
         let host = h.buffer.as_mut_slice();
+        let sectors = held_sectors(&self.frames, self.handle)?;
         let mut written = Vec::new();
         for &p in pages {
             let i = usize::try_from(p - first).unwrap_or(usize::MAX);
@@ -252,8 +253,21 @@ impl Space {
             }
             let at = usize::try_from(p * ps).unwrap_or(usize::MAX);
             let frame_at = usize::try_from(u64::from(w.frame) * ps).unwrap_or(usize::MAX);
-            self._frame_data
-                .download(frame_at, &mut host[at..at + page_bytes])?;
+            match &sectors {
+                // Sub-page fetch: only the sectors the frame holds; the others are current in
+                // the host copy, and the frame's bytes there mean nothing.
+                Some((sector, held)) => {
+                    let mask = held.get(w.frame as usize).copied().unwrap_or(0);
+                    for run in sector_runs(mask) {
+                        let (from, len) = (run.start * *sector, run.len() * *sector);
+                        self._frame_data
+                            .download(frame_at + from, &mut host[at + from..at + from + len])?;
+                    }
+                }
+                None => self
+                    ._frame_data
+                    .download(frame_at, &mut host[at..at + page_bytes])?,
+            }
             words[i] &= !crate::layout::DIRTY;
             written.push(p);
         }
@@ -274,6 +288,31 @@ fn counted_free(mut c: DeviceCounters, dropped: u64, protected: u32) -> DeviceCo
 
 fn to_offset(page: u64) -> Result<usize, SpaceError> {
     usize::try_from(page * 8).map_err(|_| SpaceError::Invalid("page index too large".into()))
+}
+
+/// Sub-page fetch: the sector size and each frame's mask of held sectors (the low half of its
+/// sector word, after the frame table); `None` when the space loads whole pages.
+fn held_sectors(
+    frames: &crate::driver::DeviceBuffer,
+    handle: crate::layout::SpaceHandle<'_>,
+) -> Result<Option<(usize, Vec<u32>)>, SpaceError> {
+    let shift =
+        (handle.policy & crate::layout::POLICY_SECTOR_MASK) >> crate::layout::POLICY_SECTOR_SHIFT;
+    if shift == 0 {
+        return Ok(None);
+    }
+    let n = handle.frame_count as usize;
+    let mut words = vec![0u64; n];
+    frames.download(n * 8, &mut words)?;
+    #[allow(clippy::cast_possible_truncation)] // the held mask is the low 32 bits by layout
+    let held = words.iter().map(|&w| w as u32).collect();
+    Ok(Some((1usize << shift, held)))
+}
+
+/// Runs of consecutive set bits of a sector mask, as sector index ranges.
+fn sector_runs(mask: u32) -> Vec<Range<usize>> {
+    let set: Vec<usize> = (0..32).filter(|k| mask >> k & 1 == 1).collect();
+    runs(&set)
 }
 
 /// Runs of consecutive values in a sorted list, as index ranges into the values' domain.
@@ -309,5 +348,13 @@ mod tests {
         assert_eq!(runs(&[]), Vec::<std::ops::Range<usize>>::new());
         assert_eq!(runs(&[3]), vec![3..4]);
         assert_eq!(runs(&[0, 1, 2, 5, 7, 8]), vec![0..3, 5..6, 7..9]);
+    }
+
+    #[test]
+    fn sector_runs_cover_exactly_the_held_sectors() {
+        assert!(super::sector_runs(0).is_empty());
+        assert_eq!(super::sector_runs(u32::MAX), vec![0..32]);
+        assert_eq!(super::sector_runs(0b1011_0001), vec![0..1, 4..6, 7..8]);
+        assert_eq!(super::sector_runs(1 << 31), vec![31..32]);
     }
 }

@@ -24,9 +24,10 @@ pub use crate::tier::peer::PeerRevoke;
 pub use coherence::DroppedPages;
 pub use error::SpaceError;
 pub use options::{
-    AUTO_MIGRATE_AFTER_PER_4K, BackgroundWriteBack, ElementType, EvictionPolicy, PEER_CHUNK_BYTES,
-    PeerBorrow, RemoteAccess, SpaceOptions, SpacePlan, default_write_back, parse_remote_access,
-    read_through_from_env, remote_access_from_env, write_back_from_env,
+    AUTO_MIGRATE_AFTER_PER_4K, BackgroundWriteBack, ElementType, EvictionPolicy,
+    MAX_SECTORS_PER_PAGE, MIN_SECTOR_BYTES, PEER_CHUNK_BYTES, PeerBorrow, RemoteAccess,
+    SpaceOptions, SpacePlan, default_write_back, parse_remote_access, parse_sector,
+    read_through_from_env, remote_access_from_env, sector_from_env, write_back_from_env,
 };
 pub use stats::{FaultHistogram, GpuStats, PeerStats};
 
@@ -111,6 +112,11 @@ impl Space {
                 "a peer tier sits above a full pinned host copy; over a store it is not supported yet: leave SpaceOptions::peers empty or use Strata::space".into(),
             ));
         }
+        if options.sector_for(options.page_size).is_some() {
+            return Err(SpaceError::Invalid(
+                "sub-page fetch loads sectors from a full host copy, which a space over a store does not have (its host cache holds whole pages): leave SpaceOptions::sector_bytes None (or STRATA_GPU_SECTOR=off) or use Strata::space".into(),
+            ));
+        }
         Space::build(strata, size_bytes, options, |gpu, plan| {
             Ok(Backing::Store(StoreTier::new(
                 gpu,
@@ -142,15 +148,21 @@ impl Space {
         };
         let backing = make_backing(&gpu, &plan)?;
         let page_table = DeviceBuffer::zeroed(&gpu, to_usize(pages * 8)?)?;
-        let frames_buf = DeviceBuffer::zeroed(&gpu, to_usize(frames * 8)?)?;
+        // The frame table, then (sub-page fetch) one sector word per frame.
+        let sector = options.sector_for(ps);
+        let sector_words = if sector.is_some() { frames } else { 0 };
+        let frames_buf = DeviceBuffer::zeroed(&gpu, to_usize((frames + sector_words) * 8)?)?;
         // One page more than the frames: the scratch page failed device accesses point at.
         let frame_data = DeviceBuffer::zeroed(&gpu, to_usize(frame_bytes + ps)?)?;
         let counters = DeviceBuffer::zeroed(&gpu, std::mem::size_of::<DeviceCounters>())?;
         let mut initial = DeviceCounters::initial();
         initial.free_frames = frames;
         counters.upload(0, std::slice::from_ref(&initial))?;
+        // Frame numbers have 31 bits in a page word (the 32nd marks part pages).
         let frame_count = u32::try_from(frames)
-            .map_err(|_| SpaceError::Invalid("more than 2^32 frames: use larger pages".into()))?;
+            .ok()
+            .filter(|&f| u64::from(f) <= crate::layout::FRAME_MASK)
+            .ok_or_else(|| SpaceError::Invalid("more than 2^31 frames: use larger pages".into()))?;
         // Every frame starts free (NO_PAGE) with zero flags.
         let free_frames: Vec<FrameEntry> = vec![
             FrameEntry {
@@ -186,7 +198,9 @@ impl Space {
                 crate::layout::POLICY_READ_THROUGH
             } else {
                 0
-            },
+            } | sector.map_or(0, |b| {
+                b.trailing_zeros() << crate::layout::POLICY_SECTOR_SHIFT
+            }),
             protected_quota,
             ring,
             tier,
@@ -687,6 +701,7 @@ impl Space {
             remote_reads: c.remote_reads,
             remote_writes: c.remote_writes,
             pages_dirtied: c.pages_dirtied,
+            sector_fills: c.sector_fills,
             fault_hist: FaultHistogram(c.fault_hist),
             peer: match &self.peer {
                 Some(p) => {

@@ -305,6 +305,21 @@ pub struct SpaceOptions {
     /// has earned a frame, or migrate at once. The default is [`RemoteAccess::Auto`], or what
     /// `STRATA_GPU_REMOTE_ACCESS` says.
     pub remote_access: RemoteAccess,
+    /// Sub-page fetch: element accesses (`strata.cuh`'s `Array`) that migrate a missing page
+    /// load only the sectors of this size that their warp touches, and load further sectors of
+    /// a page already in a frame as accesses need them. For sparse misses over large pages
+    /// where accesses cannot go over the bus in place: with [`RemoteAccess::Off`], writes
+    /// under [`RemoteAccess::ReadsOnly`], and atomics. Where remote access is on, a page
+    /// migrates because it has proved hot, so it comes whole (a page kept in part costs every
+    /// hit a look at its sector word). Whole-page access (`acquire_page`, `view_page`, the
+    /// prefetcher) always gets whole pages.
+    ///
+    /// A power of two of at least 512 bytes. A page has at most 32 sectors, so a smaller
+    /// sector is raised to a 32nd of the page; a page that would hold fewer than 2 is loaded
+    /// whole ([`SpaceOptions::sector_for`] says what a page size gets). Spaces backed by a full
+    /// host copy without a peer tier only. `None` (the default; [`SpaceOptions::with_env`]
+    /// applies `STRATA_GPU_SECTOR`): whole pages.
+    pub sector_bytes: Option<u64>,
 }
 
 impl Default for SpaceOptions {
@@ -319,6 +334,7 @@ impl Default for SpaceOptions {
             background_write_back: default_write_back(),
             peers: Vec::new(),
             remote_access: remote_access_from_env().ok().flatten().unwrap_or_default(),
+            sector_bytes: None,
         }
     }
 }
@@ -344,6 +360,8 @@ pub struct SpacePlan {
     pub frames: u64,
     /// Most frames the protected segment may hold.
     pub protected_quota: u32,
+    /// Sub-page fetch is on (a sector word per frame).
+    pub sectors: bool,
 }
 
 impl SpacePlan {
@@ -367,6 +385,9 @@ impl SpacePlan {
             wb.validate()?;
         }
         options.remote_access.resolve(options.page_size, true)?;
+        if let Some(sector) = options.sector_bytes {
+            check_sector(sector, !options.peers.is_empty())?;
+        }
         for p in &options.peers {
             if p.bytes < PEER_CHUNK_BYTES {
                 return Err(SpaceError::Invalid(format!(
@@ -423,6 +444,7 @@ impl SpacePlan {
             pages,
             frames,
             protected_quota,
+            sectors: options.sector_for(ps).is_some(),
         })
     }
 
@@ -431,7 +453,7 @@ impl SpacePlan {
     pub fn gpu_bytes(&self) -> (u64, u64) {
         let frame_bytes = self.frames * self.page.bytes();
         let table_bytes = self.pages * 8
-            + self.frames * 8
+            + self.frames * if self.sectors { 16 } else { 8 }
             + std::mem::size_of::<DeviceCounters>() as u64
             + self.page.bytes();
         (frame_bytes, table_bytes)
@@ -453,6 +475,14 @@ impl SpacePlan {
 }
 
 impl SpaceOptions {
+    /// The sector a page of `page_bytes` is fetched in ([`SpaceOptions::sector_bytes`] raised
+    /// to a 32nd of the page), or `None` when it is loaded whole (sub-page fetch off, or fewer
+    /// than 2 sectors would fit).
+    pub fn sector_for(&self, page_bytes: u64) -> Option<u64> {
+        let sector = self.sector_bytes?.max(page_bytes / MAX_SECTORS_PER_PAGE);
+        (sector * 2 <= page_bytes).then_some(sector)
+    }
+
     /// Applies `STRATA_PAGE_SIZE` and `STRATA_CACHE_SIZE` from the environment (through the
     /// workspace's validated configuration).
     pub fn with_env(mut self) -> Result<Self, SpaceError> {
@@ -473,8 +503,64 @@ impl SpaceOptions {
         if let Some(r) = remote_access_from_env()? {
             self.remote_access = r;
         }
+        if let Some(sector) = sector_from_env()? {
+            self.sector_bytes = sector;
+        }
         Ok(self)
     }
+}
+
+/// Smallest sector of sub-page fetch: below it the per-sector bookkeeping costs more than
+/// the bytes it saves (a PCIe read request moves at least 128 bytes, and a warp copies 512
+/// bytes in one 16-byte load per lane).
+pub const MIN_SECTOR_BYTES: u64 = 512;
+
+/// Most sectors a page may have (one bit each in a frame's 32-bit sector mask).
+pub const MAX_SECTORS_PER_PAGE: u64 = 32;
+
+/// Checks a sub-page fetch sector size.
+fn check_sector(sector: u64, peers: bool) -> Result<(), SpaceError> {
+    if !sector.is_power_of_two() || sector < MIN_SECTOR_BYTES {
+        return Err(SpaceError::Invalid(format!(
+            "a sector of {}: give a power of two of at least {}, or turn sub-page fetch off (None, `off`) for whole pages",
+            fmt(sector),
+            fmt(MIN_SECTOR_BYTES)
+        )));
+    }
+    if peers {
+        return Err(SpaceError::Invalid(
+            "sub-page fetch and a peer tier together are not supported (peer slots hold whole pages): leave SpaceOptions::sector_bytes None or SpaceOptions::peers empty".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// `STRATA_GPU_SECTOR` if set: `off` (whole pages, `Some(None)`) or a sector size such as
+/// `4KiB` (`Some(Some(bytes))`); checked against the page size when a space is made.
+///
+/// # Errors
+/// A value that is neither `off` nor a size, or a `STRATA_*` variable that is not UTF-8.
+pub fn sector_from_env() -> Result<Option<Option<u64>>, SpaceError> {
+    let env = strata_core::config::process_env().map_err(|e| SpaceError::Invalid(e.to_string()))?;
+    let Some((_, v)) = env.iter().find(|(k, _)| k == "STRATA_GPU_SECTOR") else {
+        return Ok(None);
+    };
+    parse_sector(v)
+        .map(Some)
+        .map_err(|e| SpaceError::Invalid(format!("STRATA_GPU_SECTOR: {e}")))
+}
+
+/// Parses a sector setting: `off`/`none` or a size (`4KiB`, `4096`).
+pub fn parse_sector(v: &str) -> Result<Option<u64>, SpaceError> {
+    let t = v.trim();
+    if t.eq_ignore_ascii_case("off") || t.eq_ignore_ascii_case("none") {
+        return Ok(None);
+    }
+    strata_core::units::parse_size(t).map(Some).map_err(|e| {
+        SpaceError::Invalid(format!(
+            "sector {v:?}: {e}; give `off` or a sector size such as 4KiB"
+        ))
+    })
 }
 
 /// `STRATA_GPU_READ_THROUGH` (true/false) if set: whether new spaces read first touches
@@ -505,6 +591,7 @@ mod tests {
             background_write_back: Some(BackgroundWriteBack::default()),
             peers: Vec::new(),
             remote_access: RemoteAccess::Auto,
+            sector_bytes: None,
         }
     }
 
@@ -685,5 +772,62 @@ mod tests {
         assert_eq!(snap.service_time.count, 10);
         assert_eq!(snap.hit_rate(), Some(0.75));
         assert_eq!(snap.tiers[0].bytes_read, 40960);
+    }
+
+    #[test]
+    fn sector_sizes_are_checked_and_fitted_to_the_page() {
+        let with = |sector: Option<u64>, page: u64| SpaceOptions {
+            sector_bytes: sector,
+            ..o(page, 64 * page, EvictionPolicy::Clock)
+        };
+        // Refused: not a power of two, or below 512 bytes; the message says what to give.
+        for bad in [0u64, 1, 256, 511, 3000, 4097, 96 << 10] {
+            let err = SpacePlan::new(1 << 24, &with(Some(bad), 64 << 10)).unwrap_err();
+            assert!(err.to_string().contains("power of two"), "{bad}: {err}");
+        }
+        // A peer tier holds whole pages: refused together.
+        let mut peered = with(Some(4 << 10), 64 << 10);
+        peered.peers = vec![PeerBorrow {
+            gpu: 1,
+            bytes: PEER_CHUNK_BYTES,
+        }];
+        let err = SpacePlan::new(1 << 24, &peered).unwrap_err();
+        assert!(err.to_string().contains("peer tier"), "{err}");
+        // Raised to a 32nd of the page; whole pages where fewer than 2 fit.
+        let cases = [
+            (512u64, 64u64 << 10, Some(2u64 << 10)),
+            (4 << 10, 64 << 10, Some(4 << 10)),
+            (32 << 10, 64 << 10, Some(32 << 10)),
+            (64 << 10, 64 << 10, None),
+            (512, 4 << 10, Some(512)),
+            (4 << 10, 4 << 10, None),
+            (4 << 10, 2 << 20, Some(64 << 10)),
+        ];
+        for (sector, page, want) in cases {
+            let opts = with(Some(sector), page);
+            assert_eq!(opts.sector_for(page), want, "sector {sector}, page {page}");
+            let plan = SpacePlan::new(1 << 24, &opts).unwrap();
+            assert_eq!(plan.sectors, want.is_some());
+            // A sector word per frame in the tables when on.
+            let (_, with_words) = plan.gpu_bytes();
+            let (_, without) = SpacePlan::new(1 << 24, &with(None, page))
+                .unwrap()
+                .gpu_bytes();
+            assert_eq!(
+                with_words - without,
+                if want.is_some() { plan.frames * 8 } else { 0 }
+            );
+        }
+        assert_eq!(with(None, 64 << 10).sector_for(64 << 10), None);
+    }
+
+    #[test]
+    fn sector_settings_parse() {
+        assert_eq!(parse_sector("off").unwrap(), None);
+        assert_eq!(parse_sector(" None ").unwrap(), None);
+        assert_eq!(parse_sector("4KiB").unwrap(), Some(4096));
+        assert_eq!(parse_sector("512").unwrap(), Some(512));
+        let err = parse_sector("small").unwrap_err().to_string();
+        assert!(err.contains("small") && err.contains("4KiB"), "{err}");
     }
 }

@@ -105,6 +105,9 @@ pub struct GpuStats {
     /// Times a page in a GPU frame became dirty, since the space was made (never reset): a
     /// host that finds it unchanged since a moment when no page was dirty knows none is.
     pub pages_dirtied: u64,
+    /// Sub-page fetch ([`crate::SpaceOptions::sector_bytes`]): loads of missing sectors into
+    /// pages already in a frame (a page's first sectors come with its fault, in `faults`).
+    pub sector_fills: u64,
     /// Fault service times (p50/p99 through [`FaultHistogram::p50_ns`] and `p99_ns`).
     pub fault_hist: FaultHistogram,
     /// The peer tier's figures, for a space that borrows neighbour GPUs' memory.

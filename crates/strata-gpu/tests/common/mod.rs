@@ -42,7 +42,8 @@ pub fn random_words(n: usize, seed: u64) -> Vec<u64> {
 
 /// Options of a u64 space without read-through (background write-back as
 /// `STRATA_GPU_WRITE_BACK` says and remote access as `STRATA_GPU_REMOTE_ACCESS` says: on unless
-/// they say off, so the suite runs both ways).
+/// they say off, so the suite runs both ways; sub-page fetch as `STRATA_GPU_SECTOR` says, off
+/// unless it names a size).
 pub fn opts(page: u64, cache: u64, policy: EvictionPolicy) -> SpaceOptions {
     SpaceOptions {
         page_size: page,
@@ -54,6 +55,7 @@ pub fn opts(page: u64, cache: u64, policy: EvictionPolicy) -> SpaceOptions {
         background_write_back: strata_gpu::space::default_write_back(),
         peers: Vec::new(),
         remote_access: SpaceOptions::default().remote_access,
+        sector_bytes: strata_gpu::space::sector_from_env().unwrap().flatten(),
     }
 }
 
@@ -109,4 +111,100 @@ pub fn check_read_random(
             "{what}: thread {t} read wrong sums"
         );
     }
+}
+
+/// What `mixed_lanes` (remote_kernels.cu) leaves in a space that held `start`.
+pub fn replay(start: &[u64], threads: u64, ops: u64, seed: u64) -> Vec<u64> {
+    replay_lanes(start, threads, ops, seed, |_| true)
+}
+
+/// `replay` of the threads `works_here` picks (those of one space in
+/// `mixed_lanes_two_spaces`).
+pub fn replay_lanes(
+    start: &[u64],
+    threads: u64,
+    ops: u64,
+    seed: u64,
+    works_here: impl Fn(u64) -> bool,
+) -> Vec<u64> {
+    let mut out = start.to_vec();
+    let per = out.len() as u64 / threads;
+    for t in 0..threads {
+        if t & 3 == 3 || !works_here(t) {
+            continue;
+        }
+        for k in 0..ops {
+            let r = mix(seed ^ t.wrapping_mul(0x9E3779B97F4A7C15) ^ k);
+            let i = (t + threads * (r % per)) as usize;
+            out[i] = if t & 3 == 2 {
+                out[i].wrapping_add(i as u64 | 1)
+            } else {
+                out[i].wrapping_mul(3).wrapping_add(i as u64)
+            };
+        }
+    }
+    out
+}
+
+/// Runs `mixed_lanes_two_spaces` (`f`, remote_kernels.cu: thread t works in space (t >> 2) & 1)
+/// over `spaces`, filled with `starts` from `random_words(_, s)` and `(_, s ^ 1)`, 16 ops per
+/// thread, and checks each space against a host replay of its own lanes and that no read of a
+/// never-written element was wrong. `what` names the case in messages.
+pub fn check_two_spaces(
+    f: &strata_gpu::driver::Function,
+    grid: strata_gpu::driver::Grid,
+    spaces: &[strata_gpu::Space],
+    starts: &[Vec<u64>],
+    s: u64,
+    bad: &strata_gpu::driver::DeviceBuffer,
+    what: &str,
+) {
+    let threads = u64::from(grid.blocks) * u64::from(grid.threads);
+    bad.upload(0, &[0u64]).unwrap();
+    let ops = 16u64;
+    f.launch(
+        grid,
+        &strata_gpu::driver::Args::new()
+            .arg(spaces[0].handle())
+            .arg(spaces[1].handle())
+            .arg(ops)
+            .arg(s ^ 0x77)
+            .arg(s.rotate_left(17))
+            .arg((s ^ 1).rotate_left(17))
+            .arg(bad.ptr()),
+    )
+    .unwrap();
+    for (k, space) in spaces.iter().enumerate() {
+        space.check_errors().unwrap();
+        let st = space.stats().unwrap();
+        eprintln!(
+            "{what}: space {k}: faults {} remote reads {} writes {} sector fills {} bytes in {} hits {}",
+            st.faults, st.remote_reads, st.remote_writes, st.sector_fills, st.bytes_in, st.hits
+        );
+        let mut back = vec![0u64; starts[k].len()];
+        space.read_back(0, &mut back).unwrap();
+        let want = replay_lanes(&starts[k], threads, ops, s ^ 0x77, |t| {
+            (t >> 2) & 1 == k as u64
+        });
+        let diff = back.iter().zip(&want).filter(|(x, y)| x != y).count();
+        let first = back.iter().zip(&want).position(|(x, y)| x != y);
+        assert_eq!(
+            diff, 0,
+            "{what}: space {k}: {diff} elements differ from the replay, first at {first:?}"
+        );
+    }
+    let mut wrong = [0u64];
+    bad.download(0, &mut wrong).unwrap();
+    assert_eq!(
+        wrong[0], 0,
+        "{what}: reads of never-written elements were wrong"
+    );
+}
+
+/// The wrapping sum of the words of each page of `page` bytes.
+pub fn page_sums(words: &[u64], page: u64) -> Vec<u64> {
+    words
+        .chunks((page / 8) as usize)
+        .map(|c| c.iter().fold(0u64, |a, w| a.wrapping_add(*w)))
+        .collect()
 }

@@ -99,6 +99,8 @@ impl Placed {
             peers: peers.to_vec(),
             // STRATA_GPU_REMOTE_ACCESS=off|auto|N; auto (the default) when unset.
             remote_access: strata_gpu::space::remote_access_from_env()?.unwrap_or_default(),
+            // STRATA_GPU_SECTOR=SIZE: sub-page fetch for the kernels' element reads.
+            sector_bytes: strata_gpu::space::sector_from_env()?.flatten(),
         };
         let mut space = strata.space((data.len() as u64 * 4).max(4), &options)?;
         space.with_host_mut(|bytes| copy_into(bytes, data))?;
