@@ -26,9 +26,9 @@
 //! Each shared-memory transport a worker opens (`posix`, `sysv`) has its own receive FIFO
 //! and a pool of 8 KiB receive descriptors, one per FIFO entry, grown 512 at a time by
 //! default; a sender writes its fragments into the receiver's descriptors. So the FIFO size
-//! bounds what both ends hold, and it has to be the same at both ends (UCX 1.13 indexes the
-//! peer's FIFO with its own size: a mismatch hangs or crashes the sender), which is why it
-//! is a setting of both ends and part of the handshake version. The transports a client
+//! bounds what both ends hold, and it has to be the same at both ends (a client with 64
+//! entries and a node with 1024 hung at the first request), which is why it is a setting of
+//! both ends and part of the handshake version. The transports a client
 //! opens and its descriptors' growth are its own affair.
 //!
 //! TCP alone needs no shared memory, but its round trips cost: sort over a node at a 24 MiB

@@ -83,8 +83,9 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         cmd.env("UCX_ERROR_SIGNALS", "");
     }
     // A client of memory nodes runs inside the program, so its UCX queues count against
-    // the program's memory like the rest of it: small ones (19-25 MiB less shared memory per
-    // connection to a node on this host; strata_net::footprint), unless the user chose.
+    // the program's memory like the rest of it: small ones (1-2 MiB of shared memory per
+    // connection to a node on this host instead of 19-25; strata_net::footprint), unless
+    // the user chose.
     match std::env::var_os(strata_net::footprint::FOOTPRINT_VAR) {
         None => {
             cmd.env(strata_net::footprint::FOOTPRINT_VAR, "lean");
