@@ -69,6 +69,10 @@ pub const KNOWN_VARIABLES: &[(&str, &str)] = &[
         "STRATA_REMOTE_TIMEOUT",
         "seconds before an unanswered remote request is an error",
     ),
+    (
+        "STRATA_UCX_FOOTPRINT",
+        "memory-node clients: `lean` (small UCX queues; strata run's default) or `standard`",
+    ),
     ("STRATA_KERNEL_CACHE", "directory for compiled GPU kernels"),
     (
         "STRATA_CUDA_HOME",

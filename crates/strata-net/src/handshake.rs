@@ -47,8 +47,10 @@ pub const CLIENT_MAGIC: [u8; 8] = *b"STRATA-C";
 /// [`on_this_host`]) connect their UCX endpoints without peer-failure handling so UCX may use
 /// shared memory; both ends must agree on that, or the endpoints never pair. Version 4: the
 /// capacity query ([`query_capacity`]), and a refused region's reply says how much the node
-/// has free.
-pub const HANDSHAKE_VERSION: u64 = 4;
+/// has free. Version 5: shared-memory FIFOs of [`crate::footprint::FIFO_ENTRIES`] entries at
+/// both ends instead of 1024; UCX needs both ends to use the same size, so a version 4 peer is
+/// refused at the door rather than hanging or crashing on the first message.
+pub const HANDSHAKE_VERSION: u64 = 5;
 /// Largest UCX worker address either side accepts (InfiniBand addresses are a few hundred
 /// bytes; this leaves room for many devices).
 pub const MAX_WORKER_ADDRESS: usize = 8 << 10;

@@ -77,9 +77,11 @@
 //! say, which on one host includes `cma`, reading any process they may trace); clients and
 //! nodes send eagerly anyway. Both ends must agree (handshake version 3 or later). A client and a node
 //! of different users on one host cannot attach each other's shared memory: give both
-//! `--transports tcp` there. The FIFOs get 1024 elements instead of 64 (see
-//! `ucx_settings`). On this 2-core VM, 64 KiB pages over a node on loopback: one page alone
-//! 131 -> 54 us, 32 x 2 in flight 537 -> 1453 MB/s reading (medians of 3, interleaved).
+//! `--transports tcp` there. On this 2-core VM, 64 KiB pages over a node on loopback: one
+//! page alone 131 -> 54 us, 32 x 2 in flight 537 -> 1453 MB/s reading (medians of 3,
+//! interleaved). The shared-memory FIFOs have 128 entries at both ends (handshake version 5;
+//! 1024 before, UCX's default is 64), and a client inside a program held to a memory limit
+//! (`strata run`) opens one shared-memory transport with small pools: see [`footprint`].
 //!
 //! # Lost nodes
 //! Every request carries a deadline (`STRATA_REMOTE_TIMEOUT`). A missed deadline or an
@@ -91,6 +93,7 @@
 #![warn(missing_docs)]
 
 pub mod client;
+pub mod footprint;
 pub mod handshake;
 pub mod protocol;
 pub mod server;
@@ -103,6 +106,7 @@ use strata_core::config::{CodecKind, StoreConfig, StoreKind};
 use strata_core::store::{FileStore, FileStoreOptions, MemoryStore, PackedMemoryStore, Store};
 
 pub use client::{AccessPath, NetworkCounters, RemoteOpenError, RemoteStore, RemoteStoreOptions};
+pub use footprint::UcxFootprint;
 pub use handshake::NodeCapacity;
 pub use server::{MemoryNode, ServeError, ServeOptions};
 
@@ -149,6 +153,9 @@ pub enum OpenStoreError {
     /// The codec could not be set up.
     #[error(transparent)]
     Codec(#[from] CodecError),
+    /// `STRATA_UCX_FOOTPRINT` names no footprint.
+    #[error("{0}")]
+    Footprint(String),
     /// A remote store needs a token.
     #[error(
         "a remote store needs the memory nodes' token; set STRATA_REMOTE_TOKEN or pass --token"
@@ -259,37 +266,6 @@ pub fn largest_store_within(config: &StoreConfig, page_bytes: u64, nodes: &[Node
         .saturating_mul(page_bytes)
 }
 
-/// UCX settings of both ends (node and client), unless the `UCX_*` environment sets them.
-///
-/// Shared-memory FIFOs of 1024 elements instead of UCX's 64: a 64 KiB page crosses shared
-/// memory in eight 8 KiB fragments, so 64 FIFO elements hold one batch of 8 pages, and a
-/// sender with more waits for the receiver to drain them. Measured with 32 pages x 2
-/// threads in flight on this host: see the crate's results.
-///
-/// `transports` is the context's transport list (`None`: UCX's choice): the FIFO setting is
-/// left out where no shared-memory transport opens (UCX warns about settings it never uses).
-pub(crate) fn ucx_settings(transports: Option<&str>) -> Vec<(String, String)> {
-    let mut settings = Vec::new();
-    let fifo_set = [
-        "UCX_MM_FIFO_SIZE",
-        "UCX_SYSV_FIFO_SIZE",
-        "UCX_POSIX_FIFO_SIZE",
-    ]
-    .iter()
-    .any(|name| std::env::var_os(name).is_some());
-    // A list starting with `^` names the transports left out.
-    let shared_memory = transports.is_none_or(|list| {
-        list.trim_start().starts_with('^')
-            || list
-                .split(',')
-                .any(|name| matches!(name.trim(), "all" | "sm" | "shm" | "mm" | "posix" | "sysv"))
-    });
-    if shared_memory && !fifo_set {
-        settings.push(("MM_FIFO_SIZE".into(), "1024".into()));
-    }
-    settings
-}
-
 /// Default codec page size for [`open_store`]: the pager's default page.
 pub const DEFAULT_CODEC_PAGE: u64 = 64 << 10;
 
@@ -320,7 +296,8 @@ pub fn inner_size(config: &StoreConfig, size: u64, page_bytes: u64) -> Result<u6
 }
 
 /// Opens the store under `config`'s codec: `inner_size` bytes ([`inner_size`]) of memory,
-/// file or memory nodes (striped in pages, or codec slots, of `page_bytes`).
+/// file or memory nodes (striped in pages, or codec slots, of `page_bytes`; with the UCX
+/// footprint [`footprint::FOOTPRINT_VAR`] names, standard when unset).
 pub fn open_inner_store(
     config: &StoreConfig,
     inner_size: u64,
@@ -356,6 +333,7 @@ pub fn open_inner_store(
                 Duration::from_secs(config.timeout_secs),
             );
             options.stripe_bytes = stripe_bytes(config.codec, page_bytes);
+            options.footprint = UcxFootprint::from_env().map_err(OpenStoreError::Footprint)?;
             UcxTransport.open_store(inner_size, options)?
         }
     })
@@ -469,23 +447,5 @@ mod tests {
             bytes_per_node(&StoreConfig::builder().build().unwrap(), 1 << 30, 65536).unwrap(),
             0
         );
-    }
-
-    #[test]
-    fn the_fifo_setting_goes_only_where_shared_memory_may_open() {
-        if std::env::var_os("UCX_MM_FIFO_SIZE").is_some() {
-            return; // the environment decides
-        }
-        let has_fifo = |t: Option<&str>| {
-            super::ucx_settings(t)
-                .iter()
-                .any(|(name, value)| name == "MM_FIFO_SIZE" && value == "1024")
-        };
-        assert!(has_fifo(None));
-        assert!(has_fifo(Some("posix,sysv")));
-        assert!(has_fifo(Some("tcp, sm")));
-        assert!(has_fifo(Some("^cma")));
-        assert!(!has_fifo(Some("tcp")));
-        assert!(!has_fifo(Some("rc_x,ud_x")));
     }
 }

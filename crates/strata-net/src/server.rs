@@ -428,10 +428,16 @@ impl NodeLoop {
     ) -> Result<Self, UcxError> {
         // No RMA unless asked for on hardware-enforced transports: over TCP and shared memory
         // UCX emulates get/put in software at whatever address a peer names.
+        // A node's queues are its own memory, outside its clients' limits: standard size.
+        let ucx = crate::footprint::ucx_config(
+            options.transports.as_deref(),
+            crate::UcxFootprint::Standard,
+            crate::footprint::env_is_set,
+        );
         let context = Context::new(&ContextOptions {
-            transports: options.transports.clone(),
+            transports: ucx.transports,
             rma: options.one_sided,
-            settings: crate::ucx_settings(options.transports.as_deref()),
+            settings: ucx.settings,
         })?;
         let worker = Worker::new(&context)?;
         let inbox: Rc<RefCell<VecDeque<Incoming>>> = Rc::default();

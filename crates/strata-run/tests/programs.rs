@@ -1286,3 +1286,41 @@ fn allocation_edges_behave_as_without_strata() {
         "{out:?}"
     );
 }
+
+/// `strata run` gives the program's memory-node client lean UCX queues unless the user chose
+/// (`STRATA_UCX_FOOTPRINT`), and refuses a value it does not know before the program runs.
+#[test]
+fn strata_run_chooses_lean_ucx_queues_unless_told_otherwise() {
+    let Some(strata) = strata() else { return };
+    // The program prints the footprint its environment names.
+    let with = |footprint: Option<&str>| {
+        let show = ["sh", "-c", "echo \"footprint=$STRATA_UCX_FOOTPRINT\""];
+        let mut c = under(&strata, &["--memory", "16MiB"], &show);
+        match footprint {
+            Some(value) => c.env("STRATA_UCX_FOOTPRINT", value),
+            None => c.env_remove("STRATA_UCX_FOOTPRINT"),
+        };
+        let out = run(c, Duration::from_secs(30));
+        let stdout = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        (out, stdout)
+    };
+    for (given, seen) in [
+        (None, "lean"),
+        (Some("standard"), "standard"),
+        (Some("lean"), "lean"),
+    ] {
+        let (out, stdout) = with(given);
+        assert!(out.status.success(), "{out:?}");
+        assert_eq!(stdout, format!("footprint={seen}"), "given {given:?}");
+    }
+    let (out, stdout) = with(Some("tiny"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stdout.is_empty(),
+        "the program ran: {out:?}"
+    );
+    assert!(
+        err.contains("STRATA_UCX_FOOTPRINT") && err.contains("lean"),
+        "{err}"
+    );
+}

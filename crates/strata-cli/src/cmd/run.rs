@@ -82,6 +82,18 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         // program's SIGSEGV and SIGBUS and print its own backtraces over ours.
         cmd.env("UCX_ERROR_SIGNALS", "");
     }
+    // A client of memory nodes runs inside the program, so its UCX queues count against
+    // the program's memory like the rest of it: small ones (1-2 MiB of shared memory per
+    // connection to a node on this host instead of 19-25; strata_net::footprint), unless
+    // the user chose.
+    match std::env::var_os(strata_net::footprint::FOOTPRINT_VAR) {
+        None => {
+            cmd.env(strata_net::footprint::FOOTPRINT_VAR, "lean");
+        }
+        Some(_) => {
+            strata_net::UcxFootprint::from_env().map_err(anyhow::Error::msg)?;
+        }
+    }
     cmd.args(&args.program[1..])
         .envs(env.iter().map(|(k, v)| (k, v)))
         .env("STRATA_RUN_REPORT_FD", report.as_raw_fd().to_string())

@@ -48,15 +48,19 @@ pub struct RemoteStoreOptions {
     pub access: AccessPath,
     /// Pieces in flight per node.
     pub max_in_flight: usize,
-    /// UCX transports (`None`: UCX's choice).
+    /// UCX transports (`None`: UCX's choice, or [`crate::footprint::LEAN_LEAVES_OUT`] for a
+    /// lean footprint).
     pub transports: Option<String>,
+    /// How much memory the client's UCX queues may take (see [`crate::footprint`]).
+    pub footprint: crate::UcxFootprint,
     /// Emulate a link of this many bytes per second in each direction (for benchmarks of
     /// compression when the network is the bottleneck); `None`: no limit.
     pub link_bytes_per_sec: Option<u64>,
 }
 
 impl RemoteStoreOptions {
-    /// Options with defaults: messages, 64 KiB stripes, 32 pieces in flight per node.
+    /// Options with defaults: messages, 64 KiB stripes, 32 pieces in flight per node,
+    /// standard UCX queues.
     pub fn new(nodes: Vec<String>, token: impl Into<String>, timeout: Duration) -> Self {
         Self {
             nodes,
@@ -66,6 +70,7 @@ impl RemoteStoreOptions {
             access: AccessPath::Messages,
             max_in_flight: 32,
             transports: None,
+            footprint: crate::UcxFootprint::Standard,
             link_bytes_per_sec: None,
         }
     }

@@ -32,10 +32,15 @@ impl IoLoop {
             move |source| RemoteOpenError::Ucx { node, source }
         };
         let first = options.nodes[0].as_str();
+        let config = crate::footprint::ucx_config(
+            options.transports.as_deref(),
+            options.footprint,
+            crate::footprint::env_is_set,
+        );
         let context = Context::new(&ContextOptions {
-            transports: options.transports.clone(),
+            transports: config.transports,
             rma: options.access == AccessPath::OneSided,
-            settings: crate::ucx_settings(options.transports.as_deref()),
+            settings: config.settings,
         })
         .map_err(ucx(first))?;
         let worker = Worker::new(&context).map_err(ucx(first))?;
