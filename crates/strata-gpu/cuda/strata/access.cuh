@@ -157,13 +157,12 @@ __device__ __forceinline__ PageRef acquire_page(const StrataSpace& s, strata_u64
     if (lane == __ffs(mask) - 1 && via_remote) atomicAdd(&s.counters->remote_reads, (strata_u64)__popc(via_remote));
     // Sub-page fetch (sectors.cuh): a page taken whole must hold every sector. A fault here
     // loaded them all, but a hit may find a page that element accesses loaded in part.
-    unsigned partial = __ballot_sync(mask, is_leader && !(((failed | via_host) >> lane) & 1u) && detail::sectors_on(s) &&
-                                               !detail::holds_sectors(s, frame, detail::all_sectors(s)));
-    while (partial) {
-        const unsigned l = __ffs(partial) - 1;
-        partial &= partial - 1;
-        detail::fill_sectors(s, page, frame, detail::all_sectors(s), l, lane, mask);
-    }
+    const bool partial = is_leader && !(((failed | via_host) >> lane) & 1u) && detail::sectors_on(s) &&
+                         !detail::holds_sectors(s, frame, detail::all_sectors(s));
+    if (__any_sync(mask, partial))
+        detail::fill_lacking(mask, lane, partial, &s.page_table[page], detail::sector_word(s, frame),
+                             s.frame_data + ((strata_u64)frame << s.page_shift), s.host + (page << s.page_shift),
+                             s.page_shift, detail::sector_shift(s), detail::all_sectors(s), s.counters);
     frame = __shfl_sync(mask, frame, leader);
     // Ordering point: the leader's pin_acquire (or its serve_fault, whose copy ends in a
     // __syncwarp) is ordered before every lane's loads of the frame by this barrier.

@@ -100,8 +100,11 @@ __device__ __noinline__ void exchange_sectors(unsigned char* frame, unsigned cha
     if (in_sectors) copy_sectors(frame, in, in_sectors, shift, lane, mask);
 }
 
-// fill_sectors' work, on the leader's values (every lane passes the same): out of line, with
-// scalars only (a reference to the space would put a copy of it on every caller's stack).
+// Warp-collective over `mask`, led by `leader`, which holds a pin on the page whose words and
+// bytes every lane passes (the leader's): makes the frame hold every sector in `need`, claiming
+// and loading those nobody is loading, then waiting for the others' loads; ends with the lanes'
+// later loads ordered after the sectors'. Out of line, with scalars only (a reference to the
+// space would put a copy of it on every caller's stack).
 __device__ __noinline__ void fill_sectors_at(strata_u64* page_word, strata_u64* word, unsigned char* frame_bytes,
                                              const unsigned char* host_page, strata_u32 page_shift,
                                              strata_u32 shift, strata_u32 need, StrataCounters* counters,
@@ -182,22 +185,6 @@ __device__ __noinline__ void fill_lacking(unsigned mask, unsigned lane, bool lac
                         __shfl_sync(mask, page_shift, l), __shfl_sync(mask, shift, l), __shfl_sync(mask, need, l),
                         (StrataCounters*)__shfl_sync(mask, (strata_u64)counters, l), l, lane, mask);
     }
-}
-
-// Warp-collective over `mask`, led by `leader`, which holds a pin on `page` in `frame` of its
-// space `s` (lanes may be of other spaces: every lane uses the leader's pointers). Makes the
-// frame hold every sector in the leader's `need`: claims and loads those nobody is loading,
-// then waits for the others' loads. Ends with the lanes' later loads ordered after the sectors'.
-__device__ __forceinline__ void fill_sectors(const StrataSpace& s, strata_u64 page, strata_u32 frame, strata_u32 need,
-                                             unsigned leader, unsigned lane, unsigned mask) {
-    const strata_u32 page_shift = __shfl_sync(mask, s.page_shift, leader);
-    const strata_u64 p = __shfl_sync(mask, page, leader);
-    fill_sectors_at((strata_u64*)__shfl_sync(mask, (strata_u64)(s.page_table + page), leader),
-                    (strata_u64*)__shfl_sync(mask, (strata_u64)sector_word(s, frame), leader),
-                    (unsigned char*)__shfl_sync(mask, (strata_u64)(s.frame_data + ((strata_u64)frame << s.page_shift)), leader),
-                    (const unsigned char*)__shfl_sync(mask, (strata_u64)s.host, leader) + (p << page_shift), page_shift,
-                    __shfl_sync(mask, sector_shift(s), leader), __shfl_sync(mask, need, leader),
-                    (StrataCounters*)__shfl_sync(mask, (strata_u64)s.counters, leader), leader, lane, mask);
 }
 
 }  // namespace detail
