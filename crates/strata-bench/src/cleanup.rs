@@ -198,8 +198,30 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
+    /// Set in the child process that [`a_registered_file_goes_on_drop_and_on_panic`] starts.
+    const PANIC_CHILD: &str = "STRATA_CLEANUP_PANIC_CHILD";
+
+    /// The panic hook removes everything the process registered, so the deliberate panic runs
+    /// in a child process of its own: in this one it would also remove the cgroups and files
+    /// of the tests running beside it (and kill the programs in those cgroups).
     #[test]
     fn a_registered_file_goes_on_drop_and_on_panic() {
+        if std::env::var_os(PANIC_CHILD).is_none() {
+            let name = "cleanup::tests::a_registered_file_goes_on_drop_and_on_panic";
+            let out = std::process::Command::new(std::env::current_exe().unwrap())
+                .args([name, "--exact", "--test-threads=1", "--nocapture"])
+                .env(PANIC_CHILD, "1")
+                .output()
+                .expect("run this test in a child process");
+            let text = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                out.status.success(),
+                "{text}{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(text.contains("1 passed"), "the child ran the test: {text}");
+            return;
+        }
         install();
         let dir = std::env::temp_dir();
         let path = temporary_name(&dir, "cleanup-test-drop", "tmp");
