@@ -17,7 +17,8 @@
 #     subpage  sub-page fetch (issue 12): its GPU tests, the element-access test binaries again with
 #              STRATA_GPU_SECTOR=4KiB (their 16-64 KiB pages then load 4 KiB sectors), then
 #              gpu-micro with sectors off and on: gathers over 64 KiB pages, random updates and
-#              streaming (SUBPAGE_RATIOS, default 2,8); subpage-bench: the gpu-micro part alone
+#              streaming (SUBPAGE_RATIOS, default 2,8); subpage-bench: the gpu-micro part alone;
+#              sector-tests: the test part alone
 # Logs land in $OUT (the device tool brings them back).
 set -u -o pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -68,18 +69,18 @@ for step in "${steps[@]}"; do
                 EMBED_RUNS="--dim 128 --modes strata,zero-copy" \
                 bash "$ROOT/scripts/gpu-workloads.sh" run check bench-graph bench-embed
             ;;
-        subpage|subpage-bench)
-            [ "$step" = subpage ] && for t in sub_page; do
+        subpage|subpage-bench|sector-tests)
+            [ "$step" != subpage-bench ] && for t in sub_page; do
                 (cd "$ROOT" && timeout 240 ".carry/tests/strata-gpu__$t" --test-threads 1 --nocapture) \
                     >"$OUT/tests-$t.log" 2>&1
                 echo "tests $t: exit $? ($(grep -c '\.\.\. ok' "$OUT/tests-$t.log") ok)"
             done
-            [ "$step" = subpage ] && for t in remote_access gpu trust write_back; do
+            [ "$step" != subpage-bench ] && for t in remote_access gpu trust write_back; do
                 (cd "$ROOT" && STRATA_GPU_SECTOR=4KiB timeout 200 ".carry/tests/strata-gpu__$t" --test-threads 1 --nocapture) \
                     >"$OUT/tests-sector-$t.log" 2>&1
                 echo "tests $t with 4 KiB sectors: exit $? ($(grep -c '\.\.\. ok' "$OUT/tests-sector-$t.log") ok)"
             done
-            for sector in off 4KiB; do
+            [ "$step" != sector-tests ] && for sector in off 4KiB; do
                 for remote in auto off; do
                     timeout "${SUBPAGE_TIMEOUT:-100}" "$ROOT/.carry/strata" bench gpu-micro --no-ceilings --skip-uvm \
                         --ratios "${SUBPAGE_RATIOS:-2,8}" --reps 3 --gather-page 64KiB --sector $sector --remote-access $remote \
@@ -89,6 +90,6 @@ for step in "${steps[@]}"; do
                 done
             done
             ;;
-        *) echo "unknown step $step (tests, bfs25, micro, unified, gathers, readonly, subpage)" >&2; exit 2 ;;
+        *) echo "unknown step $step (tests, bfs25, micro, unified, gathers, readonly, subpage, subpage-bench, sector-tests)" >&2; exit 2 ;;
     esac
 done

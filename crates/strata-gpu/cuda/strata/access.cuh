@@ -82,6 +82,7 @@ __device__ __forceinline__ PageRef acquire_page(const StrataSpace& s, strata_u64
     const bool in_place = plain_read && read_mode == STRATA_READ_IN_PLACE && s.tier == STRATA_TIER_HOST_COPY;
     const bool remote_read = plain_read && read_mode == STRATA_READ_REMOTE_OK && detail::remote_reads_on(s);
     unsigned via_remote = 0;  // leaders served in place by remote access (they hold no pin)
+    bool partial = false;     // the leader's pin is on a page held in part (sectors.cuh)
     while (pending) {
         int status = detail::PIN_NONE;
         bool served_remote = false;
@@ -102,7 +103,8 @@ __device__ __forceinline__ PageRef acquire_page(const StrataSpace& s, strata_u64
             if (status == detail::PIN_NONE) status = detail::try_pin(s, page, group_write, &frame, read_through);
         }
         via_remote |= __ballot_sync(mask, served_remote);
-        const unsigned hit = __ballot_sync(mask, status == detail::PIN_HIT);
+        if (status != detail::PIN_NONE) partial = status == detail::PIN_PARTIAL;
+        const unsigned hit = __ballot_sync(mask, status == detail::PIN_HIT || status == detail::PIN_PARTIAL);
         unsigned claimed = __ballot_sync(mask, status == detail::PIN_CLAIMED);
         const unsigned hosted = __ballot_sync(mask, status == detail::PIN_HOST);
         via_host |= hosted;
@@ -156,13 +158,14 @@ __device__ __forceinline__ PageRef acquire_page(const StrataSpace& s, strata_u64
         atomicAdd(&s.counters->read_through, (strata_u64)__popc(via_host & ~via_remote));
     if (lane == __ffs(mask) - 1 && via_remote) atomicAdd(&s.counters->remote_reads, (strata_u64)__popc(via_remote));
     // Sub-page fetch (sectors.cuh): a page taken whole must hold every sector. A fault here
-    // loaded them all, but a hit may find a page that element accesses loaded in part.
-    const bool partial = is_leader && !(((failed | via_host) >> lane) & 1u) && detail::sectors_on(s) &&
-                         !detail::holds_sectors(s, frame, detail::all_sectors(s));
-    if (__any_sync(mask, partial))
-        detail::fill_lacking(mask, lane, partial, &s.page_table[page], detail::sector_word(s, frame),
-                             s.frame_data + ((strata_u64)frame << s.page_shift), s.host + (page << s.page_shift),
-                             s.page_shift, detail::sector_shift(s), detail::all_sectors(s), s.counters);
+    // loaded them all, but a hit may find a page that element accesses loaded in part (whose
+    // missing sectors the warp loads now, if nobody has meanwhile).
+    unsigned lacking = __ballot_sync(mask, partial && is_leader && !(((failed | via_host) >> lane) & 1u));
+    while (lacking) {
+        const unsigned l = __ffs(lacking) - 1;
+        lacking &= lacking - 1;
+        detail::fill_held(s, page, frame, detail::all_sectors(s), l, lane, mask);
+    }
     frame = __shfl_sync(mask, frame, leader);
     // Ordering point: the leader's pin_acquire (or its serve_fault, whose copy ends in a
     // __syncwarp) is ordered before every lane's loads of the frame by this barrier.
@@ -224,21 +227,21 @@ __device__ __forceinline__ bool with_page(const StrataSpace& s, strata_u64 page,
     while (pending) {
         strata_u32 frame = 0;
         int status = PIN_NONE;
-        if (is_leader && ((pending >> lane) & 1u)) status = try_pin(s, page, group_write, &frame);
+        if (is_leader && ((pending >> lane) & 1u)) {
+            status = try_pin(s, page, group_write, &frame);
+            // A page held in part is a hit if it holds the group's sectors; if not, its pin is
+            // kept and the load of what it lacks is served with the faults below.
+            if (status == PIN_PARTIAL) status = holds_sectors(s, frame, need) ? PIN_HIT : PIN_LACKING;
+        }
         const unsigned hit = __ballot_sync(mask, status == PIN_HIT);
-        unsigned claimed = __ballot_sync(mask, status == PIN_CLAIMED);
+        unsigned claimed = __ballot_sync(mask, status == PIN_CLAIMED || status == PIN_LACKING);
+        const unsigned lacking = __ballot_sync(mask, status == PIN_LACKING);
         hits_here += __popc(hit);
         // Hits first: access and unpin before this warp serves any fault, so while it sweeps
         // for a frame it holds no pin at all.
+        const strata_u32 held = frame;  // a lacking leader's frame, for the loop below
         frame = __shfl_sync(mask, frame, leader);
         const bool mine = (hit >> leader) & 1u;
-        if (any_sectors) {
-            // Hits on pages that lack a sector the group needs: load it while pinned.
-            const bool lacks = is_leader && ((hit >> lane) & 1u) && need && !holds_sectors(s, frame, need);
-            fill_lacking(mask, lane, lacks, &s.page_table[page], sector_word(s, frame),
-                         s.frame_data + ((strata_u64)frame << s.page_shift), s.host + (page << s.page_shift),
-                         s.page_shift, sector_shift(s), need, s.counters);
-        }
         // Ordering point: the leader's pin_acquire before the group's loads of the frame.
         __syncwarp(mask);
         if (mine) op(s.frame_data + ((strata_u64)frame << s.page_shift));
@@ -250,7 +253,9 @@ __device__ __forceinline__ bool with_page(const StrataSpace& s, strata_u64 page,
             const unsigned l = __ffs(claimed) - 1;
             claimed &= claimed - 1;
             const strata_u64 p = __shfl_sync(mask, page, l);
-            const strata_u32 f = serve_fault(s, p, l, lane, mask, group_write, false, need ? need : 0xFFFFFFFFu);
+            const strata_u32 in = __shfl_sync(mask, held, l);
+            const strata_u32 f = serve_fault(s, p, l, lane, mask, group_write, false, need ? need : 0xFFFFFFFFu,
+                                             ((lacking >> l) & 1u) ? in : STRATA_NO_PAGE);
             if (f == STRATA_FAULT_FAILED) {
                 // The tier below failed the page (recorded): this group's access fails.
                 ready |= 1u << l;

@@ -7,11 +7,16 @@
 namespace strata {
 namespace detail {
 
-enum PinStatus { PIN_NONE = 0, PIN_HIT = 1, PIN_BUSY = 2, PIN_CLAIMED = 3, PIN_HOST = 4 };
+// PIN_PARTIAL: pinned like PIN_HIT, but the page is held only in part (sub-page fetch,
+// sectors.cuh), so the caller checks its sectors before use. PIN_LACKING: the caller's verdict
+// on a PIN_PARTIAL page that lacks sectors it needs; it is served like a claimed fault
+// (serve_fault with the held frame), so the hit path carries no sector code.
+enum PinStatus { PIN_NONE = 0, PIN_HIT = 1, PIN_BUSY = 2, PIN_CLAIMED = 3, PIN_HOST = 4, PIN_PARTIAL = 5, PIN_LACKING = 6 };
 
-// One attempt by a group leader: pin a resident page, or claim a missing one for loading (the
-// claim keeps the pin), or report that someone else is moving it. With `read_through`, a
-// missing page with no history is only marked (PIN_HOST: read it from the host copy, no pin).
+// One attempt by a group leader: pin a resident page (PIN_PARTIAL if it is held in part), or
+// claim a missing one for loading (the claim keeps the pin), or report that someone else is
+// moving it. With `read_through`, a missing page with no history is only marked (PIN_HOST:
+// read it from the host copy, no pin).
 __device__ __forceinline__ int try_pin(const StrataSpace& s, strata_u64 page, bool write,
                                        strata_u32* frame, bool read_through = false) {
     strata_u64* word = &s.page_table[page];
@@ -22,7 +27,7 @@ __device__ __forceinline__ int try_pin(const StrataSpace& s, strata_u64 page, bo
         if (write && !(old & STRATA_DIRTY) && !(atomicOr(word, STRATA_DIRTY) & STRATA_DIRTY))
             atomicAdd(&s.counters->pages_dirtied, 1ull);
         touch_frame(s, *frame);
-        return PIN_HIT;
+        return (old & STRATA_PARTIAL) ? PIN_PARTIAL : PIN_HIT;
     }
     if (st == STRATA_NOT_RESIDENT) {
         strata_u64 cur = old + STRATA_PIN_ONE;
@@ -61,10 +66,16 @@ __device__ __forceinline__ int try_pin(const StrataSpace& s, strata_u64 page, bo
 // undone) when no frame could be taken; STRATA_FAULT_FAILED (the claim is undone, the error
 // recorded) when the tier below failed to take the victim or to give the page. With sub-page
 // fetch (sectors.cuh), the leader's `sectors` are the ones loaded (all of them if none of the
-// page's); the frame's sector word says so from the publish on.
+// page's); the frame's sector word says so from the publish on. With `held_frame` set, the
+// leader already holds a pin on the page, resident in that frame in part (PIN_LACKING): the
+// sectors it lacks are loaded and the frame returned.
 __device__ strata_u32 serve_fault(const StrataSpace& s, strata_u64 page, unsigned leader,
                                   unsigned lane, unsigned mask, bool write, bool prefetch,
-                                  strata_u32 sectors = 0xFFFFFFFFu) {
+                                  strata_u32 sectors = 0xFFFFFFFFu, strata_u32 held_frame = STRATA_NO_PAGE) {
+    if (held_frame != STRATA_NO_PAGE) {
+        fill_held(s, page, held_frame, sectors, leader, lane, mask);
+        return held_frame;
+    }
     strata_u32 frame = 0, victim = STRATA_NO_PAGE;
     strata_u32 victim_sectors = 0xFFFFFFFFu, load_sectors = 0xFFFFFFFFu;
     strata_u64 victim_word = 0;

@@ -166,25 +166,21 @@ __device__ __noinline__ void fill_sectors_at(strata_u64* page_word, strata_u64* 
     __syncwarp(mask);
 }
 
-// Warp-collective over `mask`: for each lane with `lacks` set (a group leader holding a pin on
-// its page, whose frame lacks sectors its group needs), the warp loads them. Each lane passes
-// its own page's words and bytes (lanes may be of different spaces). Out of line, with scalars
-// only, for the same reason as fill_sectors_at.
-__device__ __noinline__ void fill_lacking(unsigned mask, unsigned lane, bool lacks, strata_u64* page_word,
-                                          strata_u64* word, unsigned char* frame_bytes, const unsigned char* host_page,
-                                          strata_u32 page_shift, strata_u32 shift, strata_u32 need,
-                                          StrataCounters* counters) {
-    unsigned lacking = __ballot_sync(mask, lacks);
-    while (lacking) {
-        const unsigned l = __ffs(lacking) - 1;
-        lacking &= lacking - 1;
-        fill_sectors_at((strata_u64*)__shfl_sync(mask, (strata_u64)page_word, l),
-                        (strata_u64*)__shfl_sync(mask, (strata_u64)word, l),
-                        (unsigned char*)__shfl_sync(mask, (strata_u64)frame_bytes, l),
-                        (const unsigned char*)__shfl_sync(mask, (strata_u64)host_page, l),
-                        __shfl_sync(mask, page_shift, l), __shfl_sync(mask, shift, l), __shfl_sync(mask, need, l),
-                        (StrataCounters*)__shfl_sync(mask, (strata_u64)counters, l), l, lane, mask);
-    }
+// Warp-collective over `mask`: lane `leader` holds a pin on its `page`, resident in `frame` in
+// part, and the warp loads the sectors of `need` the frame lacks. Each lane passes its own
+// space, page and frame (lanes may be of different spaces): the leader's count. Inline, with
+// the out-of-line fill_sectors_at as the only call: a loop over groups kept out of line (a
+// second level of call) cost the update kernel of `gpu-micro` 24 registers on sm_90.
+__device__ __forceinline__ void fill_held(const StrataSpace& s, strata_u64 page, strata_u32 frame, strata_u32 need,
+                                          unsigned leader, unsigned lane, unsigned mask) {
+    fill_sectors_at((strata_u64*)__shfl_sync(mask, (strata_u64)&s.page_table[page], leader),
+                    (strata_u64*)__shfl_sync(mask, (strata_u64)sector_word(s, frame), leader),
+                    (unsigned char*)__shfl_sync(mask, (strata_u64)(s.frame_data + ((strata_u64)frame << s.page_shift)),
+                                                leader),
+                    (const unsigned char*)__shfl_sync(mask, (strata_u64)(s.host + (page << s.page_shift)), leader),
+                    __shfl_sync(mask, s.page_shift, leader), __shfl_sync(mask, sector_shift(s), leader),
+                    __shfl_sync(mask, need, leader),
+                    (StrataCounters*)__shfl_sync(mask, (strata_u64)s.counters, leader), leader, lane, mask);
 }
 
 }  // namespace detail
