@@ -1177,6 +1177,52 @@ impl DeviceBuffer {
     }
 }
 
+impl DeviceBuffer {
+    /// [`DeviceBuffer::download`] through pinned host memory: the copy is one DMA into
+    /// `staging` (no bounce through a driver buffer, as a copy into pageable memory takes),
+    /// then a CPU copy into `dst`. For small reads on a latency path (the device counters
+    /// after each kernel). `staging` must hold at least `dst`'s bytes.
+    pub fn download_via<T: Copy>(
+        &self,
+        offset: usize,
+        dst: &mut [T],
+        staging: &mut MappedHostBuffer,
+    ) -> Result<(), DriverError> {
+        let bytes = std::mem::size_of_val(dst);
+        assert!(
+            offset + bytes <= self.bytes,
+            "download past the end of a device buffer"
+        );
+        assert!(
+            bytes <= staging.bytes,
+            "staging buffer smaller than the read"
+        );
+        self.gpu.bind()?;
+        check(
+            // SAFETY: the source range lies inside our allocation and the destination inside
+            // `staging` (both checked above); `staging` is borrowed mutably until the
+            // synchronisation below, so nothing else reads or writes it meanwhile.
+            unsafe {
+                sys::cuMemcpyDtoHAsync_v2(
+                    staging.host.cast(),
+                    self.ptr + offset as u64,
+                    bytes,
+                    self.gpu.stream,
+                )
+            },
+            "cuMemcpyDtoHAsync",
+        )?;
+        self.gpu.synchronize()?;
+        // SAFETY: the copy above finished (stream synchronised) and wrote `bytes` bytes at
+        // `staging.host`; `dst` is valid for `bytes` bytes of writes and does not overlap the
+        // pinned buffer we own. `T: Copy` is plain data, the bytes came from a buffer of `T`s.
+        unsafe {
+            std::ptr::copy_nonoverlapping(staging.host, dst.as_mut_ptr().cast::<u8>(), bytes);
+        }
+        Ok(())
+    }
+}
+
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
         if self.gpu.bind().is_ok() {

@@ -272,7 +272,37 @@ fn out_of_range_access_is_an_error_and_writes_nothing() {
     }
     // Reported once, then cleared.
     space.check_errors().unwrap();
+    // The same through the read that also gives the statistics: a valid poke (a fault and a
+    // dirtied page, so the counts are not all zero), then a bad one.
+    let grid = Grid {
+        blocks: 1,
+        threads: 32,
+    };
+    let good = s % n;
+    poke.launch(
+        grid,
+        &Args::new().arg(space.handle()).arg(good).arg(out.ptr()),
+    )
+    .unwrap();
+    let stats = space.check_errors_and_stats().unwrap();
+    assert_eq!(stats, space.stats().unwrap(), "one read, the same counts");
+    assert!(
+        stats.pages_dirtied >= 1 && stats.faults + stats.hits >= 1,
+        "{stats:?}"
+    );
+    poke.launch(
+        grid,
+        &Args::new().arg(space.handle()).arg(bad).arg(out.ptr()),
+    )
+    .unwrap();
+    match space.check_errors_and_stats() {
+        Err(SpaceError::OutOfRange { index, .. }) => assert_eq!(index, bad),
+        other => panic!("expected an out-of-range error, got {other:?}"),
+    }
+    space.check_errors().unwrap();
     let mut back = vec![0u64; n as usize];
+    let mut data = data;
+    data[good as usize] = 7;
     space.read_back(0, &mut back).unwrap();
     assert_eq!(back, data, "an out-of-range write changed the space");
 }

@@ -5,7 +5,7 @@ use std::ops::Range;
 
 use strata_gpu::driver::{Args, DeviceBuffer, Function, Grid, KernelParam};
 use strata_gpu::layout::SpaceHandle;
-use strata_gpu::{Space, Strata};
+use strata_gpu::{GpuStats, Space, Strata};
 
 use crate::cpu_tracker::{CpuTracker, DirtyTracking};
 use crate::error::UnifiedError;
@@ -133,7 +133,7 @@ pub(crate) fn run_kernel(
     grid: Grid,
     args: Args,
     space: &Space,
-) -> Result<(), UnifiedError> {
+) -> Result<GpuStats, UnifiedError> {
     function
         .launch(grid, &args)
         .map_err(strata_gpu::SpaceError::from)?;
@@ -141,7 +141,9 @@ pub(crate) fn run_kernel(
         .gpu()
         .synchronize_context()
         .map_err(strata_gpu::SpaceError::from)?;
-    Ok(space.check_errors()?)
+    // The counters after the kernel, read once for both the error check and the sync that
+    // follows (each read is a host round trip: about a fiftieth of a small kernel's round).
+    Ok(space.check_errors_and_stats()?)
 }
 
 /// Runs of consecutive page indices.
@@ -544,7 +546,7 @@ impl Unified {
     /// written back, and reported as [`UnifiedError::ReadMostlyWritten`] after the rest of the
     /// range was synced.
     pub fn sync_to_cpu(&mut self, range: Range<u64>) -> Result<SyncReport, UnifiedError> {
-        self.sync_to_cpu_inner(range, false)
+        self.sync_to_cpu_inner(range, false, None)
     }
 
     /// [`Unified::sync_to_cpu`] that resolves conflicts in the GPU's favour: pages both sides
@@ -553,17 +555,23 @@ impl Unified {
         &mut self,
         range: Range<u64>,
     ) -> Result<SyncReport, UnifiedError> {
-        self.sync_to_cpu_inner(range, true)
+        self.sync_to_cpu_inner(range, true, None)
     }
 
+    /// `after_kernels`: the counters as read after the kernels ended with nothing launched
+    /// since (the launch helper's), else they are read here.
     fn sync_to_cpu_inner(
         &mut self,
         range: Range<u64>,
         gpu_wins: bool,
+        after_kernels: Option<GpuStats>,
     ) -> Result<SyncReport, UnifiedError> {
         let pages = self.pages_outward(&range)?;
         // (stats waits for the kernels: no page can become dirty from here on.)
-        let now = self.space.stats()?;
+        let now = match after_kernels {
+            Some(stats) => stats,
+            None => self.space.stats()?,
+        };
         let writebacks_now = now.writebacks;
         let behind_our_back = writebacks_now != self.writebacks_seen;
         let dirty = if self.clean_at_dirtied == Some(now.pages_dirtied) {
@@ -673,8 +681,8 @@ impl Unified {
         args: impl FnOnce(UnifiedHandle<'_>) -> Args,
     ) -> Result<SyncReport, UnifiedError> {
         let mut report = self.sync_to_gpu(self.all())?;
-        run_kernel(function, grid, args(self.handle()), &self.space)?;
-        report.add(&self.sync_to_cpu(self.all())?);
+        let after = run_kernel(function, grid, args(self.handle()), &self.space)?;
+        report.add(&self.sync_to_cpu_inner(self.all(), false, Some(after))?);
         Ok(report)
     }
 

@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use serde::Serialize;
-use strata_gpu::driver::{Args, DeviceBuffer, Function, Gpu, Grid, ManagedBuffer};
+use strata_gpu::driver::{Args, DeviceBuffer, Function, Gpu, Grid, KernelParam, ManagedBuffer};
 use strata_gpu::{KernelModule, Strata};
 use strata_unified::{Advice, DirtyTracking, Location, Unified, UnifiedOptions};
 
@@ -191,6 +191,34 @@ fn timed_rounds(
         }
     }
     Ok((times, check))
+}
+
+/// The table kernels' arguments after the data (a unified handle or a plain pointer): the
+/// elements, the lookups, the round's seed and the sink.
+fn table_args(
+    data: impl KernelParam,
+    n: u64,
+    lookups: u64,
+    seed: u64,
+    sink: &DeviceBuffer,
+) -> Args {
+    Args::new()
+        .arg(data)
+        .arg(n)
+        .arg(lookups)
+        .arg(seed)
+        .arg(sink.ptr())
+}
+
+/// Adds the time between each pair of consecutive `marks` to `parts` (ms), in timed rounds
+/// (`round` > 0: the warm-up's parts, such as building a replica, would skew the means).
+fn add_parts(parts: &mut [f64], round: u64, marks: &[Instant]) {
+    if round == 0 {
+        return;
+    }
+    for (p, w) in parts.iter_mut().zip(marks.windows(2)) {
+        *p += (w[1] - w[0]).as_secs_f64() * 1e3;
+    }
 }
 
 struct Ctx<'a> {
@@ -396,37 +424,21 @@ impl Ctx<'_> {
             random_fill(u.as_mut_slice(), seed);
             u.advise(0..bytes, Advice::ReadMostly(true))?;
             u.prefetch(0..bytes, Location::Gpu)?;
-            let (f, grid) = (&self.k.u_gather, Self::grid(&self.k.u_gather)?);
-            // What the launch helper does, step by step, timed: sync to the GPU, kernel (with
-            // the wait and the error check), sync to the CPU, then the CPU's reads (ms).
-            let mut parts = [0.0f64; 4];
+            let (f, grid) = (self.k.u_gather.clone(), Self::grid(&self.k.u_gather)?);
+            let f = &f;
+            // The launch helper (what a user calls: it reads the device counters once for the
+            // error check and the sync), then the CPU's reads (ms).
+            let mut helper_parts = [0.0f64; 2];
             let (times, check) = timed_rounds(rounds, |r| {
                 let t = Instant::now();
-                u.sync_to_gpu(0..bytes)?;
+                u.launch(f, grid, |h| table_args(h, n, lookups, seed ^ r, &sink))?;
                 let t1 = Instant::now();
-                f.launch(
-                    grid,
-                    &Args::new()
-                        .arg(u.handle())
-                        .arg(n)
-                        .arg(lookups)
-                        .arg(seed ^ r)
-                        .arg(sink.ptr()),
-                )?;
-                u.space().gpu().synchronize_context()?;
-                u.space().check_errors()?;
-                let t2 = Instant::now();
-                u.sync_to_cpu(0..bytes)?;
-                let t3 = Instant::now();
                 let out = read_sink(&sink)?.wrapping_add(cpu_reads(u.as_slice(), r));
-                let t4 = Instant::now();
-                for (p, d) in parts.iter_mut().zip([t1 - t, t2 - t1, t3 - t2, t4 - t3]) {
-                    *p += d.as_secs_f64() * 1e3;
-                }
+                add_parts(&mut helper_parts, r, &[t, t1, Instant::now()]);
                 Ok(out)
             })?;
             #[allow(clippy::cast_precision_loss)]
-            let per = (rounds + 1) as f64;
+            let per = rounds as f64;
             self.push(
                 "table",
                 "strata",
@@ -434,7 +446,40 @@ impl Ctx<'_> {
                 times,
                 check,
                 &format!(
-                    "read-mostly (GPU replica of pages {:?}, kernel reads through strata::ReadMostly), prefetched, {} tracking (the CPU only reads); per round {:.3} ms sync to GPU, {:.3} ms kernel, {:.3} ms sync to CPU, {:.3} ms sink and CPU reads",
+                    "read-mostly (GPU replica of pages {:?}, kernel reads through strata::ReadMostly), prefetched, {} tracking (the CPU only reads), the launch helper; per round {:.3} ms launch helper (sync to GPU, kernel, wait, check, sync to CPU), {:.3} ms sink and CPU reads",
+                    u.replica(),
+                    tracking_name(&u),
+                    helper_parts[0] / per,
+                    helper_parts[1] / per
+                ),
+            );
+            // The same round in an expert's steps, each timed: sync to the GPU, kernel (with
+            // the wait and the error check), sync to the CPU, then the CPU's reads (ms).
+            let mut parts = [0.0f64; 4];
+            let (times, check) = timed_rounds(rounds, |r| {
+                let t = Instant::now();
+                u.sync_to_gpu(0..bytes)?;
+                let t1 = Instant::now();
+                f.launch(grid, &table_args(u.handle(), n, lookups, seed ^ r, &sink))?;
+                u.space().gpu().synchronize_context()?;
+                u.space().check_errors()?;
+                let t2 = Instant::now();
+                u.sync_to_cpu(0..bytes)?;
+                let t3 = Instant::now();
+                let out = read_sink(&sink)?.wrapping_add(cpu_reads(u.as_slice(), r));
+                add_parts(&mut parts, r, &[t, t1, t2, t3, Instant::now()]);
+                Ok(out)
+            })?;
+            #[allow(clippy::cast_precision_loss)]
+            let per = rounds as f64;
+            self.push(
+                "table",
+                "strata-steps",
+                bytes,
+                times,
+                check,
+                &format!(
+                    "the strata row's round as an expert writes it (sync_to_gpu, launch, check_errors, sync_to_cpu: two reads of the device counters after the kernel); read-mostly (GPU replica of pages {:?}), {} tracking; per round {:.3} ms sync to GPU, {:.3} ms kernel, {:.3} ms sync to CPU, {:.3} ms sink and CPU reads",
                     u.replica(),
                     tracking_name(&u),
                     parts[0] / per,
@@ -465,26 +510,15 @@ impl Ctx<'_> {
             let mut parts = [0.0f64; 2];
             let (times, check) = timed_rounds(rounds, |r| {
                 let t = Instant::now();
-                f.launch(
-                    grid,
-                    &Args::new()
-                        .arg(base)
-                        .arg(n)
-                        .arg(lookups)
-                        .arg(seed ^ r)
-                        .arg(sink.ptr()),
-                )?;
+                f.launch(grid, &table_args(base, n, lookups, seed ^ r, &sink))?;
                 gpu.synchronize()?;
                 let t1 = Instant::now();
                 let out = read_sink(&sink)?.wrapping_add(cpu_reads(m.as_mut_slice(), r));
-                let t2 = Instant::now();
-                for (p, d) in parts.iter_mut().zip([t1 - t, t2 - t1]) {
-                    *p += d.as_secs_f64() * 1e3;
-                }
+                add_parts(&mut parts, r, &[t, t1, Instant::now()]);
                 Ok(out)
             })?;
             #[allow(clippy::cast_precision_loss)]
-            let per = (rounds + 1) as f64;
+            let per = rounds as f64;
             let note = format!(
                 "{}; per round {:.3} ms kernel, {:.3} ms sink and CPU reads",
                 if hints {
@@ -526,7 +560,7 @@ impl Ctx<'_> {
             let (f, grid) = (&self.k.u_sweep, Self::grid(&self.k.u_sweep)?);
             // Where a round's time goes: syncs to the GPU, kernels, syncs to the CPU (ms).
             let mut parts = [0.0f64; 3];
-            let (times, check) = timed_rounds(rounds, |_| {
+            let (times, check) = timed_rounds(rounds, |r| {
                 let t = Instant::now();
                 u.sync_to_gpu(0..bytes)?;
                 let t1 = Instant::now();
@@ -537,14 +571,11 @@ impl Ctx<'_> {
                 u.space().check_errors()?;
                 let t2 = Instant::now();
                 u.sync_to_cpu(0..bytes)?;
-                let t3 = Instant::now();
-                for (p, d) in parts.iter_mut().zip([t1 - t, t2 - t1, t3 - t2]) {
-                    *p += d.as_secs_f64() * 1e3;
-                }
+                add_parts(&mut parts, r, &[t, t1, t2, Instant::now()]);
                 Ok(sum_words(u.as_slice()))
             })?;
             #[allow(clippy::cast_precision_loss)]
-            let per = (rounds + 1) as f64;
+            let per = rounds as f64;
             let note = format!(
                 "one GPU phase of 8 kernels per round ({} tracking); per round {:.1} ms sync to GPU, {:.1} ms kernels, {:.1} ms sync to CPU",
                 tracking_name(&u),

@@ -2,7 +2,7 @@
 //! GPU frames, that kernels including `strata.cuh` read and write through a page table.
 
 use std::ops::Range;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use strata_core::store::Store;
 
@@ -52,6 +52,9 @@ pub struct Space {
     /// Owns the frames and the scratch page (kernels reach them through `handle`).
     _frame_data: DeviceBuffer,
     counters: DeviceBuffer,
+    /// Pinned memory the counters are read into (each read is a DMA rather than a copy
+    /// through a driver buffer): locked for the read, so reads from several threads queue.
+    counters_staging: Mutex<MappedHostBuffer>,
     handle: SpaceHandle<'static>,
     options: SpaceOptions,
     /// The background write-back warps, if on.
@@ -158,6 +161,10 @@ impl Space {
         let mut initial = DeviceCounters::initial();
         initial.free_frames = frames;
         counters.upload(0, std::slice::from_ref(&initial))?;
+        let counters_staging = Mutex::new(MappedHostBuffer::new(
+            &gpu,
+            std::mem::size_of::<DeviceCounters>(),
+        )?);
         // Frame numbers have 31 bits in a page word (the 32nd marks part pages).
         let frame_count = u32::try_from(frames)
             .ok()
@@ -233,6 +240,7 @@ impl Space {
             frames: frames_buf,
             _frame_data: frame_data,
             counters,
+            counters_staging,
             handle,
             options: options.clone(),
         })
@@ -603,7 +611,11 @@ impl Space {
     fn counters(&self) -> Result<DeviceCounters, SpaceError> {
         self.gpu.synchronize_context()?;
         let mut c = [DeviceCounters::initial()];
-        self.counters.download(0, &mut c)?;
+        let mut staging = self
+            .counters_staging
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        self.counters.download_via(0, &mut c, &mut staging)?;
         Ok(c[0])
     }
 
@@ -612,10 +624,23 @@ impl Space {
     /// ([`SpaceError::OutOfRange`], [`SpaceError::PageOutOfRange`]) or a wait that gave up
     /// ([`SpaceError::NoFrame`]), in that order when several were reported.
     pub fn check_errors(&self) -> Result<(), SpaceError> {
+        self.errors_in(self.counters()?)
+    }
+
+    /// [`Space::check_errors`], then, when no error was reported, the statistics
+    /// ([`Space::stats`]) from the same read of the device counters: one host round trip
+    /// instead of two, for a launch helper that checks a kernel and then reads the counts.
+    pub fn check_errors_and_stats(&self) -> Result<GpuStats, SpaceError> {
+        let c = self.counters()?;
+        self.errors_in(c)?;
+        self.stats_of(&c)
+    }
+
+    /// The error recorded in counters `c` (cleared on the device), if any.
+    fn errors_in(&self, c: DeviceCounters) -> Result<(), SpaceError> {
         use crate::layout::{
             ERR_NO_FRAME, ERR_OUT_OF_RANGE, ERR_PAGE_OUT_OF_RANGE, ERR_READ_ONLY, ERR_STORE,
         };
-        let c = self.counters()?;
         if c.error_flags == 0 {
             return Ok(());
         }
@@ -681,7 +706,11 @@ impl Space {
 
     /// Statistics kept on the device.
     pub fn stats(&self) -> Result<GpuStats, SpaceError> {
-        let c = self.counters()?;
+        self.stats_of(&self.counters()?)
+    }
+
+    /// The statistics in counters `c` (and the peer tier's, read now).
+    fn stats_of(&self, c: &DeviceCounters) -> Result<GpuStats, SpaceError> {
         Ok(GpuStats {
             hits: c.hits.iter().sum(),
             faults: c.faults,
