@@ -24,7 +24,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use serde::Serialize;
-use strata_gpu::driver::{Args, DeviceBuffer, Function, Gpu, Grid, KernelParam, ManagedBuffer};
+use strata_gpu::driver::{
+    Args, DeviceBuffer, Function, Gpu, Grid, KernelParam, ManagedBuffer, MappedHostBuffer,
+};
 use strata_gpu::{KernelModule, Strata};
 use strata_unified::{Advice, DirtyTracking, Location, Unified, UnifiedOptions};
 
@@ -61,6 +63,7 @@ pub struct Row {
     /// The case.
     pub case: String,
     /// `strata` (write-protect tracking), `strata-hash`, `strata+hints`, `strata-declared`,
+    /// `strata-declared+hints` (hand-offs),
     /// `managed+hints`, `managed`, `zero-copy`, `explicit copies`.
     pub contestant: String,
     /// Bytes of the case's data.
@@ -310,6 +313,7 @@ impl Ctx<'_> {
             ("strata-hash", false, DirtyTracking::Hash),
             ("strata+hints", true, DirtyTracking::WriteProtect),
             ("strata-declared", false, DirtyTracking::Declared),
+            ("strata-declared+hints", true, DirtyTracking::Declared),
         ] {
             let mut u = self.unified(total, total + self.opts.page_size, tracking)?;
             if hints {
@@ -317,29 +321,54 @@ impl Ctx<'_> {
             }
             let f = &self.k.u_consume;
             let grid = Self::grid(f)?;
+            // Where a round goes (ms): produce, then the launch helper's steps one by one
+            // (sync to the GPU; kernel, wait and check; sync to the CPU: the same work, with
+            // one more read of the device counters, a few microseconds), the CPU's reads.
+            let mut parts = [0.0f64; 5];
+            let all = 0..total;
             let (times, check) = timed_rounds(rounds, |r| {
+                let t = Instant::now();
                 if tracking == DirtyTracking::Declared {
                     produce_declared(&mut u, in_bytes, page, r, seed, partial)?;
                 } else {
                     produce(&mut u.as_mut_slice()[..in_bytes], page, r, seed, partial);
                 }
-                u.launch(f, grid, |h| {
-                    Args::new().arg(h).arg(n_out).arg(group).arg(n_in)
-                })?;
-                Ok(sum_words(&u.as_slice()[in_bytes..]))
+                let t1 = Instant::now();
+                u.sync_to_gpu(all.clone())?;
+                let t2 = Instant::now();
+                f.launch(
+                    grid,
+                    &Args::new().arg(u.handle()).arg(n_out).arg(group).arg(n_in),
+                )?;
+                u.space().gpu().synchronize_context()?;
+                u.space().check_errors()?;
+                let t3 = Instant::now();
+                u.sync_to_cpu(all.clone())?;
+                let t4 = Instant::now();
+                let sum = sum_words(&u.as_slice()[in_bytes..]);
+                add_parts(&mut parts, r, &[t, t1, t2, t3, t4, Instant::now()]);
+                Ok(sum)
             })?;
+            #[allow(clippy::cast_precision_loss)]
+            let per = rounds as f64;
             let st = u.stats().total;
             let note = format!(
-                "{} tracking{}; in all {} CPU pages synced, {} GPU copies dropped, {} pages written down",
+                "{} tracking{}; per round {:.1} ms produce, {:.1} ms sync to GPU, {:.1} ms kernel, {:.1} ms sync to CPU, {:.1} ms CPU reads; in all {} CPU pages synced, {} GPU copies dropped, {} pages written down, {} MiB hashed",
                 tracking_name(&u),
                 if hints {
                     ", input advised preferred on the GPU"
                 } else {
                     ""
                 },
+                parts[0] / per,
+                parts[1] / per,
+                parts[2] / per,
+                parts[3] / per,
+                parts[4] / per,
                 st.cpu_written,
                 st.gpu_copies_dropped,
-                st.written_down
+                st.written_down,
+                st.hashed_bytes >> 20
             );
             self.push(case, name, total, times, check, &note);
         }
@@ -349,11 +378,16 @@ impl Ctx<'_> {
             m.as_mut_slice().fill(0);
             let (base, gpu) = (m.ptr(), self.gpu().clone());
             let (f, grid) = (&self.k.r_consume, Self::grid(&self.k.r_consume)?);
+            // Where a round goes (ms): produce (with its prefetch), the GPU phase (prefetches,
+            // kernel, wait), the CPU's reads.
+            let mut parts = [0.0f64; 3];
             let (times, check) = timed_rounds(rounds, |r| {
+                let t = Instant::now();
                 if hints && !partial {
                     sys::prefetch(&gpu, base, in_bytes, Side::Host)?;
                 }
                 produce(&mut m.as_mut_slice()[..in_bytes], page, r, seed, partial);
+                let t1 = Instant::now();
                 if hints {
                     sys::prefetch(&gpu, base, in_bytes, Side::Device)?;
                 }
@@ -374,22 +408,103 @@ impl Ctx<'_> {
                         Side::Host,
                     )?;
                 }
-                Ok(sum_words(&m.as_mut_slice()[in_bytes..]))
+                let t2 = Instant::now();
+                let sum = sum_words(&m.as_mut_slice()[in_bytes..]);
+                add_parts(&mut parts, r, &[t, t1, t2, Instant::now()]);
+                Ok(sum)
             })?;
-            let note = if hints {
-                "cuMemPrefetchAsync: input to the host before producing (full case), to the GPU before the kernel; output to the host after"
-            } else {
-                "faults only"
-            };
+            #[allow(clippy::cast_precision_loss)]
+            let per = rounds as f64;
+            let note = format!(
+                "{}; per round {:.1} ms produce, {:.1} ms GPU phase, {:.1} ms CPU reads",
+                if hints {
+                    "cuMemPrefetchAsync: input to the host before producing (full case), to the GPU before the kernel; output to the host after"
+                } else {
+                    "faults only"
+                },
+                parts[0] / per,
+                parts[1] / per,
+                parts[2] / per
+            );
             self.push(
                 case,
                 if hints { "managed+hints" } else { "managed" },
                 total,
                 times,
                 check,
-                note,
+                &note,
             );
         }
+        self.handoff_explicit(case, partial)
+    }
+
+    /// The hand-off's floor: what a program that manages both copies itself pays. The CPU
+    /// produces into pinned memory, copies to device memory what it wrote (the whole input, or
+    /// in the partial case only the pages it wrote, which it knows), the kernel runs on device
+    /// memory, and the output is copied back. Every system that keeps data coherent across
+    /// the bus pays at least the produce phase and these copies.
+    fn handoff_explicit(&mut self, case: &str, partial: bool) -> anyhow::Result<()> {
+        let group = 16u64;
+        let n_out = self.opts.size / 8 / (group + 1);
+        let n_in = n_out * group;
+        let total = (n_in + n_out) * 8;
+        let (in_bytes, all) = (usize::try_from(n_in * 8)?, usize::try_from(total)?);
+        let page = usize::try_from(self.opts.page_size)?;
+        let (seed, rounds) = (self.opts.seed, self.opts.rounds);
+        let mut host = MappedHostBuffer::new(self.gpu(), all)?;
+        host.as_mut_slice().fill(0);
+        let device = DeviceBuffer::zeroed(self.gpu(), all)?;
+        let (f, grid) = (&self.k.r_consume, Self::grid(&self.k.r_consume)?);
+        // Where a round goes (ms): produce, copy in, kernel, copy out and CPU reads.
+        let mut parts = [0.0f64; 4];
+        let (times, check) = timed_rounds(rounds, |r| {
+            let t = Instant::now();
+            produce(&mut host.as_mut_slice()[..in_bytes], page, r, seed, partial);
+            let t1 = Instant::now();
+            if partial {
+                let mut pages: Vec<usize> = partial_writes(in_bytes / page, page, r, seed)
+                    .into_iter()
+                    .map(|(at, _)| at * 8 / page)
+                    .collect();
+                pages.sort_unstable();
+                pages.dedup();
+                for p in pages {
+                    device.upload(p * page, &host.as_slice()[p * page..(p + 1) * page])?;
+                }
+            } else {
+                device.upload(0, &host.as_slice()[..in_bytes])?;
+            }
+            let t2 = Instant::now();
+            f.launch(
+                grid,
+                &Args::new()
+                    .arg(device.ptr())
+                    .arg(device.ptr() + n_in * 8)
+                    .arg(n_out)
+                    .arg(group),
+            )?;
+            self.gpu().synchronize()?;
+            let t3 = Instant::now();
+            device.download(in_bytes, &mut host.as_mut_slice()[in_bytes..])?;
+            let sum = sum_words(&host.as_slice()[in_bytes..]);
+            add_parts(&mut parts, r, &[t, t1, t2, t3, Instant::now()]);
+            Ok(sum)
+        })?;
+        #[allow(clippy::cast_precision_loss)]
+        let per = rounds as f64;
+        let note = format!(
+            "pinned host memory and device memory, copied by the program ({}); per round {:.1} ms produce, {:.1} ms copy in, {:.1} ms kernel, {:.1} ms copy out and CPU reads",
+            if partial {
+                "only the pages written"
+            } else {
+                "the whole input"
+            },
+            parts[0] / per,
+            parts[1] / per,
+            parts[2] / per,
+            parts[3] / per
+        );
+        self.push(case, "explicit copies", total, times, check, &note);
         Ok(())
     }
 
@@ -781,7 +896,13 @@ pub fn chart(rows: &[Row], record: &crate::record::Record) -> crate::plot::Chart
     let mut cases: Vec<&str> = rows.iter().map(|r| r.case.as_str()).collect();
     cases.dedup();
     for case in cases {
-        for variant in ["strata", "strata-hash", "strata+hints", "strata-declared"] {
+        for variant in [
+            "strata",
+            "strata-hash",
+            "strata+hints",
+            "strata-declared",
+            "strata-declared+hints",
+        ] {
             let Some(s) = rows
                 .iter()
                 .find(|r| r.case == case && r.contestant == variant)
