@@ -67,11 +67,16 @@ impl PySpace {
 impl PySpace {
     /// Creates a zero-filled space of `size` bytes on GPU `device`: over pinned host memory,
     /// or with `store` (`memory`, `file:PATH`, `remote:HOST:PORT[,...]` with `token`) over
-    /// that store, through a pinned host cache of `host_cache_bytes`.
+    /// that store, through a pinned host cache of `host_cache_bytes`. `remote_access`: how
+    /// pages not resident are reached (`"auto"`, `"off"`, or a number of accesses after
+    /// which a page migrates; default: `STRATA_GPU_REMOTE_ACCESS`, else auto).
+    /// `sector_bytes`: sub-page fetch (a size such as 4096 or `"4KiB"`, or `"off"`; default:
+    /// `STRATA_GPU_SECTOR`, else whole pages). `read_only`: kernels' writes are refused.
     #[new]
     #[pyo3(signature = (size, page_size = 65536, cache_bytes = 1 << 30, dtype = "uint64",
                         policy = "clock", protected_fraction = 0.5, read_through = false,
-                        device = 0, store = None, token = None, host_cache_bytes = None))]
+                        device = 0, store = None, token = None, host_cache_bytes = None,
+                        remote_access = None, sector_bytes = None, read_only = false))]
     #[allow(clippy::too_many_arguments)] // mirrors the keyword arguments Python callers see
     fn new(
         py: Python<'_>,
@@ -86,6 +91,9 @@ impl PySpace {
         store: Option<&str>,
         token: Option<String>,
         host_cache_bytes: Option<u64>,
+        remote_access: Option<&Bound<'_, PyAny>>,
+        sector_bytes: Option<&Bound<'_, PyAny>>,
+        read_only: bool,
     ) -> PyResult<Self> {
         let policy = match policy {
             "clock" => 0,
@@ -105,6 +113,16 @@ impl PySpace {
             read_through: u32::from(read_through),
         })
         .map_err(py_err)?;
+        // Numbers and strings alike ("auto", 16, "4KiB", 4096), checked before the GPU is
+        // touched.
+        if let Some(v) = remote_access {
+            options.remote_access =
+                strata_gpu::space::parse_remote_access(&v.str()?.to_cow()?).map_err(invalid)?;
+        }
+        if let Some(v) = sector_bytes {
+            options.sector_bytes =
+                strata_gpu::space::parse_sector(&v.str()?.to_cow()?).map_err(invalid)?;
+        }
         // The store's spec is checked before the GPU is touched.
         let store_config = store
             .map(|spec| -> Result<StoreConfig, strata::Error> {
@@ -131,6 +149,10 @@ impl PySpace {
                         space
                     }
                 };
+                let mut space = space;
+                if read_only {
+                    space.set_read_only(true)?;
+                }
                 Ok((space, rt))
             })
             .map_err(py_err)?;
@@ -289,6 +311,11 @@ impl PySpace {
 
 /// Whether a host buffer of `nbytes` at `address` needs copying: false for an empty one, an
 /// error for a null address with bytes.
+/// A bad option value, as Python's InvalidArgumentError with the library's advice.
+fn invalid(e: strata_gpu::SpaceError) -> PyErr {
+    InvalidArgumentError::new_err(e.to_string())
+}
+
 fn host_buffer_given(address: usize, nbytes: usize) -> PyResult<bool> {
     match (address, nbytes) {
         (_, 0) => Ok(false),

@@ -33,9 +33,14 @@ class Space(_Space):
 
     ``Space(size, page_size=65536, cache_bytes=1<<30, dtype="uint64", policy="clock",
     protected_fraction=0.5, read_through=False, device=0, store=None, token=None,
-    host_cache_bytes=None)``: over pinned host memory, or with ``store`` (``"memory"``,
-    ``"file:PATH"``, ``"remote:HOST:PORT[,...]"`` with ``token``) over that store through a
-    pinned host cache. Raises ``NoCudaDriverError`` on a machine without a CUDA driver.
+    host_cache_bytes=None, remote_access=None, sector_bytes=None, read_only=False)``: over
+    pinned host memory, or with ``store`` (``"memory"``, ``"file:PATH"``,
+    ``"remote:HOST:PORT[,...]"`` with ``token``) over that store through a pinned host cache.
+    ``remote_access``: how kernels reach pages that are not resident (``"auto"``, ``"off"``,
+    or the number of accesses after which a page migrates); ``sector_bytes``: sub-page fetch
+    (a size such as ``4096`` or ``"4KiB"``: a miss that must migrate loads only the sectors
+    it touches); ``read_only``: kernels' writes are refused and reported by
+    ``check_errors``. Raises ``NoCudaDriverError`` on a machine without a CUDA driver.
     """
 
     def fill(self, data, offset=0):
