@@ -158,7 +158,13 @@ impl Shared {
         let mut frames = Vec::with_capacity(claimed.len());
         let batch = self.trace.as_ref().map(Trace::next_batch);
         for &(page, w) in &claimed {
+            let mark = self.written_mark(page, w);
             if let (Some(trace), Some(batch)) = (&self.trace, batch) {
+                if word::state(w) == State::Dirty {
+                    // Without a written mark, a dirty page was made writable on a guess.
+                    let guessed = self.predict_writes && mark == 0;
+                    trace.note(Event::WroteBack, page, u64::from(guessed));
+                }
                 trace.note(Event::Evicted, page, batch);
             }
             if let Some(log) = &self.evict_log {
@@ -169,7 +175,6 @@ impl Shared {
                 }
             }
             let stamp = self.evictions.fetch_add(1, Ordering::Relaxed) / self.stamp_unit;
-            let mark = self.written_mark(page, w);
             self.finish(page, word::evicted(stamp, word::heat(w)) | mark);
             frames.push(word::frame(w));
         }

@@ -152,6 +152,9 @@ impl Shared {
                     }
                     if s == State::Clean {
                         bump(&self.counters.write_faults, 1);
+                        if let Some(trace) = &self.trace {
+                            trace.note(Event::Written, page, 0);
+                        }
                     }
                     // Seen written: its next eviction marks it so (write_intent.rs).
                     self.guessed.set(page, false);
