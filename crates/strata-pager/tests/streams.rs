@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use common::{Rng, uffd_available};
+use strata_core::config::PagerConfigBuilder;
 use strata_core::store::ReadRequest;
 use strata_core::{MemoryStore, PagerConfig, Store, StoreError};
 use strata_pager::{Region, RegionError};
@@ -96,13 +97,17 @@ fn region_over(data: &[u8], config: PagerConfig) -> (Arc<CountingStore>, Region)
     (store, region)
 }
 
-fn config(buffer_pages: u64, read_ahead: u64) -> PagerConfig {
+fn config_builder(buffer_pages: u64, read_ahead: u64) -> PagerConfigBuilder {
     PagerConfig::builder()
         .page_bytes(PAGE as u64)
         .buffer_bytes(buffer_pages * PAGE as u64)
         .fillers(1)
         .evictors(1)
         .read_ahead(read_ahead)
+}
+
+fn config(buffer_pages: u64, read_ahead: u64) -> PagerConfig {
+    config_builder(buffer_pages, read_ahead)
         .build()
         .expect("test configuration is valid")
 }
@@ -171,6 +176,63 @@ fn sequential_faults_read_ahead_and_random_ones_do_not() {
         "random faults read {} pages ahead over {} faults",
         counters.read_ahead_pages,
         stats.faults
+    );
+}
+
+#[test]
+fn streams_read_ahead_when_the_evictors_keep_almost_no_frame_free() {
+    if !uffd_available("streams_tight_water") {
+        return;
+    }
+    let mut rng = Rng::from_time("streams_tight_water");
+    let pages = 512;
+    let data = random(pages * PAGE, &mut rng);
+    // `strata run`'s water marks: evict only when the free frames run out, down to 99 %.
+    // Read-ahead threads then find no free frame above the reserve and evict their windows'
+    // frames themselves. Before, a window took free frames only, and a scan under these
+    // marks faulted on nearly every page (the evictors left 1-2 frames free).
+    let tight = config_builder(128, 8)
+        .water_marks(99, 100)
+        .build()
+        .expect("test configuration is valid");
+    // A write sweep (dirty pages: evictions write them back), then two read sweeps checked
+    // byte for byte; as above, the best of up to three regions is judged on a busy machine.
+    let mut scans = Vec::new();
+    for _ in 0..3 {
+        let (store, mut region) = region_over(&data, tight.clone());
+        for p in 0..pages {
+            region.as_mut_slice()[p * PAGE + p % PAGE] ^= 0xa5;
+        }
+        let faults_before = region.stats().faults;
+        for sweep in 0..2 {
+            for p in 0..pages {
+                let page = &region.as_slice()[p * PAGE..(p + 1) * PAGE];
+                let mut want = data[p * PAGE..(p + 1) * PAGE].to_vec();
+                want[p % PAGE] ^= 0xa5;
+                assert_eq!(page, &want[..], "page {p} (sweep {sweep})");
+            }
+        }
+        let faults = region.stats().faults - faults_before;
+        let ahead = region.counters().read_ahead_pages;
+        eprintln!(
+            "tight water marks: {faults} faults for {} pages read, {ahead} read ahead, {} writes",
+            2 * pages,
+            store.writes.load(Ordering::SeqCst)
+        );
+        scans.push((faults, ahead));
+        if faults * 3 < 2 * pages as u64 {
+            break;
+        }
+    }
+    let (faults, ahead) = scans.iter().min().copied().expect("three scans");
+    assert!(
+        faults * 3 < 2 * pages as u64,
+        "two read sweeps faulted at best {faults} times for {} pages: {scans:?}",
+        2 * pages
+    );
+    assert!(
+        ahead as usize >= pages,
+        "the best region read {ahead} pages ahead: {scans:?}"
     );
 }
 

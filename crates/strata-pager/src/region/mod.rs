@@ -19,7 +19,10 @@
 //! (its *re-fault distance*, counted in evictions, is below the buffer size) is marked hot and
 //! survives one more pass. A dirty victim is write-protected first, then written back, then
 //! dropped with `MADV_DONTNEED`, so a write racing with the write-back waits instead of being
-//! lost. [`EvictionPolicy::Fifo`] (Umap's policy) is kept for comparison.
+//! lost. [`EvictionPolicy::Fifo`] (Umap's policy) is kept for comparison. Woken evictors
+//! always make room for one read-ahead window, and read-ahead threads that find too few free
+//! frames evict for their windows themselves, so water marks that keep almost no frame free
+//! (`strata run`'s) still leave streams their windows.
 //!
 //! # What a faulting thread gets when the store fails
 //! The fill is abandoned, the error is recorded (returned by [`Region::flush`] and
