@@ -588,3 +588,99 @@ fn pages_written_last_time_come_back_writable_and_nothing_is_lost() {
         "prediction saved too few write-protect faults: {traps:?}"
     );
 }
+
+#[test]
+fn pages_written_back_to_their_stored_bytes_are_evicted_without_a_write() {
+    if !uffd_available("streams_unchanged") {
+        return;
+    }
+    let mut rng = Rng::from_time("streams_unchanged");
+    let pages = 64;
+    // Twice the pages used, and a buffer as large: nothing is evicted before `evict_all`.
+    let data = random(2 * pages * PAGE, &mut rng);
+    let build = |skip: bool| {
+        let store = Arc::new(CountingStore::new(&data));
+        let config = config_builder(2 * pages as u64, 0)
+            .skip_unchanged(skip)
+            .build()
+            .expect("test configuration is valid");
+        let region = Region::new(store.clone(), data.len() as u64, config).expect("region maps");
+        (store, region)
+    };
+    // Each page read from the store, then: a byte changed and put back (as `sort` does to
+    // print a line), a byte changed for good, or two bytes swapped and swapped back.
+    let restored = |p: usize| p % 3 != 1;
+    let expected = |p: usize| {
+        let mut want = data[p * PAGE..(p + 1) * PAGE].to_vec();
+        if !restored(p) {
+            want[p] ^= 0x5a;
+        }
+        want
+    };
+    for skip in [true, false] {
+        let (store, mut region) = build(skip);
+        for p in 0..pages {
+            let s = region.as_mut_slice();
+            let i = p * PAGE + rng.below(PAGE as u64 - 1) as usize;
+            if restored(p) {
+                let old = s[i];
+                s[i] = !old;
+                s.swap(i, i + 1);
+                s.swap(i, i + 1);
+                s[i] = old;
+            } else {
+                s[p * PAGE + p] ^= 0x5a;
+            }
+        }
+        let c = region.counters();
+        assert_eq!(c.dirty_pages, pages as u64, "all written: {c:?}");
+        let writes_before = store.writes.load(Ordering::SeqCst);
+        region.evict_all().expect("evicts");
+        let written = store.writes.load(Ordering::SeqCst) - writes_before;
+        let skipped = region.counters().unchanged_write_backs;
+        let changed = (0..pages).filter(|&p| !restored(p)).count() as u64;
+        eprintln!("skip {skip}: {written} store writes, {skipped} unchanged pages not written");
+        if skip {
+            assert_eq!(
+                skipped,
+                pages as u64 - changed,
+                "every restored page skipped"
+            );
+            // Changed pages may go in runs: at most one write each, at least one in all.
+            assert!(written >= 1 && written <= changed, "{written} writes");
+        } else {
+            assert_eq!(skipped, 0);
+        }
+        for p in 0..pages {
+            let page = &region.as_slice()[p * PAGE..(p + 1) * PAGE];
+            assert_eq!(
+                page,
+                &expected(p)[..],
+                "page {p} after eviction (skip {skip})"
+            );
+        }
+    }
+
+    // A flush makes the store hold the page's new bytes: putting the old bytes back is then a
+    // change, and must be written (were the digest of the first fill kept, it would match them
+    // and the store would keep the flushed bytes).
+    let (store, mut region) = build(true);
+    let original = region.as_slice()[..PAGE].to_vec();
+    region.as_mut_slice()[7] ^= 0xff;
+    region.flush().expect("flushes");
+    let mut stored = vec![0u8; PAGE];
+    store.read_at(0, &mut stored).expect("reads");
+    assert_eq!(stored[7], original[7] ^ 0xff, "the flush stored the change");
+    region.as_mut_slice()[7] ^= 0xff;
+    region.evict_all().expect("evicts");
+    store.read_at(0, &mut stored).expect("reads");
+    assert!(
+        stored == original,
+        "the old bytes, put back after the flush, did not reach the store"
+    );
+    assert!(
+        region.as_slice()[..PAGE] == original[..],
+        "page 0 read back"
+    );
+    assert_eq!(region.counters().unchanged_write_backs, 0);
+}

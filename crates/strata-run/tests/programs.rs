@@ -695,6 +695,57 @@ fn sort_of_a_file_larger_than_the_budget() {
     );
 }
 
+/// GNU sort writes each line's newline over its terminating zero to print it and puts the
+/// zero back, so the pages of lines it prints are dirty but unchanged: with a budget below its
+/// lines, they are evicted without a write. Output equal to sort's own with the skip and
+/// without it (`STRATA_SKIP_UNCHANGED=false`), over the file store and a compressed one.
+#[test]
+fn sort_pages_put_back_unchanged_are_not_written_and_output_is_exact() {
+    let Some(strata) = strata() else { return };
+    let dir = scratch("unchanged");
+    let input = sort_input(&dir, 3);
+    let i = input.to_string_lossy();
+    let program = ["sort", "-S", "18M", "--parallel=1", &i];
+    let want = run(native(&program), Duration::from_secs(60));
+    assert!(want.status.success(), "{want:?}");
+    let file_store = format!("file:{}", dir.display());
+    for store in [
+        &["--store", &file_store][..],
+        &["--store", "memory", "--codec", "lz4"],
+    ] {
+        for skip in ["true", "false"] {
+            let stats = dir.join(format!("stats-{skip}.json"));
+            let s = stats.to_string_lossy();
+            let mut opts = vec!["--memory", "3MiB", "--page-size", "16KiB", "--stats", &s];
+            opts.extend_from_slice(store);
+            let mut cmd = under(&strata, &opts, &program);
+            cmd.env("STRATA_SKIP_UNCHANGED", skip);
+            let out = run(cmd, Duration::from_secs(120));
+            assert!(out.status.success(), "{store:?} skip {skip}: {out:?}");
+            assert!(
+                out.stdout == want.stdout,
+                "{store:?} skip {skip}: output differs from sort's own"
+            );
+            let report: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(&stats).expect("stats written"))
+                    .expect("stats are JSON");
+            let p = &report["processes"][0];
+            let skipped = p["counters"]["unchanged_write_backs"]
+                .as_u64()
+                .expect("counter");
+            let written = p["stats"]["writebacks"].as_u64().expect("write-backs");
+            println!(
+                "{store:?} skip {skip}: {skipped} unchanged pages not written, {written} written"
+            );
+            if skip == "true" {
+                assert!(skipped > 0, "{store:?}: no unchanged page was skipped");
+            } else {
+                assert_eq!(skipped, 0, "{store:?}: skipped while turned off");
+            }
+        }
+    }
+}
+
 /// Whether `python3` has NumPy (installed with pip if missing); says so loudly if not.
 fn numpy_or_skip() -> bool {
     let has_numpy = || {

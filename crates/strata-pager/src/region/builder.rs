@@ -245,6 +245,10 @@ impl Region {
             write_streams: Streams::new(),
             predict_writes: b.predict_writes && !b.read_only,
             guessed: Guessed::new(page_count, b.predict_writes && !b.read_only),
+            digests: super::unchanged::Digests::new(
+                page_count,
+                config.skip_unchanged && !b.read_only,
+            ),
             read_back,
             evict_log: (read_back > 0).then(|| {
                 // Deep enough that a page evicted a few buffers' worth ago still finds its

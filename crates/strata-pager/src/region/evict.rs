@@ -128,6 +128,12 @@ impl Shared {
             .filter(|&&(_, w)| word::state(w) == State::Dirty)
             .map(|&(page, _)| page)
             .collect();
+        // Dirty pages whose bytes are the store's copy again are dropped without a write.
+        let unchanged = self.unchanged_of(&dirty);
+        let dirty: Vec<usize> = dirty
+            .into_iter()
+            .filter(|p| unchanged.binary_search(p).is_err())
+            .collect();
         let failed = self.write_back_many(&dirty);
         if !failed.is_empty() {
             let mut failed_pages = Vec::with_capacity(failed.len());
@@ -160,7 +166,7 @@ impl Shared {
         for &(page, w) in &claimed {
             let mark = self.written_mark(page, w);
             if let (Some(trace), Some(batch)) = (&self.trace, batch) {
-                if word::state(w) == State::Dirty {
+                if word::state(w) == State::Dirty && unchanged.binary_search(&page).is_err() {
                     // Without a written mark, a dirty page was made writable on a guess.
                     let guessed = self.predict_writes && mark == 0;
                     trace.note(Event::WroteBack, page, u64::from(guessed));

@@ -535,6 +535,14 @@ impl Shared {
                 (FrameSource::Demand, 0) => Event::Demand,
                 _ => Event::Ahead,
             };
+            // Still `Filling`, so unchanged since the copy: the bytes read are the page's.
+            if zero {
+                self.digests.forget(first + i);
+            } else {
+                let at = i * self.page_bytes;
+                let bytes = &buf[at..at + self.io_len(first + i)];
+                self.digests.set(first + i, bytes);
+            }
             // A zero page differs from the store's copy: dirty, so eviction writes it.
             self.installed(first + i, *f, write || zero, guessed, event, zero);
         }
