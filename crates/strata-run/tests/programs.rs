@@ -529,6 +529,51 @@ fn a_default_node_serves_sort_with_no_arena_setting() {
     node.node.shutdown();
 }
 
+/// A one-thread `sort -S s` of `mib` MiB of fresh lines in a scratch directory named `name`:
+/// the directory, the command line, and plain sort's output.
+fn plain_sort(name: &str, mib: usize, s: &str) -> (PathBuf, Vec<String>, Output) {
+    let dir = scratch(name);
+    let input = sort_input(&dir, mib);
+    let program: Vec<String> = ["sort", "-S", s, "--parallel=1"]
+        .into_iter()
+        .map(String::from)
+        .chain([input.to_string_lossy().into_owned()])
+        .collect();
+    let args: Vec<&str> = program.iter().map(String::as_str).collect();
+    let want = run(native(&args), Duration::from_secs(60));
+    assert!(want.status.success(), "plain sort failed: {want:?}");
+    (dir, program, want)
+}
+
+/// A chunk is borrowed only when an allocation needs it: sort's two merge buffers (half its
+/// `-S` each, plus a page) do not fit in its freed main buffer, so the second lands at the
+/// arena's top, past three quarters of the first chunk but inside it. Before, that borrowed
+/// a second chunk ahead, never used, whose connection the program's memory limit paid for.
+#[test]
+fn a_node_lends_no_chunk_before_an_allocation_needs_it() {
+    let Some(strata) = strata() else { return };
+    // Larger than what `-S 64M` holds at once, so sort merges two temporary files.
+    let (_dir, program, want) = plain_sort("no-chunk-ahead", 24, "64M");
+    let program: Vec<&str> = program.iter().map(String::as_str).collect();
+    let node = TestNode::start();
+    let (got, report) = over_node_with_report(
+        &strata,
+        &node,
+        &["--page-size", "64KiB"],
+        &program,
+        Duration::from_secs(120),
+    );
+    assert!(
+        got.stdout == want.stdout,
+        "sort under strata run printed something else"
+    );
+    let process = &report["processes"][0];
+    // First chunk: twice the 64 MiB buffer. The merge buffers end at 96 MiB and a page.
+    assert_eq!(process["arena_store_bytes"], 128u64 << 20, "{process}");
+    assert_eq!(process["arena_fallbacks"], 0, "{process}");
+    node.node.shutdown();
+}
+
 /// An arena the user set larger than the node holds is refused before the program starts,
 /// saying both numbers and what to do; preloaded by hand (no `strata run` to check first),
 /// the process ends with status 125 saying the same.
@@ -702,12 +747,8 @@ fn sort_of_a_file_larger_than_the_budget() {
 #[test]
 fn sort_pages_put_back_unchanged_are_not_written_and_output_is_exact() {
     let Some(strata) = strata() else { return };
-    let dir = scratch("unchanged");
-    let input = sort_input(&dir, 3);
-    let i = input.to_string_lossy();
-    let program = ["sort", "-S", "18M", "--parallel=1", &i];
-    let want = run(native(&program), Duration::from_secs(60));
-    assert!(want.status.success(), "{want:?}");
+    let (dir, program, want) = plain_sort("unchanged", 3, "18M");
+    let program: Vec<&str> = program.iter().map(String::as_str).collect();
     let file_store = format!("file:{}", dir.display());
     for store in [
         &["--store", &file_store][..],
