@@ -45,6 +45,10 @@ pub const KNOWN_VARIABLES: &[(&str, &str)] = &[
         "pages evicted next to a faulting page that are read back with it (0: none)",
     ),
     (
+        "STRATA_SKIP_UNCHANGED",
+        "evict dirty pages that hold their stored bytes again without writing them (true/false)",
+    ),
+    (
         "STRATA_PAGER_TRACE",
         "pager regions: file prefix for a record of evictions and fills (for offline studies)",
     ),
@@ -538,6 +542,9 @@ pub struct PagerConfig {
     /// How long (microseconds) one filler keeps polling for the next fault after serving
     /// one, before it sleeps. 0: fillers sleep at once.
     pub fault_spin_us: u32,
+    /// Evict a dirty page without writing it back when its bytes are again those read from
+    /// the store (told by a keyed 128-bit digest kept per page read; see `strata-pager`).
+    pub skip_unchanged: bool,
 }
 
 impl PagerConfig {
@@ -557,6 +564,7 @@ impl PagerConfig {
             low_water: 70,
             high_water: 90,
             fault_spin_us: if cpus > 1 { DEFAULT_FAULT_SPIN_US } else { 0 },
+            skip_unchanged: true,
         }
     }
 
@@ -578,6 +586,7 @@ pub struct PagerConfigBuilder {
     low_water: u8,
     high_water: u8,
     fault_spin_us: u32,
+    skip_unchanged: bool,
 }
 
 /// Default of [`PagerConfig::fault_spin_us`] on machines with more than one CPU. A faulting
@@ -636,6 +645,12 @@ impl PagerConfigBuilder {
         self.high_water = high;
         self
     }
+    /// Whether a dirty page holding its stored bytes again is evicted without a write
+    /// (default on).
+    pub fn skip_unchanged(mut self, on: bool) -> Self {
+        self.skip_unchanged = on;
+        self
+    }
     /// Microseconds a filler polls for the next fault before sleeping (0: never polls).
     pub fn fault_spin_us(mut self, us: u32) -> Self {
         self.fault_spin_us = us;
@@ -674,6 +689,9 @@ impl PagerConfigBuilder {
         }
         if let Some(v) = env_number(env, "STRATA_FAULT_SPIN_US")? {
             self.fault_spin_us = v;
+        }
+        if let Some(v) = env_bool(env, "STRATA_SKIP_UNCHANGED")? {
+            self.skip_unchanged = v;
         }
         Ok(self)
     }
@@ -722,6 +740,7 @@ impl PagerConfigBuilder {
             low_water_percent: self.low_water,
             high_water_percent: self.high_water,
             fault_spin_us: self.fault_spin_us,
+            skip_unchanged: self.skip_unchanged,
         })
     }
 }

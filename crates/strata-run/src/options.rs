@@ -73,11 +73,15 @@ pub fn page_for(
     }
 }
 
-/// Default water marks of the arena (evict from `HIGH` % of the budget down to `LOW` %): the
-/// whole budget is the program's working set, so evicting in small batches keeps more of it
-/// resident. Measured: 18-22 % fewer faults than the pager's 70/90 at 4, 16 and 64 KiB pages
-/// on `sort` at 6x the budget, 40 % fewer bytes moved at 3x.
-pub const DEFAULT_WATER_MARKS: (u8, u8) = (90, 98);
+/// Default water marks of the arena (evict when the free frames run out, down to `LOW` % of
+/// the budget; evictors always make room for one read-ahead window, and read-ahead threads
+/// evict for the windows after it): the whole budget is the program's working set, and a
+/// frame kept free is a page the program could have held. Measured (`results/RESULTS.md`,
+/// session 10): `sort` of 32 MiB at a 24.8 MiB budget (64 KiB pages, `O_DIRECT` file store)
+/// 25-30 s at 90/98 (which kept 8-40 frames, up to 2.5 MiB, free), 11.2-11.6 s at 99/100,
+/// 12.9-13.1 s at 98/99; NumPy and `stress-ng` unchanged (1.83 / 1.88 s, 0.23 / 0.25 s).
+/// Earlier, 90/98 gave 18-22 % fewer faults than the pager's 70/90 on `sort` at 6x.
+pub const DEFAULT_WATER_MARKS: (u8, u8) = (99, 100);
 /// Default read-ahead window of the arena, in pages, for faults that continue a sequential
 /// stream (a fault right at the end of a recent fill; random faults do not read ahead).
 /// Measured (`results/RESULTS.md`): `stress-ng` incdec at 4x the budget, 64 KiB pages, 0 / 8

@@ -529,6 +529,51 @@ fn a_default_node_serves_sort_with_no_arena_setting() {
     node.node.shutdown();
 }
 
+/// A one-thread `sort -S s` of `mib` MiB of fresh lines in a scratch directory named `name`:
+/// the directory, the command line, and plain sort's output.
+fn plain_sort(name: &str, mib: usize, s: &str) -> (PathBuf, Vec<String>, Output) {
+    let dir = scratch(name);
+    let input = sort_input(&dir, mib);
+    let program: Vec<String> = ["sort", "-S", s, "--parallel=1"]
+        .into_iter()
+        .map(String::from)
+        .chain([input.to_string_lossy().into_owned()])
+        .collect();
+    let args: Vec<&str> = program.iter().map(String::as_str).collect();
+    let want = run(native(&args), Duration::from_secs(60));
+    assert!(want.status.success(), "plain sort failed: {want:?}");
+    (dir, program, want)
+}
+
+/// A chunk is borrowed only when an allocation needs it: sort's two merge buffers (half its
+/// `-S` each, plus a page) do not fit in its freed main buffer, so the second lands at the
+/// arena's top, past three quarters of the first chunk but inside it. Before, that borrowed
+/// a second chunk ahead, never used, whose connection the program's memory limit paid for.
+#[test]
+fn a_node_lends_no_chunk_before_an_allocation_needs_it() {
+    let Some(strata) = strata() else { return };
+    // Larger than what `-S 64M` holds at once, so sort merges two temporary files.
+    let (_dir, program, want) = plain_sort("no-chunk-ahead", 24, "64M");
+    let program: Vec<&str> = program.iter().map(String::as_str).collect();
+    let node = TestNode::start();
+    let (got, report) = over_node_with_report(
+        &strata,
+        &node,
+        &["--page-size", "64KiB"],
+        &program,
+        Duration::from_secs(120),
+    );
+    assert!(
+        got.stdout == want.stdout,
+        "sort under strata run printed something else"
+    );
+    let process = &report["processes"][0];
+    // First chunk: twice the 64 MiB buffer. The merge buffers end at 96 MiB and a page.
+    assert_eq!(process["arena_store_bytes"], 128u64 << 20, "{process}");
+    assert_eq!(process["arena_fallbacks"], 0, "{process}");
+    node.node.shutdown();
+}
+
 /// An arena the user set larger than the node holds is refused before the program starts,
 /// saying both numbers and what to do; preloaded by hand (no `strata run` to check first),
 /// the process ends with status 125 saying the same.
@@ -693,6 +738,53 @@ fn sort_of_a_file_larger_than_the_budget() {
         "16MiB",
         Duration::from_secs(60),
     );
+}
+
+/// GNU sort writes each line's newline over its terminating zero to print it and puts the
+/// zero back, so the pages of lines it prints are dirty but unchanged: with a budget below its
+/// lines, they are evicted without a write. Output equal to sort's own with the skip and
+/// without it (`STRATA_SKIP_UNCHANGED=false`), over the file store and a compressed one.
+#[test]
+fn sort_pages_put_back_unchanged_are_not_written_and_output_is_exact() {
+    let Some(strata) = strata() else { return };
+    let (dir, program, want) = plain_sort("unchanged", 3, "18M");
+    let program: Vec<&str> = program.iter().map(String::as_str).collect();
+    let file_store = format!("file:{}", dir.display());
+    for store in [
+        &["--store", &file_store][..],
+        &["--store", "memory", "--codec", "lz4"],
+    ] {
+        for skip in ["true", "false"] {
+            let stats = dir.join(format!("stats-{skip}.json"));
+            let s = stats.to_string_lossy();
+            let mut opts = vec!["--memory", "3MiB", "--page-size", "16KiB", "--stats", &s];
+            opts.extend_from_slice(store);
+            let mut cmd = under(&strata, &opts, &program);
+            cmd.env("STRATA_SKIP_UNCHANGED", skip);
+            let out = run(cmd, Duration::from_secs(120));
+            assert!(out.status.success(), "{store:?} skip {skip}: {out:?}");
+            assert!(
+                out.stdout == want.stdout,
+                "{store:?} skip {skip}: output differs from sort's own"
+            );
+            let report: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(&stats).expect("stats written"))
+                    .expect("stats are JSON");
+            let p = &report["processes"][0];
+            let skipped = p["counters"]["unchanged_write_backs"]
+                .as_u64()
+                .expect("counter");
+            let written = p["stats"]["writebacks"].as_u64().expect("write-backs");
+            println!(
+                "{store:?} skip {skip}: {skipped} unchanged pages not written, {written} written"
+            );
+            if skip == "true" {
+                assert!(skipped > 0, "{store:?}: no unchanged page was skipped");
+            } else {
+                assert_eq!(skipped, 0, "{store:?}: skipped while turned off");
+            }
+        }
+    }
 }
 
 /// Whether `python3` has NumPy (installed with pip if missing); says so loudly if not.

@@ -199,9 +199,14 @@ impl Region {
             .unwrap_or(0)
             .min(MAX_RUN_BYTES / page_bytes)
             .min(frames / 4);
+        // Evictors that wake make room for at least one window, so that a sequential fault
+        // can read its window with it even under water marks that keep few frames free
+        // (strata run's 99/100); the windows after it are read by read-ahead threads, which
+        // evict for their frames themselves.
+        let stop_at_free = stop_at_free.max((read_ahead + config.fillers).min(frames / 4));
         // The reserve need not exceed the frames free when the evictors wake (they refill
         // it from there): a larger one would leave read-ahead no frames at all when high
-        // water marks keep few frames free (strata run's 90/98).
+        // water marks keep few frames free.
         let ahead_reserve = config
             .fillers
             .max((frames / 16).min(wake_below_free))
@@ -240,6 +245,10 @@ impl Region {
             write_streams: Streams::new(),
             predict_writes: b.predict_writes && !b.read_only,
             guessed: Guessed::new(page_count, b.predict_writes && !b.read_only),
+            digests: super::unchanged::Digests::new(
+                page_count,
+                config.skip_unchanged && !b.read_only,
+            ),
             read_back,
             evict_log: (read_back > 0).then(|| {
                 // Deep enough that a page evicted a few buffers' worth ago still finds its

@@ -128,6 +128,12 @@ impl Shared {
             .filter(|&&(_, w)| word::state(w) == State::Dirty)
             .map(|&(page, _)| page)
             .collect();
+        // Dirty pages whose bytes are the store's copy again are dropped without a write.
+        let unchanged = self.unchanged_of(&dirty);
+        let dirty: Vec<usize> = dirty
+            .into_iter()
+            .filter(|p| unchanged.binary_search(p).is_err())
+            .collect();
         let failed = self.write_back_many(&dirty);
         if !failed.is_empty() {
             let mut failed_pages = Vec::with_capacity(failed.len());
@@ -158,7 +164,13 @@ impl Shared {
         let mut frames = Vec::with_capacity(claimed.len());
         let batch = self.trace.as_ref().map(Trace::next_batch);
         for &(page, w) in &claimed {
+            let mark = self.written_mark(page, w);
             if let (Some(trace), Some(batch)) = (&self.trace, batch) {
+                if word::state(w) == State::Dirty && unchanged.binary_search(&page).is_err() {
+                    // Without a written mark, a dirty page was made writable on a guess.
+                    let guessed = self.predict_writes && mark == 0;
+                    trace.note(Event::WroteBack, page, u64::from(guessed));
+                }
                 trace.note(Event::Evicted, page, batch);
             }
             if let Some(log) = &self.evict_log {
@@ -169,7 +181,6 @@ impl Shared {
                 }
             }
             let stamp = self.evictions.fetch_add(1, Ordering::Relaxed) / self.stamp_unit;
-            let mark = self.written_mark(page, w);
             self.finish(page, word::evicted(stamp, word::heat(w)) | mark);
             frames.push(word::frame(w));
         }

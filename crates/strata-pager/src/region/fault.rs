@@ -22,8 +22,13 @@ pub(super) enum FrameSource {
     /// `Region::prefetch`: the first page may wait; later pages take a free frame or evict one
     /// page each without waiting.
     Prefetch,
-    /// Read-ahead: free frames above the reserve only, never an eviction, never a wait.
+    /// Read-ahead with a faulting page: free frames above the reserve only, never an
+    /// eviction, never a wait (the faulting thread is waiting for this fill).
     ReadAhead,
+    /// Read-ahead by a read-ahead thread: free frames above the reserve, and for the rest
+    /// pages it evicts itself, together, without waiting. Off the fault path, so a stream
+    /// keeps its windows while the evictors keep only a few frames free.
+    Background,
 }
 
 pub(super) enum OnFillError {
@@ -152,6 +157,9 @@ impl Shared {
                     }
                     if s == State::Clean {
                         bump(&self.counters.write_faults, 1);
+                        if let Some(trace) = &self.trace {
+                            trace.note(Event::Written, page, 0);
+                        }
                     }
                     // Seen written: its next eviction marks it so (write_intent.rs).
                     self.guessed.set(page, false);
@@ -371,13 +379,13 @@ impl Shared {
             }
         }
         if below > 0 {
-            self.fill_ahead(page - below, below, scratch);
+            self.fill_ahead(page - below, below, &FrameSource::ReadAhead, scratch);
         }
         if write && self.read_ahead > 0 {
             self.continue_write_stream(page);
         }
         if write && extra > 0 {
-            self.fill_ahead(page + 1, extra, scratch);
+            self.fill_ahead(page + 1, extra, &FrameSource::ReadAhead, scratch);
         }
     }
 
@@ -411,11 +419,16 @@ impl Shared {
         let guessed = !write && !zero && count == 1 && self.guess_write(self.pages.load(first));
         let write = write || guessed;
         let mut frames = Vec::with_capacity(count);
-        for i in 0..count {
+        if matches!(source, FrameSource::Background) {
+            frames = self.frames_evicting(count);
+        }
+        for i in frames.len()..count {
             let frame = match (source, i) {
                 (FrameSource::Demand | FrameSource::Prefetch, 0) => self.wait_for_frame(),
                 (FrameSource::Prefetch, _) => Ok(self.frame_now()),
                 (FrameSource::Demand | FrameSource::ReadAhead, _) => Ok(self.frame_for_ahead()),
+                // frames_evicting got what could be had without waiting.
+                (FrameSource::Background, _) => Ok(None),
             };
             match frame {
                 Ok(Some(f)) => frames.push(f),
@@ -472,7 +485,7 @@ impl Shared {
         if !zero {
             self.stats.add_read(self.tier, inside as u64);
         }
-        if matches!(source, FrameSource::ReadAhead) {
+        if matches!(source, FrameSource::ReadAhead | FrameSource::Background) {
             self.fill_streams.note_stream(first, first + got);
         } else {
             self.fill_streams.note(first, first + got);
@@ -522,6 +535,14 @@ impl Shared {
                 (FrameSource::Demand, 0) => Event::Demand,
                 _ => Event::Ahead,
             };
+            // Still `Filling`, so unchanged since the copy: the bytes read are the page's.
+            if zero {
+                self.digests.forget(first + i);
+            } else {
+                let at = i * self.page_bytes;
+                let bytes = &buf[at..at + self.io_len(first + i)];
+                self.digests.set(first + i, bytes);
+            }
             // A zero page differs from the store's copy: dirty, so eviction writes it.
             self.installed(first + i, *f, write || zero, guessed, event, zero);
         }

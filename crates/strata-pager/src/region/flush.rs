@@ -21,6 +21,9 @@ impl Shared {
     /// Write-protects `page` and writes it to the store. The caller owns the page in a
     /// transition state. On success the page is protected and equal to the store's copy.
     pub(super) fn write_back(&self, page: usize) -> Result<(), RegionError> {
+        // Before any byte is written: whether the write lands whole, in part or not at all,
+        // the store may no longer hold the bytes of the page's last fill.
+        self.digests.forget(page);
         let addr = self.page_addr(page);
         self.uffd
             .write_protect(addr, self.page_bytes, true)
@@ -54,6 +57,10 @@ impl Shared {
     /// batch fails, its pages are retried one by one, so exactly the pages the store refuses
     /// are reported.
     pub(super) fn write_back_many(&self, pages: &[usize]) -> Vec<(usize, RegionError)> {
+        // As in write_back: forgotten before anything is written.
+        for &page in pages {
+            self.digests.forget(page);
+        }
         if pages.len() <= 1 {
             return pages
                 .iter()

@@ -46,6 +46,36 @@ impl Shared {
         f
     }
 
+    /// Up to `count` frames without waiting, for a read-ahead thread: free ones above the
+    /// demand reserve, then pages this thread evicts together (one drop for the lot). The
+    /// evictors may then keep only a few frames free (`strata run`'s water marks): a stream's
+    /// windows no longer need a standing reserve of idle frames, which a program that also
+    /// reads at random (sort's lines) would rather hold its pages in.
+    pub(super) fn frames_evicting(&self, count: usize) -> Vec<u32> {
+        let mut frames = Vec::with_capacity(count);
+        while frames.len() < count {
+            match self.frame_for_ahead() {
+                Some(f) => frames.push(f),
+                None => break,
+            }
+        }
+        let mut claimed = Vec::with_capacity(count - frames.len());
+        while frames.len() + claimed.len() < count {
+            match self.claim_victim() {
+                Some(v) => claimed.push(v),
+                None => break,
+            }
+        }
+        if !claimed.is_empty() {
+            let (freed, error) = self.complete_evictions(claimed);
+            frames.extend(freed);
+            if let Some(e) = error {
+                self.record(e);
+            }
+        }
+        frames
+    }
+
     /// A frame without waiting: a free one, else one page evicted now (if one can be).
     pub(super) fn frame_now(&self) -> Option<u32> {
         if let Some(f) = self.pop_frame() {

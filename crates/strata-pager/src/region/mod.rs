@@ -19,7 +19,10 @@
 //! (its *re-fault distance*, counted in evictions, is below the buffer size) is marked hot and
 //! survives one more pass. A dirty victim is write-protected first, then written back, then
 //! dropped with `MADV_DONTNEED`, so a write racing with the write-back waits instead of being
-//! lost. [`EvictionPolicy::Fifo`] (Umap's policy) is kept for comparison.
+//! lost. [`EvictionPolicy::Fifo`] (Umap's policy) is kept for comparison. Woken evictors
+//! always make room for one read-ahead window, and read-ahead threads that find too few free
+//! frames evict for their windows themselves, so water marks that keep almost no frame free
+//! (`strata run`'s) still leave streams their windows.
 //!
 //! # What a faulting thread gets when the store fails
 //! The fill is abandoned, the error is recorded (returned by [`Region::flush`] and
@@ -58,6 +61,7 @@ mod read_back;
 mod shared;
 mod streams;
 mod trace;
+mod unchanged;
 mod write_intent;
 
 pub use builder::RegionBuilder;
@@ -92,6 +96,8 @@ pub struct PagerCounters {
     pub failed_faults: u64,
     /// Pages read back with a fault because they were evicted next to its page.
     pub read_back_pages: u64,
+    /// Dirty pages evicted without a write because they held the store's bytes again.
+    pub unchanged_write_backs: u64,
     /// Pages resident now.
     pub resident_pages: u64,
     /// Pages dirty now.
@@ -205,6 +211,7 @@ impl Region {
             duplicate_faults: c.duplicate_faults.load(Ordering::Relaxed),
             failed_faults: c.failed_faults.load(Ordering::Relaxed),
             read_back_pages: c.read_back_pages.load(Ordering::Relaxed),
+            unchanged_write_backs: c.unchanged_write_backs.load(Ordering::Relaxed),
             resident_pages: resident,
             dirty_pages: dirty,
             pages_in_transition: moving,

@@ -51,18 +51,17 @@ impl Shared {
         count
     }
 
-    /// Fills claimed read-ahead pages, with free frames above the reserve only. Read-ahead is
-    /// a guess: its failure is not the program's (the page's own fault reports a lasting
+    /// Fills claimed read-ahead pages, from `source` (read-ahead, or background). Read-ahead
+    /// is a guess: its failure is not the program's (the page's own fault reports a lasting
     /// store error).
-    pub(super) fn fill_ahead(&self, first: usize, count: usize, scratch: &mut Scratch) {
-        if let Ok(n) = self.fill_run(
-            first,
-            count,
-            false,
-            &FrameSource::ReadAhead,
-            &OnFillError::Release,
-            scratch,
-        ) {
+    pub(super) fn fill_ahead(
+        &self,
+        first: usize,
+        count: usize,
+        source: &FrameSource,
+        scratch: &mut Scratch,
+    ) {
+        if let Ok(n) = self.fill_run(first, count, false, source, &OnFillError::Release, scratch) {
             bump(&self.counters.read_ahead_pages, n as u64);
             self.stats.add_prefetched(n as u64);
         }
@@ -100,7 +99,7 @@ impl Shared {
             // Claimed only now, so a demand fault that came first has the page to itself.
             let n = self.claim_run(job.0, job.1, None);
             if n > 0 {
-                self.fill_ahead(job.0, n, &mut scratch);
+                self.fill_ahead(job.0, n, &FrameSource::Background, &mut scratch);
             }
         }
     }

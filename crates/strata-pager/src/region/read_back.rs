@@ -220,6 +220,10 @@ impl Shared {
         }
         let bytes: u64 = pages.iter().map(|&p| self.io_len(p) as u64).sum();
         self.stats.add_read(self.tier, bytes);
+        // Not digested (read-back is off by default): these pages are always written back.
+        for &p in &pages {
+            self.digests.forget(p);
+        }
         // The faulting page first: its thread waits for it.
         let guessed = !write && self.guess_write(self.pages.load(page));
         let writable = write || guessed;

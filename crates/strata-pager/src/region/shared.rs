@@ -27,6 +27,7 @@ pub(super) struct Counters {
     pub(super) duplicate_faults: AtomicU64,
     pub(super) failed_faults: AtomicU64,
     pub(super) read_back_pages: AtomicU64,
+    pub(super) unchanged_write_backs: AtomicU64,
 }
 
 pub(super) fn bump(c: &AtomicU64, n: u64) {
@@ -84,6 +85,8 @@ pub(super) struct Shared {
     pub(super) write_streams: Streams,
     /// Install pages written during their last stay writable on a read fault.
     pub(super) predict_writes: bool,
+    /// Digests of the store's copies, to drop unchanged dirty pages without a write.
+    pub(super) digests: super::unchanged::Digests,
     /// Pages installed writable on that guess (see `write_intent.rs`).
     pub(super) guessed: Guessed,
     /// Pages read back with a fault from its neighbours in eviction order (0: none).

@@ -5,7 +5,9 @@
 //! event kind in its top byte and the page number below; the second the eviction batch (for
 //! evictions) or 1 for a fill of zeros and 0 for a fill from the store. Records are written in
 //! 4 KiB chunks, so a process that exits without dropping its regions loses at most the last
-//! chunk. Off (the default), each event costs one branch on a `None`.
+//! chunk. Off (the default), each event costs one branch on a `None`. Which pages a program
+//! writes, and which evictions cost a write, are recorded too (`Written`, `WroteBack`): a
+//! policy study needs to tell a page read at random from one rewritten by a stream.
 
 use std::fs::File;
 use std::io::Write;
@@ -26,6 +28,11 @@ pub(super) enum Event {
     Ahead = 3,
     /// Read back with a fault on another page (evicted next to it).
     ReadBack = 4,
+    /// The first write to a clean resident page (its write-protect fault).
+    Written = 5,
+    /// Written back to the store as it was evicted (the `Evicted` record follows); the extra
+    /// is 1 when the page was made writable on a guess and never seen written.
+    WroteBack = 6,
 }
 
 const CHUNK: usize = 4 << 10;
