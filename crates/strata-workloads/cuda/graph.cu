@@ -250,6 +250,8 @@ __device__ void cc_hook(const Edges& edges, const u32* bounds, u64 chunks, const
                         u32* labels, u32* changed) {
     bool any = false;
     for_each_vertex(edges, bounds, chunks, [&](u64 v, typename Edges::Cursor& cursor) {
+        // Every hook pass reads every edge: pages move whole, as in pr_pull.
+        edges.read_in_place(cursor, false);
         const u64 start = offsets[v], end = offsets[v + 1];
         if (start == end) return;
         const u32 mine = *(volatile u32*)&labels[v];
