@@ -14,7 +14,7 @@ use strata_gpu::space::RemoteAccess;
 use strata_gpu::{EvictionPolicy, SpaceOptions};
 
 mod common;
-use common::{opts, page_sums, random_words, replay, seed, strata_or_skip};
+use common::{check_mixed_lanes, opts, page_sums, random_words, replay, seed, strata_or_skip};
 
 const KERNELS: &str = include_str!("remote_kernels.cu");
 
@@ -39,7 +39,6 @@ fn pages_switching_modes_mid_kernel_lose_no_write_and_serve_no_wrong_read() {
         blocks: 16,
         threads: 128,
     };
-    let threads = u64::from(grid.blocks) * u64::from(grid.threads);
     let bad = DeviceBuffer::zeroed(strata.gpu(), 8).unwrap();
     for (page, frames) in [(4u64 << 10, 16u64), (64 << 10, 8)] {
         for ratio in [1u64, 2, 8] {
@@ -57,46 +56,8 @@ fn pages_switching_modes_mid_kernel_lose_no_write_and_serve_no_wrong_read() {
                 let s = seed();
                 let start = random_words(n, s);
                 let mut space = strata.space(bytes, &options(page, cache, remote)).unwrap();
-                space.fill_from_slice(0, &start).unwrap();
-                bad.upload(0, &[0u64]).unwrap();
-                let ops = 24u64;
-                f.launch(
-                    grid,
-                    &Args::new()
-                        .arg(space.handle())
-                        .arg(ops)
-                        .arg(s ^ 0x5151)
-                        .arg(s.rotate_left(17))
-                        .arg(bad.ptr()),
-                )
-                .unwrap();
-                space.check_errors().unwrap();
-                let st = space.stats().unwrap();
-                let mut wrong = [0u64];
-                bad.download(0, &mut wrong).unwrap();
                 let what = format!("page {page} ratio {ratio} {remote:?} seed {s:#x}");
-                eprintln!(
-                    "{what}: faults {} remote reads {} writes {} hits {} p50 {} ns p99 {} ns",
-                    st.faults,
-                    st.remote_reads,
-                    st.remote_writes,
-                    st.hits,
-                    st.fault_hist.p50_ns(),
-                    st.fault_hist.p99_ns()
-                );
-                assert_eq!(
-                    wrong[0], 0,
-                    "{what}: reads of never-written elements were wrong"
-                );
-                let mut back = vec![0u64; n];
-                space.read_back(0, &mut back).unwrap();
-                let want = replay(&start, threads, ops, s ^ 0x5151);
-                let diff = back.iter().zip(&want).filter(|(a, b)| a != b).count();
-                let first = back.iter().zip(&want).position(|(a, b)| a != b);
-                assert_eq!(
-                    diff, 0,
-                    "{what}: {diff} elements differ from the replay, first at {first:?}"
-                );
+                let st = check_mixed_lanes(&f, grid, &mut space, &start, 24, s, &bad, &what);
                 assert_eq!(
                     st.fault_hist.count(),
                     st.faults,

@@ -12,7 +12,7 @@ use strata_gpu::space::RemoteAccess;
 use strata_gpu::{EvictionPolicy, SpaceError, SpaceOptions};
 
 mod common;
-use common::{opts, page_sums, random_words, replay, seed, strata_or_skip};
+use common::{check_mixed_lanes, opts, page_sums, random_words, replay, seed, strata_or_skip};
 
 const KERNELS: &str = include_str!("remote_kernels.cu");
 
@@ -41,7 +41,6 @@ fn sectors_lose_no_write_and_serve_no_wrong_read() {
         blocks: 16,
         threads: 128,
     };
-    let threads = u64::from(grid.blocks) * u64::from(grid.threads);
     let bad = DeviceBuffer::zeroed(strata.gpu(), 8).unwrap();
     // (page, frames, sector): 16 and 32 sectors a page, 2 a page, and a sector raised to a
     // 32nd of the page.
@@ -64,50 +63,11 @@ fn sectors_lose_no_write_and_serve_no_wrong_read() {
                 let start = random_words(n, s);
                 let o = options(page, frames, Some(sector), remote);
                 let mut space = strata.space(bytes, &o).unwrap();
-                space.fill_from_slice(0, &start).unwrap();
-                bad.upload(0, &[0u64]).unwrap();
-                let ops = 24u64;
-                f.launch(
-                    grid,
-                    &Args::new()
-                        .arg(space.handle())
-                        .arg(ops)
-                        .arg(s ^ 0x5151)
-                        .arg(s.rotate_left(17))
-                        .arg(bad.ptr()),
-                )
-                .unwrap();
-                space.check_errors().unwrap();
-                let st = space.stats().unwrap();
                 let what = format!(
                     "page {page} sector {sector} ({:?} in use) ratio {ratio} {remote:?} seed {s:#x}",
                     o.sector_for(page)
                 );
-                eprintln!(
-                    "{what}: faults {} sector fills {} bytes in {} out {} remote r/w {}/{} hits {}",
-                    st.faults,
-                    st.sector_fills,
-                    st.bytes_in,
-                    st.bytes_out,
-                    st.remote_reads,
-                    st.remote_writes,
-                    st.hits
-                );
-                let mut wrong = [0u64];
-                bad.download(0, &mut wrong).unwrap();
-                assert_eq!(
-                    wrong[0], 0,
-                    "{what}: reads of never-written elements were wrong"
-                );
-                let mut back = vec![0u64; n];
-                space.read_back(0, &mut back).unwrap();
-                let want = replay(&start, threads, ops, s ^ 0x5151);
-                let diff = back.iter().zip(&want).filter(|(a, b)| a != b).count();
-                let first = back.iter().zip(&want).position(|(a, b)| a != b);
-                assert_eq!(
-                    diff, 0,
-                    "{what}: {diff} elements differ from the replay, first at {first:?}"
-                );
+                let st = check_mixed_lanes(&f, grid, &mut space, &start, 24, s, &bad, &what);
                 if remote == RemoteAccess::Off && ratio > 1 {
                     assert!(
                         st.bytes_in < st.faults * page,

@@ -213,14 +213,45 @@ fn table_args(
         .arg(sink.ptr())
 }
 
-/// Adds the time between each pair of consecutive `marks` to `parts` (ms), in timed rounds
-/// (`round` > 0: the warm-up's parts, such as building a replica, would skew the means).
-fn add_parts(parts: &mut [f64], round: u64, marks: &[Instant]) {
-    if round == 0 {
-        return;
+/// Where a round's time goes: named parts, summed over the timed rounds.
+struct RoundParts {
+    names: &'static [&'static str],
+    ms: Vec<f64>,
+    rounds: u32,
+}
+
+impl RoundParts {
+    fn new(names: &'static [&'static str]) -> Self {
+        Self {
+            names,
+            ms: vec![0.0; names.len()],
+            rounds: 0,
+        }
     }
-    for (p, w) in parts.iter_mut().zip(marks.windows(2)) {
-        *p += (w[1] - w[0]).as_secs_f64() * 1e3;
+
+    /// Adds the time between each pair of consecutive `marks` (one more than the parts) in a
+    /// timed round (`round` > 0: the warm-up's parts, such as building a replica, would skew
+    /// the means).
+    fn add(&mut self, round: u64, marks: &[Instant]) {
+        if round == 0 {
+            return;
+        }
+        self.rounds += 1;
+        for (p, w) in self.ms.iter_mut().zip(marks.windows(2)) {
+            *p += (w[1] - w[0]).as_secs_f64() * 1e3;
+        }
+    }
+
+    /// "per round 1.2 ms produce, 3.4 ms kernel": each part's mean, to `decimals` places.
+    fn describe(&self, decimals: usize) -> String {
+        let rounds = f64::from(self.rounds.max(1));
+        let each: Vec<String> = self
+            .names
+            .iter()
+            .zip(&self.ms)
+            .map(|(name, ms)| format!("{:.decimals$} ms {name}", ms / rounds))
+            .collect();
+        format!("per round {}", each.join(", "))
     }
 }
 
@@ -324,7 +355,13 @@ impl Ctx<'_> {
             // Where a round goes (ms): produce, then the launch helper's steps one by one
             // (sync to the GPU; kernel, wait and check; sync to the CPU: the same work, with
             // one more read of the device counters, a few microseconds), the CPU's reads.
-            let mut parts = [0.0f64; 5];
+            let mut parts = RoundParts::new(&[
+                "produce",
+                "sync to GPU",
+                "kernel",
+                "sync to CPU",
+                "CPU reads",
+            ]);
             let all = 0..total;
             let (times, check) = timed_rounds(rounds, |r| {
                 let t = Instant::now();
@@ -346,25 +383,19 @@ impl Ctx<'_> {
                 u.sync_to_cpu(all.clone())?;
                 let t4 = Instant::now();
                 let sum = sum_words(&u.as_slice()[in_bytes..]);
-                add_parts(&mut parts, r, &[t, t1, t2, t3, t4, Instant::now()]);
+                parts.add(r, &[t, t1, t2, t3, t4, Instant::now()]);
                 Ok(sum)
             })?;
-            #[allow(clippy::cast_precision_loss)]
-            let per = rounds as f64;
             let st = u.stats().total;
             let note = format!(
-                "{} tracking{}; per round {:.1} ms produce, {:.1} ms sync to GPU, {:.1} ms kernel, {:.1} ms sync to CPU, {:.1} ms CPU reads; in all {} CPU pages synced, {} GPU copies dropped, {} pages written down, {} MiB hashed",
+                "{} tracking{}; {}; in all {} CPU pages synced, {} GPU copies dropped, {} pages written down, {} MiB hashed",
                 tracking_name(&u),
                 if hints {
                     ", input advised preferred on the GPU"
                 } else {
                     ""
                 },
-                parts[0] / per,
-                parts[1] / per,
-                parts[2] / per,
-                parts[3] / per,
-                parts[4] / per,
+                parts.describe(1),
                 st.cpu_written,
                 st.gpu_copies_dropped,
                 st.written_down,
@@ -380,7 +411,7 @@ impl Ctx<'_> {
             let (f, grid) = (&self.k.r_consume, Self::grid(&self.k.r_consume)?);
             // Where a round goes (ms): produce (with its prefetch), the GPU phase (prefetches,
             // kernel, wait), the CPU's reads.
-            let mut parts = [0.0f64; 3];
+            let mut parts = RoundParts::new(&["produce", "GPU phase", "CPU reads"]);
             let (times, check) = timed_rounds(rounds, |r| {
                 let t = Instant::now();
                 if hints && !partial {
@@ -410,21 +441,17 @@ impl Ctx<'_> {
                 }
                 let t2 = Instant::now();
                 let sum = sum_words(&m.as_mut_slice()[in_bytes..]);
-                add_parts(&mut parts, r, &[t, t1, t2, Instant::now()]);
+                parts.add(r, &[t, t1, t2, Instant::now()]);
                 Ok(sum)
             })?;
-            #[allow(clippy::cast_precision_loss)]
-            let per = rounds as f64;
             let note = format!(
-                "{}; per round {:.1} ms produce, {:.1} ms GPU phase, {:.1} ms CPU reads",
+                "{}; {}",
                 if hints {
                     "cuMemPrefetchAsync: input to the host before producing (full case), to the GPU before the kernel; output to the host after"
                 } else {
                     "faults only"
                 },
-                parts[0] / per,
-                parts[1] / per,
-                parts[2] / per
+                parts.describe(1)
             );
             self.push(
                 case,
@@ -455,8 +482,8 @@ impl Ctx<'_> {
         host.as_mut_slice().fill(0);
         let device = DeviceBuffer::zeroed(self.gpu(), all)?;
         let (f, grid) = (&self.k.r_consume, Self::grid(&self.k.r_consume)?);
-        // Where a round goes (ms): produce, copy in, kernel, copy out and CPU reads.
-        let mut parts = [0.0f64; 4];
+        let mut parts =
+            RoundParts::new(&["produce", "copy in", "kernel", "copy out and CPU reads"]);
         let (times, check) = timed_rounds(rounds, |r| {
             let t = Instant::now();
             produce(&mut host.as_mut_slice()[..in_bytes], page, r, seed, partial);
@@ -487,22 +514,17 @@ impl Ctx<'_> {
             let t3 = Instant::now();
             device.download(in_bytes, &mut host.as_mut_slice()[in_bytes..])?;
             let sum = sum_words(&host.as_slice()[in_bytes..]);
-            add_parts(&mut parts, r, &[t, t1, t2, t3, Instant::now()]);
+            parts.add(r, &[t, t1, t2, t3, Instant::now()]);
             Ok(sum)
         })?;
-        #[allow(clippy::cast_precision_loss)]
-        let per = rounds as f64;
         let note = format!(
-            "pinned host memory and device memory, copied by the program ({}); per round {:.1} ms produce, {:.1} ms copy in, {:.1} ms kernel, {:.1} ms copy out and CPU reads",
+            "pinned host memory and device memory, copied by the program ({}); {}",
             if partial {
                 "only the pages written"
             } else {
                 "the whole input"
             },
-            parts[0] / per,
-            parts[1] / per,
-            parts[2] / per,
-            parts[3] / per
+            parts.describe(1)
         );
         self.push(case, "explicit copies", total, times, check, &note);
         Ok(())
@@ -543,17 +565,18 @@ impl Ctx<'_> {
             let f = &f;
             // The launch helper (what a user calls: it reads the device counters once for the
             // error check and the sync), then the CPU's reads (ms).
-            let mut helper_parts = [0.0f64; 2];
+            let mut helper_parts = RoundParts::new(&[
+                "launch helper (sync to GPU, kernel, wait, check, sync to CPU)",
+                "sink and CPU reads",
+            ]);
             let (times, check) = timed_rounds(rounds, |r| {
                 let t = Instant::now();
                 u.launch(f, grid, |h| table_args(h, n, lookups, seed ^ r, &sink))?;
                 let t1 = Instant::now();
                 let out = read_sink(&sink)?.wrapping_add(cpu_reads(u.as_slice(), r));
-                add_parts(&mut helper_parts, r, &[t, t1, Instant::now()]);
+                helper_parts.add(r, &[t, t1, Instant::now()]);
                 Ok(out)
             })?;
-            #[allow(clippy::cast_precision_loss)]
-            let per = rounds as f64;
             self.push(
                 "table",
                 "strata",
@@ -561,16 +584,16 @@ impl Ctx<'_> {
                 times,
                 check,
                 &format!(
-                    "read-mostly (GPU replica of pages {:?}, kernel reads through strata::ReadMostly), prefetched, {} tracking (the CPU only reads), the launch helper; per round {:.3} ms launch helper (sync to GPU, kernel, wait, check, sync to CPU), {:.3} ms sink and CPU reads",
+                    "read-mostly (GPU replica of pages {:?}, kernel reads through strata::ReadMostly), prefetched, {} tracking (the CPU only reads), the launch helper; {}",
                     u.replica(),
                     tracking_name(&u),
-                    helper_parts[0] / per,
-                    helper_parts[1] / per
+                    helper_parts.describe(3)
                 ),
             );
             // The same round in an expert's steps, each timed: sync to the GPU, kernel (with
-            // the wait and the error check), sync to the CPU, then the CPU's reads (ms).
-            let mut parts = [0.0f64; 4];
+            // the wait and the error check), sync to the CPU, then the CPU's reads.
+            let mut parts =
+                RoundParts::new(&["sync to GPU", "kernel", "sync to CPU", "sink and CPU reads"]);
             let (times, check) = timed_rounds(rounds, |r| {
                 let t = Instant::now();
                 u.sync_to_gpu(0..bytes)?;
@@ -582,11 +605,9 @@ impl Ctx<'_> {
                 u.sync_to_cpu(0..bytes)?;
                 let t3 = Instant::now();
                 let out = read_sink(&sink)?.wrapping_add(cpu_reads(u.as_slice(), r));
-                add_parts(&mut parts, r, &[t, t1, t2, t3, Instant::now()]);
+                parts.add(r, &[t, t1, t2, t3, Instant::now()]);
                 Ok(out)
             })?;
-            #[allow(clippy::cast_precision_loss)]
-            let per = rounds as f64;
             self.push(
                 "table",
                 "strata-steps",
@@ -594,13 +615,10 @@ impl Ctx<'_> {
                 times,
                 check,
                 &format!(
-                    "the strata row's round as an expert writes it (sync_to_gpu, launch, check_errors, sync_to_cpu: two reads of the device counters after the kernel); read-mostly (GPU replica of pages {:?}), {} tracking; per round {:.3} ms sync to GPU, {:.3} ms kernel, {:.3} ms sync to CPU, {:.3} ms sink and CPU reads",
+                    "the strata row's round as an expert writes it (sync_to_gpu, launch, check_errors, sync_to_cpu: two reads of the device counters after the kernel); read-mostly (GPU replica of pages {:?}), {} tracking; {}",
                     u.replica(),
                     tracking_name(&u),
-                    parts[0] / per,
-                    parts[1] / per,
-                    parts[2] / per,
-                    parts[3] / per
+                    parts.describe(3)
                 ),
             );
         }
@@ -621,28 +639,25 @@ impl Ctx<'_> {
             }
             let (f, grid) = (&self.k.r_gather, Self::grid(&self.k.r_gather)?);
             // The same parts as Strata's round: kernel (with the wait), then the sink and the
-            // CPU's reads (ms).
-            let mut parts = [0.0f64; 2];
+            // CPU's reads.
+            let mut parts = RoundParts::new(&["kernel", "sink and CPU reads"]);
             let (times, check) = timed_rounds(rounds, |r| {
                 let t = Instant::now();
                 f.launch(grid, &table_args(base, n, lookups, seed ^ r, &sink))?;
                 gpu.synchronize()?;
                 let t1 = Instant::now();
                 let out = read_sink(&sink)?.wrapping_add(cpu_reads(m.as_mut_slice(), r));
-                add_parts(&mut parts, r, &[t, t1, Instant::now()]);
+                parts.add(r, &[t, t1, Instant::now()]);
                 Ok(out)
             })?;
-            #[allow(clippy::cast_precision_loss)]
-            let per = rounds as f64;
             let note = format!(
-                "{}; per round {:.3} ms kernel, {:.3} ms sink and CPU reads",
+                "{}; {}",
                 if hints {
                     "cuMemAdvise read-mostly, prefetched to the GPU"
                 } else {
                     "faults only"
                 },
-                parts[0] / per,
-                parts[1] / per
+                parts.describe(3)
             );
             self.push(
                 "table",
@@ -673,8 +688,7 @@ impl Ctx<'_> {
             let mut u = self.unified(bytes, bytes + self.opts.page_size, tracking)?;
             random_fill(u.as_mut_slice(), seed);
             let (f, grid) = (&self.k.u_sweep, Self::grid(&self.k.u_sweep)?);
-            // Where a round's time goes: syncs to the GPU, kernels, syncs to the CPU (ms).
-            let mut parts = [0.0f64; 3];
+            let mut parts = RoundParts::new(&["sync to GPU", "kernels", "sync to CPU"]);
             let (times, check) = timed_rounds(rounds, |r| {
                 let t = Instant::now();
                 u.sync_to_gpu(0..bytes)?;
@@ -686,17 +700,13 @@ impl Ctx<'_> {
                 u.space().check_errors()?;
                 let t2 = Instant::now();
                 u.sync_to_cpu(0..bytes)?;
-                add_parts(&mut parts, r, &[t, t1, t2, Instant::now()]);
+                parts.add(r, &[t, t1, t2, Instant::now()]);
                 Ok(sum_words(u.as_slice()))
             })?;
-            #[allow(clippy::cast_precision_loss)]
-            let per = rounds as f64;
             let note = format!(
-                "one GPU phase of 8 kernels per round ({} tracking); per round {:.1} ms sync to GPU, {:.1} ms kernels, {:.1} ms sync to CPU",
+                "one GPU phase of 8 kernels per round ({} tracking); {}",
                 tracking_name(&u),
-                parts[0] / per,
-                parts[1] / per,
-                parts[2] / per
+                parts.describe(1)
             );
             self.push("sweep", name, bytes, times, check, &note);
         }
@@ -954,6 +964,19 @@ pub fn figures(rows: &[Row]) -> Vec<crate::record::Figure> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn round_parts_average_the_timed_rounds_only() {
+        use std::time::Duration;
+        let t = Instant::now();
+        let ms = |n: u64| t + Duration::from_millis(n);
+        let mut parts = RoundParts::new(&["a", "b"]);
+        parts.add(0, &[t, ms(500), ms(900)]); // the warm-up: not counted
+        parts.add(1, &[t, ms(2), ms(6)]);
+        parts.add(2, &[t, ms(4), ms(6)]);
+        assert_eq!(parts.describe(1), "per round 3.0 ms a, 3.0 ms b");
+        assert_eq!(RoundParts::new(&["x"]).describe(2), "per round 0.00 ms x");
+    }
 
     #[test]
     fn kernels_compile_for_sm90() {

@@ -2,7 +2,8 @@
 #![allow(dead_code)] // each test binary uses its own subset
 #![allow(clippy::cast_possible_truncation)] // test code on 64-bit targets only
 
-use strata_gpu::{ElementType, EvictionPolicy, SpaceOptions, Strata};
+use strata_gpu::driver::{Args, DeviceBuffer, Function, Grid};
+use strata_gpu::{ElementType, EvictionPolicy, GpuStats, Space, SpaceOptions, Strata};
 
 /// Strata on GPU 0, or `None` (after saying so) without a CUDA driver.
 pub fn strata_or_skip() -> Option<Strata> {
@@ -116,6 +117,67 @@ pub fn check_read_random(
 /// What `mixed_lanes` (remote_kernels.cu) leaves in a space that held `start`.
 pub fn replay(start: &[u64], threads: u64, ops: u64, seed: u64) -> Vec<u64> {
     replay_lanes(start, threads, ops, seed, |_| true)
+}
+
+/// One round of `mixed_lanes` (remote_kernels.cu), as the element-access suites run it:
+/// fills `space` with `start`, launches `f` (`ops` operations per lane, seeded from `s`) and
+/// checks that the kernel reported no error, that no read of a never-written element was
+/// wrong (counted in `bad`) and that the space ends exactly as the host replay. `what` names
+/// the case in failures; the statistics come back for the caller's own checks.
+#[allow(clippy::too_many_arguments)] // one round's parameters, each named at the call
+pub fn check_mixed_lanes(
+    f: &Function,
+    grid: Grid,
+    space: &mut Space,
+    start: &[u64],
+    ops: u64,
+    s: u64,
+    bad: &DeviceBuffer,
+    what: &str,
+) -> GpuStats {
+    space.fill_from_slice(0, start).unwrap();
+    bad.upload(0, &[0u64]).unwrap();
+    f.launch(
+        grid,
+        &Args::new()
+            .arg(space.handle())
+            .arg(ops)
+            .arg(s ^ 0x5151)
+            .arg(s.rotate_left(17))
+            .arg(bad.ptr()),
+    )
+    .unwrap();
+    space.check_errors().unwrap();
+    let st = space.stats().unwrap();
+    eprintln!(
+        "{what}: faults {} sector fills {} bytes in {} out {} remote r/w {}/{} hits {} p50 {} ns p99 {} ns",
+        st.faults,
+        st.sector_fills,
+        st.bytes_in,
+        st.bytes_out,
+        st.remote_reads,
+        st.remote_writes,
+        st.hits,
+        st.fault_hist.p50_ns(),
+        st.fault_hist.p99_ns()
+    );
+    let mut wrong = [0u64];
+    bad.download(0, &mut wrong).unwrap();
+    assert_eq!(
+        wrong[0], 0,
+        "{what}: reads of never-written elements were wrong"
+    );
+    let mut back = vec![0u64; start.len()];
+    space.read_back(0, &mut back).unwrap();
+    let threads = u64::from(grid.blocks) * u64::from(grid.threads);
+    let want = replay(start, threads, ops, s ^ 0x5151);
+    let diff = back.iter().zip(&want).filter(|(a, b)| a != b).count();
+    let first = back.iter().zip(&want).position(|(a, b)| a != b);
+    assert_eq!(
+        diff, 0,
+        "{what}: {diff} elements differ from the replay, first at {first:?}"
+    );
+    st
 }
 
 /// `replay` of the threads `works_here` picks (those of one space in

@@ -60,9 +60,8 @@ impl Digests {
     fn digest(&self, bytes: &[u8]) -> (u64, u64) {
         let d = xxhash_rust::xxh3::xxh3_128_with_secret(bytes, &self.secret);
         // A digest of zero would read as "not known"; nudging it costs a 2^-128 collision.
-        let bytes = d.to_le_bytes();
-        let word = |half: &[u8]| u64::from_le_bytes(half.try_into().expect("8 bytes"));
-        let (lo, hi) = (word(&bytes[..8]), word(&bytes[8..]));
+        #[allow(clippy::cast_possible_truncation)] // the two halves, on purpose
+        let (lo, hi) = (d as u64, (d >> 64) as u64);
         if lo == 0 && hi == 0 { (1, 0) } else { (lo, hi) }
     }
 
