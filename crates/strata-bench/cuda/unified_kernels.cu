@@ -12,7 +12,10 @@ __device__ __forceinline__ u64 umix(u64 x) {
 }
 
 // GPU consume: out[j] = sum over k < group of in[k * n_out + j] (coalesced across threads).
-extern "C" __global__ void u_consume(StrataUnified u, u64 n_out, u64 group, u64 out_at) {
+// Strata's reads mostly hit (pages loaded by the sync's prefetch or kept from the last round),
+// so its registers are bounded as strata.cuh advises for such kernels: four blocks per SM
+// instead of one hide the latency of each element's page-word check; the fault path spills.
+extern "C" __global__ void __launch_bounds__(256, 4) u_consume(StrataUnified u, u64 n_out, u64 group, u64 out_at) {
     strata::Unified<u64> a(u);
     for (u64 j = blockIdx.x * (u64)blockDim.x + threadIdx.x; j < n_out; j += (u64)gridDim.x * blockDim.x) {
         u64 s = 0;

@@ -11,7 +11,9 @@
 //!   the range. Many faults cost more than one hash pass (about 0.7 us per 4 KiB, 170 ms for
 //!   a whole GiB against 16 ms of hashing), so pages written in a sync where at least
 //!   1/[`HOT_DIVISOR`] of the synced pages were written stay unprotected and are hashed at the
-//!   next sync instead ("hot" pages); a hot page found unchanged is protected again. Writes by
+//!   next sync instead ("hot" pages); a hot page found unchanged is protected again (a sync
+//!   that loads pages into the GPU may take hot pages as written and hash them meanwhile:
+//!   [`CpuTracker::written_deferring_hot`]). Writes by
 //!   DMA into the host copy (a `cudaMemcpy` into the pointer, RDMA) are not seen: declare them
 //!   ([`CpuTracker::declare`]) or use hashes. Falls back to hashes when the kernel refuses
 //!   (before Linux 6.7, or userfaultfd disabled); [`CpuTracker::mode`] says which runs.
@@ -276,49 +278,75 @@ impl CpuTracker {
                     .collect()
             }
             DirtyTracking::WriteProtect => {
-                let seen = match self.watch.as_ref().map(|w| w.written_pages(pages.clone())) {
-                    Some(Ok(s)) => s,
-                    Some(Err(e)) => {
-                        // Nothing was recorded since the last sync's hashes... there are none
-                        // for cold pages: every page counts as written this once.
-                        self.fall_back_to_hash(bytes, &e);
-                        return pages.map(|p| (p, self.hashes[p])).collect();
-                    }
-                    None => unreachable!("WriteProtect mode always has a watch"),
-                };
-                // Pages seen by the watch, declared, or hot (hashed), ascending; the per-page
-                // pass only when some page is declared or hot, so a sync after a CPU phase
-                // that wrote nothing costs what the watch costs.
-                let mut candidates = seen;
-                if self.declared_count > 0 || self.hot_count > 0 {
-                    candidates.extend(pages.clone().filter(|&p| self.declared[p] || self.hot[p]));
-                    candidates.sort_unstable();
-                    candidates.dedup();
-                }
-                let hot: Vec<usize> = candidates
-                    .iter()
-                    .copied()
-                    .filter(|&p| self.hot[p])
-                    .collect();
-                let mut hot_hashes = Vec::with_capacity(hot.len());
-                for run in runs(&hot) {
-                    self.hashed += (run.len() * self.page) as u64;
-                    hot_hashes.extend(hash_pages(bytes, self.page, run));
-                }
-                let mut hot_hashes = hot.into_iter().zip(hot_hashes).peekable();
-                candidates
-                    .into_iter()
-                    .filter_map(|p| {
-                        if hot_hashes.peek().is_some_and(|&(q, _)| q == p) {
-                            let (_, h) = hot_hashes.next()?;
-                            (h != self.hashes[p] || self.declared[p]).then_some((p, h))
-                        } else {
-                            Some((p, 0))
-                        }
-                    })
-                    .collect()
+                let found = self.written_deferring_hot(bytes, pages);
+                let hashes = hash_listed(bytes, self.page, &found.hot);
+                let changed = self.hot_changes(&found.hot, &hashes);
+                merge_ascending(found.sure, changed)
             }
         }
+    }
+
+    /// [`CpuTracker::written`] without hashing the hot pages: `sure` are the pages known
+    /// written without reading them (with their hash where one was taken: in `Hash` mode, and
+    /// for every page when the watch just failed), `hot` the hot pages that may have been
+    /// written, ascending. The caller hashes `hot` ([`hash_listed`], possibly on another thread
+    /// while it does other work) and asks [`CpuTracker::hot_changes`] which of them changed;
+    /// until then it may treat them all as written (a false positive only moves a page that
+    /// did not change). Outside `WriteProtect` mode `hot` is empty.
+    pub fn written_deferring_hot(&mut self, bytes: &[u8], pages: Range<usize>) -> Written {
+        if self.mode != DirtyTracking::WriteProtect {
+            return Written {
+                sure: self.written(bytes, pages),
+                hot: Vec::new(),
+            };
+        }
+        self.hashed = 0;
+        let seen = match self.watch.as_ref().map(|w| w.written_pages(pages.clone())) {
+            Some(Ok(s)) => s,
+            Some(Err(e)) => {
+                // Nothing was recorded since the last sync's hashes... there are none for
+                // cold pages: every page counts as written this once.
+                self.fall_back_to_hash(bytes, &e);
+                return Written {
+                    sure: pages.map(|p| (p, self.hashes[p])).collect(),
+                    hot: Vec::new(),
+                };
+            }
+            None => unreachable!("WriteProtect mode always has a watch"),
+        };
+        // Pages seen by the watch, declared, or hot, ascending; the per-page pass only when
+        // some page is declared or hot, so a sync after a CPU phase that wrote nothing costs
+        // what the watch costs.
+        let mut candidates = seen;
+        if self.declared_count > 0 || self.hot_count > 0 {
+            candidates.extend(pages.filter(|&p| self.declared[p] || self.hot[p]));
+            candidates.sort_unstable();
+            candidates.dedup();
+        }
+        let (hot, sure): (Vec<usize>, Vec<usize>) =
+            candidates.into_iter().partition(|&p| self.hot[p]);
+        Written {
+            sure: sure.into_iter().map(|p| (p, 0)).collect(),
+            hot,
+        }
+    }
+
+    /// Of the hot pages `hot` (ascending, from [`CpuTracker::written_deferring_hot`]) with
+    /// their fresh hashes `hashes` (from [`hash_listed`]), those written since the last
+    /// record, with their hashes (for [`CpuTracker::record`]). Counts the hashed bytes.
+    pub fn hot_changes(&mut self, hot: &[usize], hashes: &[u64]) -> Vec<(usize, u64)> {
+        debug_assert_eq!(hot.len(), hashes.len());
+        self.hashed += (hot.len() * self.page) as u64;
+        hot.iter()
+            .zip(hashes)
+            .filter(|&(&p, &h)| h != self.hashes[p] || self.declared[p])
+            .map(|(&p, &h)| (p, h))
+            .collect()
+    }
+
+    /// Whether page `p` is hot (unprotected, tracked by its hash).
+    pub fn is_hot(&self, p: usize) -> bool {
+        self.hot.get(p).copied().unwrap_or(false)
     }
 
     /// Of `pages` (ascending), those the CPU wrote since they were last recorded.
@@ -483,6 +511,48 @@ fn runs(pages: &[usize]) -> Vec<Range<usize>> {
     out
 }
 
+/// What [`CpuTracker::written_deferring_hot`] found: pages known written, and hot pages whose
+/// hashes decide.
+#[derive(Debug, Default)]
+pub struct Written {
+    /// Pages written for sure (ascending), each with its hash where one was taken (else 0).
+    pub sure: Vec<(usize, u64)>,
+    /// Hot pages that may have been written (ascending); hash them to know.
+    pub hot: Vec<usize>,
+}
+
+/// Two ascending lists of pages (no page in both) as one ascending list.
+pub fn merge_ascending(a: Vec<(usize, u64)>, b: Vec<(usize, u64)>) -> Vec<(usize, u64)> {
+    if b.is_empty() {
+        return a;
+    }
+    if a.is_empty() {
+        return b;
+    }
+    let mut out = Vec::with_capacity(a.len() + b.len());
+    let (mut a, mut b) = (a.into_iter().peekable(), b.into_iter().peekable());
+    while let (Some(x), Some(y)) = (a.peek(), b.peek()) {
+        if x.0 <= y.0 {
+            out.extend(a.next());
+        } else {
+            out.extend(b.next());
+        }
+    }
+    out.extend(a);
+    out.extend(b);
+    out
+}
+
+/// XXH3 of each listed page (ascending), runs of consecutive pages hashed together (in
+/// parallel when large). Reads `bytes` only, so it may run beside other work on the data.
+pub fn hash_listed(bytes: &[u8], page: usize, pages: &[usize]) -> Vec<u64> {
+    let mut out = Vec::with_capacity(pages.len());
+    for run in runs(pages) {
+        out.extend(hash_pages(bytes, page, run));
+    }
+    out
+}
+
 /// XXH3 of each page in `pages`, spread over the machine's cores for large ranges.
 pub fn hash_pages(bytes: &[u8], page: usize, pages: Range<usize>) -> Vec<u64> {
     let span = &bytes[pages.start * page..pages.end * page];
@@ -619,14 +689,7 @@ mod write_protect_tests {
             } else {
                 rng.random_range(1..20)
             };
-            let mut want = vec![false; pages];
-            for _ in 0..count {
-                let p = rng.random_range(0..pages);
-                let at = p * page + rng.random_range(0..page);
-                let b = &mut mem.bytes()[at];
-                *b = b.wrapping_add(rng.random_range(1..=255));
-                want[p] = true;
-            }
+            let mut want = change_random_bytes(&mem, &mut rng, page, count);
             // Declared writes count whether or not the page changed.
             if round == 5 {
                 t.declare(7..8);
@@ -657,6 +720,51 @@ mod write_protect_tests {
         mem.bytes()[3 * page] ^= 0x10;
         t.rehash(mem.bytes(), &[3]);
         assert!(t.written(mem.bytes(), 0..pages).is_empty());
+    }
+
+    /// The deferred path (hot pages listed unhashed, hashed by the caller, then settled)
+    /// finds exactly what `written` finds, round after round through hot and cold pages;
+    /// `sure` never holds a hot page and `hot` lists every hot page of the range.
+    #[test]
+    fn deferring_hot_pages_finds_exactly_the_written_pages() {
+        let mut rng = seeded_rng();
+        let (page, pages) = (4096, 768);
+        let Some((mem, mut t)) = watched(page, pages) else {
+            return;
+        };
+        for round in 0..10 {
+            let count = if round % 4 == 3 {
+                rng.random_range(1..8)
+            } else {
+                rng.random_range(pages / 4..pages)
+            };
+            let want = change_random_bytes(&mem, &mut rng, page, count);
+            let hot_before: Vec<usize> = (0..pages).filter(|&p| t.is_hot(p)).collect();
+            let f = t.written_deferring_hot(mem.bytes(), 0..pages);
+            assert_eq!(f.hot, hot_before, "round {round}: every hot page is listed");
+            assert!(f.sure.iter().all(|&(p, _)| !t.is_hot(p)));
+            let hashes = hash_listed(mem.bytes(), page, &f.hot);
+            let changed = t.hot_changes(&f.hot, &hashes);
+            assert_eq!(t.hashed_bytes(), (f.hot.len() * page) as u64);
+            let found = merge_ascending(f.sure, changed);
+            let got: Vec<usize> = found.iter().map(|&(p, _)| p).collect();
+            let expect: Vec<usize> = (0..pages).filter(|&p| want[p]).collect();
+            assert_eq!(got, expect, "round {round} ({count} writes)");
+            t.record(mem.bytes(), 0..pages, &found);
+            assert!(t.written(mem.bytes(), 0..pages).is_empty(), "round {round}");
+        }
+    }
+
+    #[test]
+    fn merged_lists_stay_ascending() {
+        let mut rng = seeded_rng();
+        for _ in 0..50 {
+            let all: Vec<usize> = (0..rng.random_range(0..40)).map(|i| i * 3).collect();
+            let (a, b): (Vec<usize>, Vec<usize>) = all.iter().partition(|_| rng.random());
+            let tag = |v: Vec<usize>| v.into_iter().map(|p| (p, p as u64 + 1)).collect();
+            let m = merge_ascending(tag(a), tag(b));
+            assert_eq!(m, tag(all));
+        }
     }
 
     /// Heavy syncs one after another: pages already hot keep the hashes `written` took (no
@@ -844,6 +952,26 @@ mod write_protect_tests {
 
     /// Test memory of `pages` pages of `page` bytes and a write-protect tracker over it;
     /// `None` (skipped) where the kernel cannot protect it.
+    /// Changes one random byte in each of `count` random pages (repeats allowed); which pages
+    /// changed.
+    fn change_random_bytes(
+        mem: &Shared,
+        rng: &mut rand::rngs::StdRng,
+        page: usize,
+        count: usize,
+    ) -> Vec<bool> {
+        let pages = mem.bytes().len() / page;
+        let mut want = vec![false; pages];
+        for _ in 0..count {
+            let p = rng.random_range(0..pages);
+            let at = p * page + rng.random_range(0..page);
+            let b = &mut mem.bytes()[at];
+            *b = b.wrapping_add(rng.random_range(1..=255));
+            want[p] = true;
+        }
+        want
+    }
+
     fn watched(page: usize, pages: usize) -> Option<(Shared, CpuTracker)> {
         let mem = Shared::new(page * pages);
         let t = CpuTracker::new(DirtyTracking::WriteProtect, page, mem.bytes());

@@ -7,7 +7,7 @@ use strata_gpu::driver::{Args, DeviceBuffer, Function, Grid, KernelParam};
 use strata_gpu::layout::SpaceHandle;
 use strata_gpu::{GpuStats, Space, Strata};
 
-use crate::cpu_tracker::{CpuTracker, DirtyTracking};
+use crate::cpu_tracker::{CpuTracker, DirtyTracking, hash_listed, merge_ascending};
 use crate::error::UnifiedError;
 use crate::options::{Advice, Location, UnifiedOptions};
 use crate::page_state::{Action, Event, PageState, Violation, step};
@@ -450,6 +450,14 @@ impl Unified {
     /// since the last sync and frees their stale GPU copies without writing them back (only
     /// what changed; other pages keep their GPU copies). A page the GPU also wrote since the
     /// last sync is a [`UnifiedError::Conflict`], with nothing changed.
+    ///
+    /// Pages advised to the GPU are loaded again at once. Hot pages among them (rewritten in
+    /// bulk at earlier syncs, tracked by hash) are taken as written without waiting for
+    /// their hashes: they are hashed while the GPU loads them, and the hashes only decide
+    /// which of them stay hot. A hot page the CPU did not write is loaded once more than
+    /// needed (one page copy over the bus, about as much as hashing it) and then protected
+    /// again; pages the GPU holds dirty and read-mostly pages are always hashed first, so a
+    /// guess never raises a false conflict.
     pub fn sync_to_gpu(&mut self, range: Range<u64>) -> Result<SyncReport, UnifiedError> {
         let pages = self.pages_outward(&range)?;
         // Always (one small read of the device counters): kernels may have run with a handle
@@ -457,19 +465,29 @@ impl Unified {
         self.account_gpu_write_downs()?;
         let mut report = SyncReport::default();
         let synced = to_usize(pages.start)..to_usize(pages.end);
-        let written = self
+        let found = self
             .tracker
-            .written(self.space.host_bytes(), synced.clone());
-        report.hashed_bytes = self.tracker.hashed_bytes();
-        let gpu_dirty = if written.is_empty() {
+            .written_deferring_hot(self.space.host_bytes(), synced.clone());
+        let gpu_dirty = if found.sure.is_empty() && found.hot.is_empty() {
             Vec::new()
         } else {
             self.space.gpu_dirty_pages(pages.clone())?
         };
-        let mut next = Vec::with_capacity(written.len());
+        // Hot pages taken as written unhashed (`assumed`), and those hashed now.
+        let (assumed, check): (Vec<usize>, Vec<usize>) = found.hot.iter().partition(|&&p| {
+            !self.read_mostly[p]
+                && self.preferred[p] == Some(Location::Gpu)
+                && gpu_dirty.binary_search(&(p as u64)).is_err()
+        });
+        let check_hashes = hash_listed(self.space.host_bytes(), to_usize(self.page), &check);
+        let checked = self.tracker.hot_changes(&check, &check_hashes);
+        let mut written = merge_ascending(found.sure, checked);
+        // What the sync acts on: the pages known written and the assumed ones.
+        let acted = merge_ascending(written.clone(), assumed.iter().map(|&p| (p, 0)).collect());
+        let mut next = Vec::with_capacity(acted.len());
         let mut conflicts = Vec::new();
         let mut drop = Vec::new();
-        for &(p, _) in &written {
+        for &(p, _) in &acted {
             let p64 = p as u64;
             let rm = self.read_mostly[p];
             let mut s = self.state[p];
@@ -504,19 +522,18 @@ impl Unified {
             });
         }
         let dropped = self.space.drop_pages(&drop)?;
-        report.cpu_written = written.len() as u64;
         report.gpu_copies_dropped = dropped.dropped;
-        for (&(p, _), s) in written.iter().zip(next) {
+        for (&(p, _), s) in acted.iter().zip(next) {
             self.state[p] = s;
         }
-        self.tracker
-            .record(self.space.host_bytes(), synced, &written);
         // Pages the GPU holds dirty from earlier kernels stay the GPU's (none of them was
         // written by the CPU: that was a conflict). Read only when there were CPU writes; the
         // state of the others is settled at the next sync to the CPU.
         for &p in &gpu_dirty {
             self.state[to_usize(p)] = PageState::GpuOwned;
         }
+        // The replica holds read-mostly pages only, never assumed: `written` has every one of
+        // them the CPU wrote.
         let cpu_written: Vec<usize> = written.iter().map(|&(p, _)| p).collect();
         self.refresh_replica(&cpu_written)?;
         let wanted: Vec<u64> = drop
@@ -524,18 +541,42 @@ impl Unified {
             .copied()
             .filter(|&p| self.preferred[to_usize(p)] == Some(Location::Gpu))
             .collect();
-        // One prefetch over the span of the wanted pages, not a launch per run of them: pages
-        // between that are resident already are hits, and the others are loaded too (the
-        // advice asked for the range on the GPU). Pages the replica holds need no frames.
+        // The assumed pages' hashes are taken on other threads while the GPU loads the
+        // wanted pages (a kernel reading the host copy: both only read it).
+        let (loaded, assumed_hashes) = std::thread::scope(|s| {
+            let bytes = self.space.host_bytes();
+            let page = to_usize(self.page);
+            let assumed = &assumed;
+            let hasher =
+                (!assumed.is_empty()).then(|| s.spawn(move || hash_listed(bytes, page, assumed)));
+            let loaded = self.prefetch_pages(&wanted);
+            let hashes = hasher.map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)));
+            (loaded, hashes.unwrap_or_default())
+        });
+        let changed = self.tracker.hot_changes(&assumed, &assumed_hashes);
+        written = merge_ascending(written, changed);
+        report.hashed_bytes = self.tracker.hashed_bytes();
+        report.cpu_written = written.len() as u64;
+        self.tracker
+            .record(self.space.host_bytes(), synced, &written);
+        loaded?;
+        self.stats.syncs_to_gpu += 1;
+        self.stats.total.add(&report);
+        Ok(report)
+    }
+
+    /// Loads the listed pages (ascending) into GPU frames: one prefetch over their span, not a
+    /// launch per run of them (pages between that are resident already are hits, and the
+    /// others are loaded too: the advice asked for the range on the GPU). Pages the replica
+    /// holds need no frames.
+    fn prefetch_pages(&self, wanted: &[u64]) -> Result<(), UnifiedError> {
         if let (Some(&a), Some(&b)) = (wanted.first(), wanted.last()) {
             let span = a * self.page..((b + 1) * self.page).min(self.space.size());
             for r in self.outside_replica(span) {
                 self.space.prefetch(r)?;
             }
         }
-        self.stats.syncs_to_gpu += 1;
-        self.stats.total.add(&report);
-        Ok(report)
+        Ok(())
     }
 
     /// Makes the GPU's writes in `range` visible to the CPU: pages dirty in GPU frames are

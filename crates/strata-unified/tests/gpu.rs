@@ -497,6 +497,132 @@ fn kernel_walks_a_list_the_cpu_built() {
     assert!(stats.remote_reads > nodes / 2, "{stats:?}");
 }
 
+/// Hot pages (rewritten in bulk) advised to the GPU are taken as written at a sync and loaded
+/// while their hashes are taken: every sync is exact on both sides, the report counts only
+/// the pages that changed, pages left alone cool (protected again, then moved only when
+/// written), and a hot page the GPU holds dirty is hashed first, so leaving it alone is no
+/// conflict and writing it is one.
+#[test]
+fn hot_pages_for_the_gpu_are_loaded_while_hashed_and_cool_when_left_alone() {
+    let Some((strata, m)) = setup() else { return };
+    let mut rng = rng();
+    let page: u64 = 64 << 10;
+    let bytes: u64 = 16 << 20;
+    let pages = bytes / page;
+    let per = (page / 8) as usize;
+    let n = bytes / 8;
+    let opts = UnifiedOptions {
+        page_size: page,
+        dirty_tracking: DirtyTracking::WriteProtect,
+        ..UnifiedOptions::default()
+    };
+    let mut u = Unified::new(&strata, bytes, &opts).unwrap();
+    if u.dirty_tracking().0 != DirtyTracking::WriteProtect {
+        eprintln!("skipped: no asynchronous write protection here");
+        return;
+    }
+    u.advise(0..bytes, Advice::PreferredLocation(Some(Location::Gpu)))
+        .unwrap();
+    // The GPU's view after a sync to the GPU, read by a kernel launched by hand and followed
+    // by a sync to the CPU only: a second sync to the GPU here (the launch helper's) would
+    // find the hot pages unchanged and cool them.
+    let sum = m.function("sum").unwrap();
+    let out = DeviceBuffer::zeroed(strata.gpu(), 8).unwrap();
+    let check = |u: &mut Unified, what: &str| {
+        let want = words(u).iter().fold(0u64, |s, &w| s.wrapping_add(w));
+        sum.launch(
+            grid(&sum),
+            &Args::new().arg(u.handle()).arg(0u64).arg(n).arg(out.ptr()),
+        )
+        .unwrap();
+        u.space().check_errors().unwrap();
+        u.sync_to_cpu(0..bytes).unwrap();
+        let mut got = [0u64];
+        out.download(0, &mut got).unwrap();
+        out.upload(0, &[0u64]).unwrap();
+        assert_eq!(got[0], want, "{what}: the GPU's view");
+    };
+    // Two rewrites of everything: the first makes every page hot, the second is assumed.
+    for round in 0..2 {
+        let fresh: Vec<u64> = (0..n).map(|_| rng.random()).collect();
+        words_mut(&mut u).copy_from_slice(&fresh);
+        let r = u.sync_to_gpu(0..bytes).unwrap();
+        assert_eq!(r.cpu_written, pages, "round {round}: {r:?}");
+        check(&mut u, "a full rewrite");
+    }
+    assert_eq!(u.dirty_tracking().1 as u64, pages, "every page is hot");
+    // Half the pages rewritten: all are dropped and loaded (assumed), half are counted, and
+    // the other half cool.
+    for p in (0..pages as usize).step_by(2) {
+        let i = p * per + rng.random_range(0..per);
+        words_mut(&mut u)[i] ^= 1 + rng.random_range(0..u64::MAX - 1);
+    }
+    let r = u.sync_to_gpu(0..bytes).unwrap();
+    assert_eq!(r.cpu_written, pages / 2, "{r:?}");
+    assert_eq!(r.gpu_copies_dropped, pages, "{r:?}");
+    assert_eq!(u.dirty_tracking().1 as u64, pages / 2, "half cooled");
+    check(&mut u, "half rewritten");
+    // Nothing written: the hot half is assumed once more, then every page has cooled.
+    let r = u.sync_to_gpu(0..bytes).unwrap();
+    assert_eq!(
+        (r.cpu_written, r.gpu_copies_dropped),
+        (0, pages / 2),
+        "{r:?}"
+    );
+    assert_eq!(u.dirty_tracking().1, 0, "all cooled");
+    // A cooled page is protected again: one word of one page moves one page.
+    let p = 2 * rng.random_range(0..pages as usize / 2) + 1;
+    words_mut(&mut u)[p * per + 3] = rng.random();
+    let r = u.sync_to_gpu(0..bytes).unwrap();
+    assert_eq!((r.cpu_written, r.gpu_copies_dropped), (1, 1), "{r:?}");
+    check(&mut u, "one word after cooling");
+    // Hot again, then the GPU dirties pages 0 and 1 (a handle taken by hand, no sync).
+    for _ in 0..2 {
+        let fresh: Vec<u64> = (0..n).map(|_| rng.random()).collect();
+        words_mut(&mut u).copy_from_slice(&fresh);
+        u.sync_to_gpu(0..bytes).unwrap();
+    }
+    assert_eq!(u.dirty_tracking().1 as u64, pages);
+    let fill = m.function("fill").unwrap();
+    let fill_two = |u: &mut Unified, v: u64| {
+        let h = u.handle();
+        fill.launch(
+            grid(&fill),
+            &Args::new().arg(h).arg(0u64).arg(2 * page / 8).arg(v),
+        )
+        .unwrap();
+        u.space().gpu().synchronize_context().unwrap();
+    };
+    fill_two(&mut u, 9);
+    // The CPU left them alone (it rewrote the rest): no conflict, and the GPU's bytes win.
+    for p in 2..pages as usize {
+        words_mut(&mut u)[p * per] ^= 1;
+    }
+    let r = u.sync_to_gpu(0..bytes).unwrap();
+    assert_eq!(r.cpu_written, pages - 2, "{r:?}");
+    u.sync_to_cpu(0..bytes).unwrap();
+    assert!(words(&u)[..2 * per].iter().all(|&v| v == 9));
+    check(&mut u, "the GPU's pages beside the CPU's");
+    // Hot again; this time the CPU writes page 1 too: reported, nothing lost.
+    for _ in 0..2 {
+        let fresh: Vec<u64> = (0..n).map(|_| rng.random()).collect();
+        words_mut(&mut u).copy_from_slice(&fresh);
+        u.sync_to_gpu(0..bytes).unwrap();
+    }
+    fill_two(&mut u, 11);
+    words_mut(&mut u)[per + 5] = 42;
+    let err = u.sync_to_gpu(0..bytes).unwrap_err();
+    assert!(
+        matches!(&err, UnifiedError::Conflict { pages, .. } if pages == &vec![1]),
+        "{err}"
+    );
+    assert_eq!(words(&u)[per + 5], 42);
+    u.sync_to_cpu_overwriting(0..bytes).unwrap();
+    assert!(words(&u)[..2 * per].iter().all(|&v| v == 11));
+    u.sync_to_gpu(0..bytes).unwrap();
+    check(&mut u, "after the conflict");
+}
+
 #[test]
 fn both_sides_writing_a_page_is_reported_and_nothing_is_lost() {
     let Some((strata, m)) = setup() else { return };
