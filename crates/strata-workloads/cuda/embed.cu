@@ -105,8 +105,13 @@ struct SpaceTable {
             }
         }
 #endif
-        // A cold row is read in place from the host copy until its page earns a frame.
-        const strata::PageRef r = strata::acquire_page(s, page, false, false, true);
+        // A row smaller than its page is read in place from the host copy until the page earns
+        // a frame (a miss then moves the row's bytes, not the page's). A row that fills its
+        // page moves the same bytes either way, so it migrates at once and is a hit next time
+        // (in place, a row looked up once per pass was read over the bus in every pass, even
+        // with the whole table cached: 8.5x zero-copy at 1x on an H100).
+        const unsigned mode = EMBED_DIM * 4 >= (1u << s.page_shift) ? STRATA_READ_MIGRATE : STRATA_READ_REMOTE_OK;
+        const strata::PageRef r = strata::acquire_page(s, page, false, false, mode);
         add_row((const float*)(r.data + off), acc);
         strata::release_page(s, r);
     }
