@@ -57,8 +57,9 @@
 //! over the same store, and each side's writes to the store are logged so a sync drops exactly
 //! the other side's stale copies. Its rules are stricter (whole-allocation syncs in strict
 //! alternation, out-of-order syncs refused with nothing moved; no hints, replicas or discard);
-//! see [`over_store`]. **Its GPU path has not yet run on a GPU in this version** (its CPU half
-//! is tested without one). One GPU per allocation.
+//! see [`over_store`]. Its GPU tests (`tests/gpu.rs`, `over_a_store_*`: phases against a
+//! replay over a store larger than both caches, a failing store, the edges) run on a GPU; its
+//! CPU half is tested without one. One GPU per allocation.
 //!
 //! The benchmark against CUDA managed memory is `strata bench unified` (crate strata-bench).
 #![warn(missing_docs)]
