@@ -81,9 +81,30 @@ impl Charge {
 }
 
 /// Room a measured peak must leave free below the limit, for what sampling every
-/// millisecond can miss: with 1 MiB, one sort in six over the file store was OOM-killed at
-/// 32 MiB.
-pub const SLACK_BYTES: u64 = 2 << 20;
+/// millisecond can miss and for page cache the program pins: with 1 MiB, one sort in six
+/// over the file store was OOM-killed at 32 MiB; with 2 MiB (session 11) sort over the file
+/// store was still killed, 2 runs in 12 in the benchmark and 3 in 8 by hand, old and new
+/// pager alike, each time in the pager's `UFFDIO_COPY` with 3.4-4.8 MiB of clean page cache
+/// in the group that reclaim could not free (sort reading its temporary files into the
+/// arena holds its read batch while it waits for the page). With 3 MiB, 0 of 6 by hand.
+pub const SLACK_BYTES: u64 = 3 << 20;
+
+/// More room for rows over a memory node: their unreclaimable peak varies more between
+/// runs (the node is a thread of the benchmark's process on the same cores, and the
+/// client's transport memory comes and goes), and in session 10 one sort in three over a
+/// node was OOM-killed with 0.66 MiB more unreclaimable than its measurement (29.05 MiB
+/// against 28.39), which left about 3 MiB for sort's temporary files' page cache, dirty and
+/// not reclaimed in time.
+pub const NODE_EXTRA_SLACK_BYTES: u64 = 1 << 20;
+
+/// The slack a contestant's measured peak must leave below the limit: [`SLACK_BYTES`], and
+/// [`NODE_EXTRA_SLACK_BYTES`] more over a memory node.
+pub fn slack_for(contestant: &str) -> u64 {
+    match contestant {
+        "strata-remote" | "strata-lz4-node" => SLACK_BYTES + NODE_EXTRA_SLACK_BYTES,
+        _ => SLACK_BYTES,
+    }
+}
 
 /// How far below the slack a new budget aims, so that a margin that moves a little between
 /// measurements (an LZ4 store's grows as the budget shrinks) still fits at the next one.
@@ -93,18 +114,24 @@ pub const AIM_BELOW_BYTES: u64 = 1 << 20;
 pub const MIN_BUDGET_BYTES: u64 = 1 << 20;
 
 /// The next `--memory` budget from a measurement at `budget` whose unreclaimable peak was
-/// `peak`: `Ok(None)` when the peak plus [`SLACK_BYTES`] fits in `limit` (keep `budget`),
-/// `Ok(Some(b))` to measure again at the smaller `b` (the limit less the margin that rose
-/// above `budget` in whole pages, less the slack and [`AIM_BELOW_BYTES`], in whole `page`
-/// bytes), `Err(margin)` when no budget of
-/// at least [`MIN_BUDGET_BYTES`] is left beside the margin.
-pub fn next_budget(limit: u64, budget: u64, peak: u64, page: u64) -> Result<Option<u64>, u64> {
+/// `peak`: `Ok(None)` when the peak plus `slack` ([`slack_for`]) fits in `limit` (keep
+/// `budget`), `Ok(Some(b))` to measure again at the smaller `b` (the limit less the margin
+/// that rose above `budget` in whole pages, less the slack and [`AIM_BELOW_BYTES`], in whole
+/// `page` bytes), `Err(margin)` when no budget of at least [`MIN_BUDGET_BYTES`] is left
+/// beside the margin.
+pub fn next_budget(
+    limit: u64,
+    budget: u64,
+    peak: u64,
+    page: u64,
+    slack: u64,
+) -> Result<Option<u64>, u64> {
     let page = page.max(1);
-    if peak + SLACK_BYTES <= limit {
+    if peak + slack <= limit {
         return Ok(None);
     }
     let margin = peak.saturating_sub(budget).next_multiple_of(page);
-    let room = limit.saturating_sub(margin + SLACK_BYTES + AIM_BELOW_BYTES);
+    let room = limit.saturating_sub(margin + slack + AIM_BELOW_BYTES);
     let next = room / page * page;
     if next < MIN_BUDGET_BYTES {
         return Err(margin);
@@ -265,11 +292,18 @@ mod tests {
 
     #[test]
     fn a_peak_that_fits_keeps_the_budget() {
-        assert_eq!(next_budget(32 * MIB, 32 * MIB, 30 * MIB, 4096), Ok(None));
-        assert_eq!(next_budget(32 * MIB, 20 * MIB, 30 * MIB, 4096), Ok(None));
+        let fits = 32 * MIB - SLACK_BYTES;
+        assert_eq!(
+            next_budget(32 * MIB, 32 * MIB, fits, 4096, SLACK_BYTES),
+            Ok(None)
+        );
+        assert_eq!(
+            next_budget(32 * MIB, 20 * MIB, fits, 4096, SLACK_BYTES),
+            Ok(None)
+        );
         // Within the slack is not fitting.
         assert!(
-            next_budget(32 * MIB, 20 * MIB, 30 * MIB + 1, 4096)
+            next_budget(32 * MIB, 20 * MIB, fits + 1, 4096, SLACK_BYTES)
                 .unwrap()
                 .is_some()
         );
@@ -277,35 +311,71 @@ mod tests {
 
     #[test]
     fn the_margin_above_the_budget_comes_off_the_limit() {
-        // 3.5 MiB above a 32 MiB budget, 2 MiB of slack, aimed 1 MiB lower.
-        let next = next_budget(32 * MIB, 32 * MIB, 32 * MIB + 3 * MIB + MIB / 2, 4096);
-        assert_eq!(next, Ok(Some(25 * MIB + MIB / 2)));
+        // 3.5 MiB above a 32 MiB budget, the slack, aimed 1 MiB lower.
+        let next = next_budget(
+            32 * MIB,
+            32 * MIB,
+            32 * MIB + 3 * MIB + MIB / 2,
+            4096,
+            SLACK_BYTES,
+        );
+        assert_eq!(
+            next,
+            Ok(Some(28 * MIB + MIB / 2 - SLACK_BYTES - AIM_BELOW_BYTES))
+        );
         // A margin of part of a page takes the whole page.
-        let next = next_budget(32 * MIB, 32 * MIB, 32 * MIB + 100, 65_536);
-        assert_eq!(next, Ok(Some(29 * MIB - 65_536)));
+        let next = next_budget(32 * MIB, 32 * MIB, 32 * MIB + 100, 65_536, SLACK_BYTES);
+        assert_eq!(
+            next,
+            Ok(Some(32 * MIB - 65_536 - SLACK_BYTES - AIM_BELOW_BYTES))
+        );
         // Whole pages of 64 KiB.
-        let next = next_budget(32 * MIB + 4096, 32 * MIB, 40 * MIB, 65_536).unwrap();
+        let next = next_budget(32 * MIB + 4096, 32 * MIB, 40 * MIB, 65_536, SLACK_BYTES).unwrap();
         assert_eq!(next.unwrap() % 65_536, 0);
         // A peak over the limit never keeps (or raises) the budget.
-        let next = next_budget(32 * MIB, 10 * MIB, 33 * MIB, 4096)
+        let next = next_budget(32 * MIB, 10 * MIB, 33 * MIB, 4096, SLACK_BYTES)
             .unwrap()
             .unwrap();
         assert!(next < 10 * MIB, "{next}");
     }
 
     #[test]
+    fn node_rows_keep_a_mebibyte_more_room() {
+        assert_eq!(slack_for("strata-file"), SLACK_BYTES);
+        assert_eq!(slack_for("strata-lz4"), SLACK_BYTES);
+        assert_eq!(
+            slack_for("strata-remote"),
+            SLACK_BYTES + NODE_EXTRA_SLACK_BYTES
+        );
+        assert_eq!(slack_for("strata-lz4-node"), slack_for("strata-remote"));
+        // A peak 3.5 MiB below the limit fits with the file store's slack, not a node's.
+        let (limit, budget) = (32 * MIB, 24 * MIB);
+        let peak = limit - 3 * MIB - MIB / 2;
+        assert_eq!(
+            next_budget(limit, budget, peak, 65_536, slack_for("strata-file")),
+            Ok(None)
+        );
+        let next = next_budget(limit, budget, peak, 65_536, slack_for("strata-remote"))
+            .unwrap()
+            .unwrap();
+        assert!(next < budget, "{next}");
+        assert!(next + (peak - budget) + slack_for("strata-remote") <= limit);
+    }
+
+    #[test]
     fn a_margin_as_large_as_the_limit_does_not_fit() {
         // An incompressible in-process store: 200 MiB charged at a 32 MiB budget.
         assert_eq!(
-            next_budget(32 * MIB, 32 * MIB, 200 * MIB, 4096),
+            next_budget(32 * MIB, 32 * MIB, 200 * MIB, 4096, SLACK_BYTES),
             Err(168 * MIB)
         );
-        assert!(next_budget(32 * MIB, 2 * MIB, 33 * MIB, 4096).is_err());
+        assert!(next_budget(32 * MIB, 2 * MIB, 33 * MIB, 4096, SLACK_BYTES).is_err());
         // Room for the margin and the slack but not for a budget of 1 MiB; a page less of
         // margin leaves exactly 1 MiB.
-        assert!(next_budget(32 * MIB, 32 * MIB, 60 * MIB + 4096, 4096).is_err());
+        let peak = 64 * MIB - SLACK_BYTES - AIM_BELOW_BYTES - MIN_BUDGET_BYTES;
+        assert!(next_budget(32 * MIB, 32 * MIB, peak + 4096, 4096, SLACK_BYTES).is_err());
         assert_eq!(
-            next_budget(32 * MIB, 32 * MIB, 60 * MIB, 4096),
+            next_budget(32 * MIB, 32 * MIB, peak, 4096, SLACK_BYTES),
             Ok(Some(MIN_BUDGET_BYTES))
         );
     }
@@ -326,7 +396,9 @@ mod tests {
             if limit < margin + SLACK_BYTES + AIM_BELOW_BYTES + MIN_BUDGET_BYTES + page {
                 continue;
             }
-            while let Some(next) = next_budget(limit, budget, budget + margin, page).unwrap() {
+            while let Some(next) =
+                next_budget(limit, budget, budget + margin, page, SLACK_BYTES).unwrap()
+            {
                 budget = next;
                 steps += 1;
                 assert!(steps <= 2, "limit {limit} margin {margin}");

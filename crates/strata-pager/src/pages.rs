@@ -272,6 +272,11 @@ impl FramePool {
         self.free_count.fetch_add(1, Ordering::AcqRel);
     }
 
+    /// Records that `frame`, taken from the pool, holds no page (held out of use).
+    pub fn clear_owner(&self, frame: u32) {
+        self.owners[frame as usize].store(NO_PAGE, Ordering::Release);
+    }
+
     /// Records that `frame` now holds `page`.
     pub fn assign(&self, frame: u32, page: usize) {
         self.owners[frame as usize].store(page as u64, Ordering::Release);

@@ -452,7 +452,8 @@ impl Mapping {
     pub fn advise(&self, offset: usize, len: usize, advice: libc::c_int) -> io::Result<()> {
         assert!(offset + len <= self.len, "advice outside the mapping");
         // SAFETY: the range lies inside our mapping (checked above); the advices we use
-        // (`DONTNEED`, `NOHUGEPAGE`) only drop or reconfigure pages the pager owns.
+        // (`DONTNEED`, `NOHUGEPAGE`) only drop or reconfigure pages the pager owns (a
+        // region's pages, or a scratch buffer whose contents are no longer needed).
         cvt(unsafe { libc::madvise(self.ptr.add(offset).cast(), len, advice) })
     }
 }
@@ -540,10 +541,17 @@ impl FaultPoller {
 
     /// Waits for readiness; returns the tokens that are ready (bit 0: uffd, bit 1: stop).
     pub fn wait(&self) -> io::Result<u64> {
+        self.wait_for(None)
+    }
+
+    /// As [`FaultPoller::wait`], for at most `timeout` (`None`: no limit); 0 when it passed
+    /// with nothing ready.
+    pub fn wait_for(&self, timeout: Option<std::time::Duration>) -> io::Result<u64> {
+        let ms = timeout.map_or(-1, |t| i32::try_from(t.as_millis()).unwrap_or(i32::MAX));
         let mut events = [libc::epoll_event { events: 0, u64: 0 }; 2];
         loop {
             // SAFETY: `events` has room for 2 entries, as passed.
-            let n = unsafe { libc::epoll_wait(self.0.as_raw_fd(), events.as_mut_ptr(), 2, -1) };
+            let n = unsafe { libc::epoll_wait(self.0.as_raw_fd(), events.as_mut_ptr(), 2, ms) };
             if n < 0 {
                 let e = io::Error::last_os_error();
                 if e.kind() == io::ErrorKind::Interrupted {
@@ -603,6 +611,17 @@ impl SelfPidFd {
         }
         Ok(usize::try_from(n).unwrap_or(0))
     }
+}
+
+/// Bytes of `[ptr, ptr+len)` resident in memory (`mincore`), for tests of what the pager
+/// gives back. `ptr` must be page-aligned and the range mapped.
+pub fn resident_bytes(ptr: *const u8, len: usize) -> io::Result<usize> {
+    const PAGE: usize = 4096;
+    let mut vec = vec![0u8; len.div_ceil(PAGE)];
+    // SAFETY: mincore only reads the page tables of the range and writes one byte per page
+    // into `vec`, which has room for every page of it.
+    cvt(unsafe { libc::mincore(ptr.cast_mut().cast(), len, vec.as_mut_ptr()) })?;
+    Ok(vec.iter().filter(|&&b| b & 1 != 0).count() * PAGE)
 }
 
 /// The calling thread's kernel thread id.

@@ -158,7 +158,10 @@ fn sequential_faults_read_ahead_and_random_ones_do_not() {
     );
 
     // Random: with a quarter of the pages resident, most faults have a resident neighbour,
-    // which no longer counts as a stream.
+    // which no longer counts as a stream. A few continue a recent fill by chance and read a
+    // window (up to the next resident page): 343-662 pages ahead over about 2400 faults
+    // before session 11, 423-775 over 2500 since the windows' scratch buffers hold frames
+    // (fewer pages resident, so chance windows run longer). A stream would read 8 per fault.
     let (_store, region) = region_over(&data, config(128, 8));
     for _ in 0..3000 {
         let p = rng.below(pages as u64) as usize;
@@ -172,7 +175,7 @@ fn sequential_faults_read_ahead_and_random_ones_do_not() {
     );
     assert!(stats.faults > 1000, "random reads must fault");
     assert!(
-        counters.read_ahead_pages * 4 < stats.faults,
+        counters.read_ahead_pages * 2 < stats.faults,
         "random faults read {} pages ahead over {} faults",
         counters.read_ahead_pages,
         stats.faults
@@ -683,4 +686,93 @@ fn pages_written_back_to_their_stored_bytes_are_evicted_without_a_write() {
         "page 0 read back"
     );
     assert_eq!(region.counters().unchanged_write_backs, 0);
+}
+
+/// The windows the pager threads read into are charged like the region's pages, so while
+/// they are resident they hold frames out of use (resident pages and held frames never
+/// exceed the buffer), and once the threads go back to single pages or sleep, the memory
+/// and the frames come back (one page per filler stays). Data stays exact throughout.
+#[test]
+fn scratch_windows_hold_frames_while_resident_and_give_them_back() {
+    if !uffd_available("scratch_frames") {
+        return;
+    }
+    let mut rng = Rng::from_time("scratch_frames");
+    let pages = 512;
+    let frames = 128u64;
+    let data = random(pages * PAGE, &mut rng);
+    let cfg = config_builder(frames, 8)
+        .water_marks(99, 100)
+        .build()
+        .expect("test configuration is valid");
+    let (_store, mut region) = region_over(&data, cfg);
+    let within_budget = |region: &Region, when: &str| {
+        let c = region.counters();
+        assert!(
+            c.resident_pages + c.scratch_frames <= frames,
+            "{when}: {} resident and {} held for scratch in {frames} frames",
+            c.resident_pages,
+            c.scratch_frames
+        );
+        c
+    };
+    let mut want = data.clone();
+    // Sequential write then read sweeps: windows are read, and their buffers hold frames.
+    for p in 0..pages {
+        let i = p * PAGE + rng.below(PAGE as u64) as usize;
+        region.as_mut_slice()[i] ^= 0x3c;
+        want[i] ^= 0x3c;
+        if p % 64 == 63 {
+            within_budget(&region, "write sweep");
+        }
+    }
+    let mut held_in_stream = 0;
+    for p in 0..pages {
+        assert_eq!(
+            &region.as_slice()[p * PAGE..(p + 1) * PAGE],
+            &want[p * PAGE..(p + 1) * PAGE],
+            "page {p}, read sweep"
+        );
+        if p % 32 == 31 {
+            held_in_stream =
+                held_in_stream.max(within_budget(&region, "read sweep").scratch_frames);
+        }
+    }
+    assert!(
+        held_in_stream >= 8,
+        "a read-ahead window of 8 pages held {held_in_stream} frames"
+    );
+    assert!(
+        held_in_stream <= frames / 8,
+        "{held_in_stream} held: more than an eighth"
+    );
+    // Random single pages (never next to the last one): the filler's window goes back after
+    // 64 of them, the read-ahead thread's once it has been idle for a while.
+    let mut last = 0usize;
+    for k in 0..400 {
+        let mut p = rng.below(pages as u64) as usize;
+        if p.abs_diff(last) <= 1 {
+            p = (p + pages / 2) % pages;
+        }
+        last = p;
+        let i = p * PAGE + rng.below(PAGE as u64) as usize;
+        assert_eq!(region.as_slice()[i], want[i], "page {p}, random read {k}");
+        if k % 50 == 49 {
+            within_budget(&region, "random reads");
+        }
+    }
+    let t = std::time::Instant::now();
+    let mut c = within_budget(&region, "idle");
+    while c.scratch_frames > 1 && t.elapsed() < std::time::Duration::from_secs(5) {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        c = within_budget(&region, "idle");
+    }
+    assert!(
+        c.scratch_frames <= 1,
+        "{} frames still held after random faults and {:?} idle",
+        c.scratch_frames,
+        t.elapsed()
+    );
+    assert_eq!(region.as_slice(), &want[..]);
+    region.flush().expect("flush");
 }

@@ -350,6 +350,7 @@ fn find_budget(
         contestant,
         limit,
         page,
+        slack: crate::strata_cgroup::slack_for(contestant),
         reference,
         time_limit: setup.time_limit,
     };
@@ -366,6 +367,8 @@ struct BudgetAsk<'a> {
     limit: u64,
     /// Budgets are whole multiples of this.
     page: u64,
+    /// Room the measured peak must leave below the limit.
+    slack: u64,
     /// The output a good run prints.
     reference: &'a str,
     time_limit: Duration,
@@ -408,7 +411,7 @@ fn search_budget(
             );
             return Ok(search);
         }
-        match next_budget(limit, budget, peak, page) {
+        match next_budget(limit, budget, peak, page, ask.slack) {
             Ok(None) => {
                 search.budget_bytes = Some(budget);
                 search.outcome = format!(
@@ -604,6 +607,7 @@ pub fn run(args: &RunBenchArgs) -> anyhow::Result<()> {
             "none: strata run --memory LIMIT outside any memory group"
         },
         "strata_slack_bytes": crate::strata_cgroup::SLACK_BYTES,
+        "strata_node_extra_slack_bytes": crate::strata_cgroup::NODE_EXTRA_SLACK_BYTES,
         "kernel_swappiness": swappiness,
         "page_cluster": std::fs::read_to_string("/proc/sys/vm/page-cluster").unwrap_or_default().trim(),
         "programs": programs.iter().map(|(n, a)| serde_json::json!({"name": n, "argv": a})).collect::<Vec<_>>(),
@@ -1012,6 +1016,7 @@ mod tests {
             contestant: "strata-file",
             limit,
             page: 64 << 10,
+            slack: crate::strata_cgroup::SLACK_BYTES,
             reference: "sorted\n",
             time_limit: Duration::from_secs(300),
         }
@@ -1042,12 +1047,26 @@ mod tests {
         );
         assert_eq!(
             budget,
-            25 * MIB,
-            "32 less 4 of margin, 2 of slack, 1 aimed below"
+            24 * MIB,
+            "32 less 4 of margin, 3 of slack, 1 aimed below"
         );
         assert_eq!(s.margin_bytes, Some(4 * MIB));
         assert!(s.outcome.starts_with("fits"), "{}", s.outcome);
         assert_eq!(s.measurements.len(), 2);
+    }
+
+    #[test]
+    fn a_node_rows_search_leaves_its_extra_slack() {
+        let mut node = ask(32 * MIB);
+        node.contestant = "strata-remote";
+        node.slack = crate::strata_cgroup::slack_for("strata-remote");
+        let s = search_budget(&node, |b| Ok(measured(b + 4 * MIB))).unwrap();
+        assert_eq!(
+            s.budget_bytes,
+            Some(23 * MIB),
+            "32 less 4 of margin, 4 of slack, 1 aimed below: {}",
+            s.outcome
+        );
     }
 
     #[test]

@@ -257,6 +257,16 @@ impl Region {
             }),
             read_back_unused: Guessed::new(page_count, read_back > 0),
             trace: super::trace::Trace::from_env(page_bytes, frames),
+            // The longest run: a demand page and its read-ahead window, or a prefetch run.
+            zeros: super::shared::Zeros::new(MAX_RUN_BYTES + page_bytes).map_err(|source| {
+                RegionError::Kernel {
+                    op: "mmap",
+                    source,
+                    hint: "the process is out of address space or mappings; raise the limits",
+                }
+            })?,
+            parked: AtomicUsize::new(0),
+            park_limit: frames / 8,
             config,
         });
         let mut region = Region {

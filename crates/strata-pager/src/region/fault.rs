@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use super::RegionError;
 use super::discard::is_discarded;
 use super::read_ahead::WINDOWS_AHEAD;
-use super::shared::{Scratch, Shared, bump};
+use super::shared::{IDLE_RELEASE, Scratch, Shared, bump};
 use super::trace::Event;
 use crate::pages::{REF, STAMP_BITS, State, word};
 use crate::sys::{self, FaultPoller, UffdMsg};
@@ -51,7 +51,8 @@ impl Shared {
     /// was 9-25 % slower with polling, over LZ4 memory 2.5x faster:
     /// `crates/strata-run/results/RESULTS.md`).
     pub(super) fn filler_main(&self, poller: &FaultPoller) {
-        let mut scratch = Scratch(Vec::new());
+        // One page stays: random faults read one page each and never touch fresh memory.
+        let mut scratch = Scratch::new(self.page_bytes);
         let mut msgs = [UffdMsg::default(); MESSAGES_PER_READ];
         let per_read = if self.config.fillers > 1 {
             MESSAGES_PER_READ
@@ -90,6 +91,7 @@ impl Shared {
                 if polling_until.is_some() {
                     self.fault_poller_busy.store(false, Ordering::Release);
                 }
+                scratch.release(0, Some(self));
                 return;
             }
             let fast = !window.is_zero() && service.mean() <= window;
@@ -108,11 +110,18 @@ impl Shared {
                 }
                 None => {}
             }
-            if let Err(e) = poller.wait() {
-                eprintln!("strata-pager: epoll_wait failed: {e}");
-                std::thread::sleep(Duration::from_millis(10));
+            // Idle with a window's scratch held: give it back after a while.
+            let timeout = scratch.holds_more_than_kept().then_some(IDLE_RELEASE);
+            match poller.wait_for(timeout) {
+                Ok(0) if timeout.is_some() => scratch.release(self.page_bytes, Some(self)),
+                Ok(_) => {}
+                Err(e) => {
+                    eprintln!("strata-pager: epoll_wait failed: {e}");
+                    std::thread::sleep(Duration::from_millis(10));
+                }
             }
             if self.stop.load(Ordering::Acquire) {
+                scratch.release(0, Some(self));
                 return;
             }
         }
@@ -453,16 +462,25 @@ impl Shared {
             return Ok(0);
         }
         let bytes = got * self.page_bytes;
-        let buf = scratch.get(bytes);
         let inside = (0..got).map(|i| self.io_len(first + i)).sum::<usize>();
-        if inside < bytes || zero {
+        // Zeros come from a mapping never written, whose pages are all the kernel's shared
+        // zero page: no memset, and no scratch memory charged for a window of new pages.
+        let read_into = (!zero || bytes > self.zeros.len()).then(|| {
+            let buf = scratch.get(bytes, Some(self));
             buf[if zero { 0 } else { inside }..].fill(0);
-        }
-        let read = if zero {
-            Ok(())
-        } else {
-            self.store
-                .read_at(self.store_offset(first), &mut buf[..inside])
+            buf
+        });
+        let (buf, read): (&[u8], _) = match read_into {
+            Some(buf) => {
+                let read = if zero {
+                    Ok(())
+                } else {
+                    self.store
+                        .read_at(self.store_offset(first), &mut buf[..inside])
+                };
+                (buf, read)
+            }
+            None => (self.zeros.bytes(bytes), Ok(())),
         };
         if let Err(source) = read {
             for f in &frames {

@@ -102,6 +102,9 @@ pub struct PagerCounters {
     pub resident_pages: u64,
     /// Pages dirty now.
     pub dirty_pages: u64,
+    /// Frames held out of use while the pager threads' scratch buffers (the windows they
+    /// read into) are resident, so that those buffers count against the budget too.
+    pub scratch_frames: u64,
     /// Resident pages a pager thread is moving right now (being evicted, flushed, filled or
     /// unprotected for a first write). A page being written back is in neither
     /// `dirty_pages` nor the store yet: wait until this is 0 to see it land.
@@ -213,6 +216,7 @@ impl Region {
             read_back_pages: c.read_back_pages.load(Ordering::Relaxed),
             unchanged_write_backs: c.unchanged_write_backs.load(Ordering::Relaxed),
             resident_pages: resident,
+            scratch_frames: self.shared.parked.load(Ordering::Acquire) as u64,
             dirty_pages: dirty,
             pages_in_transition: moving,
         }
@@ -276,11 +280,21 @@ impl Region {
         for &(offset, len) in ranges {
             spans.push(self.check_range(offset, len)?);
         }
-        let mut scratch = Scratch(Vec::new());
+        let mut scratch = Scratch::new(0);
         let mut total = 0;
+        let mut result = Ok(());
         for (first, last) in spans {
-            total += self.shared.prefetch_pages(first, last, &mut scratch)?;
+            match self.shared.prefetch_pages(first, last, &mut scratch) {
+                Ok(n) => total += n,
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            }
         }
+        // Its frames go back with its pages.
+        scratch.release(0, Some(&self.shared));
+        result?;
         self.shared.stats.add_prefetched(total);
         Ok(total)
     }

@@ -2,12 +2,11 @@
 //! by the read-ahead threads) and explicit prefetch.
 
 use std::sync::atomic::Ordering;
-use std::time::Duration;
 
 use super::RegionError;
 use super::discard::{is_discarded, joins_run};
 use super::fault::{FrameSource, OnFillError};
-use super::shared::{MAX_RUN_BYTES, Scratch, Shared, bump};
+use super::shared::{IDLE_RELEASE, MAX_RUN_BYTES, Scratch, Shared, bump};
 use crate::pages::{State, word};
 
 /// Read-ahead windows waiting for a read-ahead thread, per filler; older ones are dropped.
@@ -79,21 +78,30 @@ impl Shared {
     }
 
     pub(super) fn read_ahead_main(&self) {
-        let mut scratch = Scratch(Vec::new());
+        // Every job is a window: nothing is kept once the thread goes idle.
+        let mut scratch = Scratch::new(0);
         loop {
             let job = {
                 let mut q = self.ra_queue.lock().unwrap_or_else(|e| e.into_inner());
                 loop {
                     if self.stop.load(Ordering::Acquire) {
+                        drop(q);
+                        scratch.release(0, Some(self));
                         return;
                     }
                     if let Some(job) = q.pop_front() {
                         break job;
                     }
-                    q = self
+                    let (guard, waited) = self
                         .ra_ready
-                        .wait_timeout(q, Duration::from_millis(50))
-                        .map_or_else(|e| e.into_inner().0, |r| r.0);
+                        .wait_timeout(q, IDLE_RELEASE)
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    q = guard;
+                    if waited.timed_out() && q.is_empty() && scratch.holds_more_than_kept() {
+                        // No stream for a while (a random phase): its window's memory is
+                        // the program's again.
+                        scratch.release(0, Some(self));
+                    }
                 }
             };
             // Claimed only now, so a demand fault that came first has the page to itself.

@@ -198,7 +198,7 @@ impl Shared {
         let pages: Vec<usize> = std::iter::once(page)
             .chain(others.iter().map(|&(q, _)| q))
             .collect();
-        let buf = scratch.get(pages.len() * pb);
+        let buf = scratch.get(pages.len() * pb, Some(self));
         buf.fill(0);
         let read = {
             let mut requests: Vec<ReadRequest<'_>> = buf
