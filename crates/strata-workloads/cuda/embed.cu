@@ -87,10 +87,9 @@ struct SpaceTable {
         const u64 off = byte & ((1ull << s.page_shift) - 1);
         // Optimistic: read the row into registers without a pin, keep it if every lane's page
         // word shows the page stayed in its frame meanwhile (most rows of a skewed serving load).
-        // Rows up to 1 KiB only: for longer rows the pin's two atomics are amortised, and
-        // staging a whole row in registers cost more than they do (measured: 4 KiB rows ran
-        // 27 % slower resident).
-#if PER_LANE <= 8
+        // Rows of every size: on an H100 a pin's acquire also invalidates the SM's L1, and 4 KiB
+        // rows ran 34 % faster resident this way (8.9 -> 5.9 ms), where an H200 once measured
+        // them 27 % slower (crates/strata-workloads/results/session11-embed/).
         const strata::PageView v = strata::view_page(s, page);
         if (__all_sync(FULL_MASK, v.resident)) {
             float row_vals[PER_LANE];
@@ -104,7 +103,6 @@ struct SpaceTable {
                 return;
             }
         }
-#endif
         // A row smaller than its page is read in place from the host copy until the page earns
         // a frame (a miss then moves the row's bytes, not the page's). A row that fills its
         // page moves the same bytes either way, so it migrates at once and is a hit next time
