@@ -82,6 +82,43 @@ fn gpu_sum_with(u: &mut Unified, m: &KernelModule, kernel: &str, a: u64, b: u64)
 /// Rounds of CPU writes and GPU read-modify-writes on random subsets, every word checked
 /// against a replay after each round; half the GPU phases use the launch helper, half the
 /// explicit syncs and handle.
+/// A unified allocation whose CPU writes are found by write protection, or None (said) where
+/// the kernel lacks asynchronous write protection.
+fn write_protected(strata: &Strata, bytes: u64, page: u64, cache_bytes: u64) -> Option<Unified> {
+    let opts = UnifiedOptions {
+        page_size: page,
+        cache_bytes,
+        dirty_tracking: DirtyTracking::WriteProtect,
+        ..UnifiedOptions::default()
+    };
+    let u = Unified::new(strata, bytes, &opts).unwrap();
+    if u.dirty_tracking().0 != DirtyTracking::WriteProtect {
+        eprintln!("skipped: no asynchronous write protection here");
+        return None;
+    }
+    Some(u)
+}
+
+/// What the `update` kernel does to the words, on the CPU.
+fn replay_update(replay: &mut [u64], salt: u64, every: u64) {
+    for (i, w) in replay.iter_mut().enumerate() {
+        if mix(i as u64 ^ salt).is_multiple_of(every) {
+            *w = mix(*w ^ salt);
+        }
+    }
+}
+
+/// Every word of the CPU's view equals the replay (`what` says where the check is).
+fn assert_replay(u: &Unified, replay: &[u64], what: &str) {
+    let got = words(u);
+    if let Some(i) = (0..replay.len()).find(|&i| got[i] != replay[i]) {
+        panic!(
+            "{what}: word {i} is {:#x}, replay says {:#x}",
+            got[i], replay[i]
+        );
+    }
+}
+
 fn phases(cache_divisor: u64, tracking: DirtyTracking) {
     let Some((strata, m)) = setup() else { return };
     let mut rng = rng();
@@ -146,19 +183,11 @@ fn phases(cache_divisor: u64, tracking: DirtyTracking) {
             u.space().check_errors().unwrap();
             u.sync_to_cpu(0..bytes).unwrap();
         }
-        for (i, w) in replay.iter_mut().enumerate() {
-            if mix(i as u64 ^ salt).is_multiple_of(every) {
-                *w = mix(*w ^ salt);
-            }
-        }
-        let got = words(&u);
-        let bad = (0..n as usize).find(|&i| got[i] != replay[i]);
-        assert!(
-            bad.is_none(),
-            "round {round}: word {} is {:#x}, replay says {:#x} (cache 1/{cache_divisor})",
-            bad.unwrap(),
-            got[bad.unwrap()],
-            replay[bad.unwrap()]
+        replay_update(&mut replay, salt, every);
+        assert_replay(
+            &u,
+            &replay,
+            &format!("round {round}, cache 1/{cache_divisor}"),
         );
     }
     // The GPU's view agrees too (it reads what the CPU's last phase left, here everything).
@@ -511,16 +540,9 @@ fn hot_pages_for_the_gpu_are_loaded_while_hashed_and_cool_when_left_alone() {
     let pages = bytes / page;
     let per = (page / 8) as usize;
     let n = bytes / 8;
-    let opts = UnifiedOptions {
-        page_size: page,
-        dirty_tracking: DirtyTracking::WriteProtect,
-        ..UnifiedOptions::default()
-    };
-    let mut u = Unified::new(&strata, bytes, &opts).unwrap();
-    if u.dirty_tracking().0 != DirtyTracking::WriteProtect {
-        eprintln!("skipped: no asynchronous write protection here");
+    let Some(mut u) = write_protected(&strata, bytes, page, 1 << 30) else {
         return;
-    }
+    };
     u.advise(0..bytes, Advice::PreferredLocation(Some(Location::Gpu)))
         .unwrap();
     // The GPU's view after a sync to the GPU, read by a kernel launched by hand and followed
@@ -621,6 +643,76 @@ fn hot_pages_for_the_gpu_are_loaded_while_hashed_and_cool_when_left_alone() {
     assert!(words(&u)[..2 * per].iter().all(|&v| v == 11));
     u.sync_to_gpu(0..bytes).unwrap();
     check(&mut u, "after the conflict");
+}
+
+/// Hot pages under advice on part of the range, a cache a quarter of the data, syncs of
+/// random subranges: CPU rewrites of most pages (so pages turn hot) alternate with kernels that
+/// update a subset in place, and every word is checked against a replay after each round
+/// (hot pages advised to the GPU are taken as written unhashed; the others are hashed first).
+#[test]
+fn hot_pages_under_partial_advice_small_cache_and_partial_syncs() {
+    let Some((strata, m)) = setup() else { return };
+    let mut rng = rng();
+    let page: u64 = 64 << 10;
+    let bytes: u64 = 16 << 20;
+    let pages = bytes / page;
+    let n = bytes / 8;
+    let Some(mut u) = write_protected(&strata, bytes, page, bytes / 4) else {
+        return;
+    };
+    // The GPU advice on a random middle stretch only.
+    let a = rng.random_range(0..pages / 2) * page;
+    let b = rng.random_range(pages / 2 + 1..=pages) * page;
+    u.advise(a..b, Advice::PreferredLocation(Some(Location::Gpu)))
+        .unwrap();
+    let mut replay: Vec<u64> = (0..n).map(|_| rng.random()).collect();
+    words_mut(&mut u).copy_from_slice(&replay);
+    let update = m.function("update").unwrap();
+    let mut hot_seen = 0;
+    for round in 0..8u64 {
+        // Most pages rewritten (a heavy sync makes them hot), a word or a whole page each.
+        for p in 0..pages {
+            if rng.random_range(0..4) == 0 {
+                continue;
+            }
+            let base = (p * page / 8) as usize;
+            if rng.random() {
+                let i = base + rng.random_range(0..(page / 8) as usize);
+                replay[i] = rng.random();
+                words_mut(&mut u)[i] = replay[i];
+            } else {
+                for w in &mut replay[base..base + (page / 8) as usize] {
+                    *w = rng.random();
+                }
+                words_mut(&mut u)[base..base + (page / 8) as usize]
+                    .copy_from_slice(&replay[base..base + (page / 8) as usize]);
+            }
+        }
+        // A sync of a random subrange first (byte bounds not page-aligned), then the launch
+        // helper syncs the rest.
+        let x = rng.random_range(0..bytes);
+        let y = rng.random_range(x..=bytes);
+        u.sync_to_gpu(x..y).unwrap();
+        hot_seen = hot_seen.max(u.dirty_tracking().1);
+        let salt = mix(round ^ 0xad71ce);
+        let every = 1 + round % 3;
+        u.launch(&update, grid(&update), |h| {
+            Args::new().arg(h).arg(n).arg(salt).arg(every)
+        })
+        .unwrap();
+        replay_update(&mut replay, salt, every);
+        assert_replay(
+            &u,
+            &replay,
+            &format!("round {round}, advice on bytes {a}..{b}"),
+        );
+    }
+    assert!(
+        hot_seen > 0,
+        "no page ever turned hot: the test did not reach the hot path"
+    );
+    let want = replay.iter().fold(0u64, |s, &w| s.wrapping_add(w));
+    assert_eq!(gpu_sum(&mut u, &m, 0, n), want, "the GPU's view at the end");
 }
 
 #[test]
