@@ -10,41 +10,7 @@
 //   bulk-read   the same, host -> shared only (what the bulk reads alone reach)
 //
 //   nvcc -O2 -arch=sm_90 -o tma_host_read scripts/experiments/tma_host_read.cu && ./tma_host_read
-#include <cuda_runtime.h>
-#include <algorithm>
-#include <cstdio>
-#include <cstdlib>
-#include <vector>
-
-typedef unsigned long long u64;
-#define CHECK(x)                                                                    \
-    do {                                                                            \
-        cudaError_t e = (x);                                                        \
-        if (e != cudaSuccess) {                                                     \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e)); \
-            exit(1);                                                                \
-        }                                                                           \
-    } while (0)
-
-constexpr u64 PAGE = 64 << 10;
-
-__global__ void sm_loads(uint4* dst, const uint4* src, u64 pages) {
-    const u64 warp = (blockIdx.x * (u64)blockDim.x + threadIdx.x) / 32;
-    const u64 warps = (u64)gridDim.x * blockDim.x / 32;
-    const unsigned lane = threadIdx.x & 31;
-    const u64 vecs = PAGE / 16;
-    for (u64 p = warp; p < pages; p += warps) {
-        const uint4* s = src + p * vecs;
-        uint4* d = dst + p * vecs;
-        for (u64 i = lane; i < vecs; i += 8 * 32) {
-            uint4 v[8];
-#pragma unroll
-            for (int k = 0; k < 8; ++k) v[k] = __ldcg(s + i + k * 32);
-#pragma unroll
-            for (int k = 0; k < 8; ++k) __stcg(d + i + k * 32, v[k]);
-        }
-    }
-}
+#include "host_link.cuh"
 
 __device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
 
@@ -116,26 +82,6 @@ __global__ void bulk(unsigned char* dst, const unsigned char* src, u64 pages) {
     if (STORE) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
 }
 
-template <typename F> float median_ms(F run) {
-    cudaEvent_t a, b;
-    CHECK(cudaEventCreate(&a));
-    CHECK(cudaEventCreate(&b));
-    run();
-    CHECK(cudaDeviceSynchronize());
-    std::vector<float> t;
-    for (int i = 0; i < 7; ++i) {
-        CHECK(cudaEventRecord(a));
-        run();
-        CHECK(cudaEventRecord(b));
-        CHECK(cudaEventSynchronize(b));
-        float ms;
-        CHECK(cudaEventElapsedTime(&ms, a, b));
-        t.push_back(ms);
-    }
-    std::sort(t.begin(), t.end());
-    return t[t.size() / 2];
-}
-
 template <int CHUNK, int STAGES, bool STORE>
 void run_bulk(const char* name, unsigned char* dst, const unsigned char* src, u64 pages, int blocks_per_sm,
               int sms, u64 bytes, const unsigned char* check_host) {
@@ -170,7 +116,7 @@ int main() {
     float ms = median_ms([&] { CHECK(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice)); });
     printf("%-10s %41.2f ms  %6.2f GB/s\n", "memcpy", ms, bytes / ms / 1e6);
     for (int per_sm : {4, 8, 16}) {
-        ms = median_ms([&] { sm_loads<<<sms * per_sm, 256>>>((uint4*)dev, (const uint4*)host_dev, pages); });
+        ms = median_ms([&] { sm_copy<<<sms * per_sm, 256>>>((uint4*)dev, (const uint4*)host_dev, pages); });
         printf("%-10s warps/SM %3d %28.2f ms  %6.2f GB/s\n", "sm-loads", per_sm * 8, ms, bytes / ms / 1e6);
     }
     for (int b : {2, 4, 8}) {

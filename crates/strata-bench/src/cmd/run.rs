@@ -126,6 +126,11 @@ const STRATA: [&str; 4] = [
     "strata-lz4-node",
 ];
 
+/// Whether a contestant pages over a memory node (the benchmark starts one for them).
+fn over_node(contestant: &str) -> bool {
+    matches!(contestant, "strata-remote" | "strata-lz4-node")
+}
+
 fn label(contestant: &str) -> &'static str {
     match contestant {
         "zram" => "kernel, zram lz4 swap",
@@ -350,7 +355,7 @@ fn find_budget(
         contestant,
         limit,
         page,
-        slack: crate::strata_cgroup::slack_for(contestant),
+        slack: crate::strata_cgroup::slack_for(over_node(contestant)),
         reference,
         time_limit: setup.time_limit,
     };
@@ -474,10 +479,7 @@ pub fn run(args: &RunBenchArgs) -> anyhow::Result<()> {
     crate::cleanup::remove_stale(&dir);
     let strata = std::env::current_exe()?;
     let (programs, _inputs) = programs(&args.programs, data, &dir)?;
-    let node = if contestants
-        .iter()
-        .any(|c| matches!(*c, "strata-remote" | "strata-lz4-node"))
-    {
+    let node = if contestants.iter().any(|c| over_node(c)) {
         Some(start_node(strata_run_arena_bytes() * 4)?)
     } else {
         None
@@ -1056,10 +1058,24 @@ mod tests {
     }
 
     #[test]
+    fn the_node_rows_are_the_contestants_over_a_node() {
+        let over: Vec<&str> = CONTESTANTS.into_iter().filter(|c| over_node(c)).collect();
+        assert_eq!(over, ["strata-remote", "strata-lz4-node"]);
+        assert_eq!(
+            crate::strata_cgroup::slack_for(over_node("strata-file")),
+            crate::strata_cgroup::SLACK_BYTES
+        );
+        assert_eq!(
+            crate::strata_cgroup::slack_for(over_node("strata-lz4")),
+            crate::strata_cgroup::SLACK_BYTES
+        );
+    }
+
+    #[test]
     fn a_node_rows_search_leaves_its_extra_slack() {
         let mut node = ask(32 * MIB);
         node.contestant = "strata-remote";
-        node.slack = crate::strata_cgroup::slack_for("strata-remote");
+        node.slack = crate::strata_cgroup::slack_for(over_node(node.contestant));
         let s = search_budget(&node, |b| Ok(measured(b + 4 * MIB))).unwrap();
         assert_eq!(
             s.budget_bytes,
