@@ -715,6 +715,58 @@ fn hot_pages_under_partial_advice_small_cache_and_partial_syncs() {
     assert_eq!(gpu_sum(&mut u, &m, 0, n), want, "the GPU's view at the end");
 }
 
+/// Hot read-mostly pages beside hot ordinary ones, all advised to the GPU, with a cache of
+/// the whole data and one of two frames: the CPU rewrites everything twice a round (the second
+/// sync finds the pages hot; read-mostly ones are hashed before anything moves, the others
+/// taken as written), and the GPU's view through the replica and through the pages must be the
+/// CPU's every round, with no write-back reported for read-mostly data.
+fn hot_read_mostly_rounds(cache_pages: u64) {
+    let Some((strata, m)) = setup() else { return };
+    let mut rng = rng();
+    let page: u64 = 64 << 10;
+    let bytes: u64 = 4 << 20;
+    let n = bytes / 8;
+    let Some(mut u) = write_protected(&strata, bytes, page, cache_pages * page) else {
+        return;
+    };
+    let rm = rng.random_range(1..bytes / page) * page;
+    u.advise(0..rm, Advice::ReadMostly(true)).unwrap();
+    u.advise(0..bytes, Advice::PreferredLocation(Some(Location::Gpu)))
+        .unwrap();
+    let split = rm / 8;
+    for round in 0..4 {
+        let mut want = Vec::new();
+        for _ in 0..2 {
+            want = (0..n).map(|_| rng.random()).collect::<Vec<u64>>();
+            words_mut(&mut u).copy_from_slice(&want);
+            let r = u.sync_to_gpu(0..bytes).unwrap();
+            assert_eq!(r.cpu_written, bytes / page, "round {round}: {r:?}");
+        }
+        let sum = |w: &[u64]| w.iter().fold(0u64, |s, &x| s.wrapping_add(x));
+        assert_eq!(
+            gpu_sum_with(&mut u, &m, "sum_read_mostly", 0, split),
+            sum(&want[..split as usize]),
+            "round {round}: the read-mostly part (cache of {cache_pages} pages)"
+        );
+        assert_eq!(
+            gpu_sum(&mut u, &m, split, n),
+            sum(&want[split as usize..]),
+            "round {round}: the rest (cache of {cache_pages} pages)"
+        );
+        assert_eq!(words(&u), &want[..], "round {round}: the CPU's bytes");
+    }
+}
+
+#[test]
+fn hot_read_mostly_pages_with_the_whole_data_cached() {
+    hot_read_mostly_rounds(64);
+}
+
+#[test]
+fn hot_read_mostly_pages_with_a_cache_of_two_frames() {
+    hot_read_mostly_rounds(2);
+}
+
 #[test]
 fn both_sides_writing_a_page_is_reported_and_nothing_is_lost() {
     let Some((strata, m)) = setup() else { return };
