@@ -77,6 +77,10 @@ pub const KNOWN_VARIABLES: &[(&str, &str)] = &[
         "STRATA_UCX_FOOTPRINT",
         "memory-node clients: `lean` (small UCX queues; strata run's default) or `standard`",
     ),
+    (
+        "STRATA_REMOTE_FILES",
+        "memory nodes on this host lend their memory as files the program reads itself (true, the default) or serve it over messages (false)",
+    ),
     ("STRATA_KERNEL_CACHE", "directory for compiled GPU kernels"),
     (
         "STRATA_CUDA_HOME",

@@ -289,7 +289,7 @@ pub fn bytes_per_node(size: u64, stripe: u64, nodes: usize) -> u64 {
 }
 
 /// The socket address `node` (`HOST:PORT`) names.
-fn resolve(node: &str) -> Result<SocketAddr, RemoteOpenError> {
+pub(crate) fn resolve(node: &str) -> Result<SocketAddr, RemoteOpenError> {
     node.to_socket_addrs()
         .ok()
         .and_then(|mut a| a.next())
@@ -298,7 +298,7 @@ fn resolve(node: &str) -> Result<SocketAddr, RemoteOpenError> {
 
 /// Checks what every conversation with nodes' front doors needs: nodes, and a timeout that
 /// neither is zero nor overflows a deadline.
-fn check_nodes(nodes: &[String], timeout: Duration) -> Result<(), RemoteOpenError> {
+pub(crate) fn check_nodes(nodes: &[String], timeout: Duration) -> Result<(), RemoteOpenError> {
     if nodes.is_empty() {
         return Err(RemoteOpenError::NoNodes);
     }

@@ -31,6 +31,13 @@
 //! `status u8; if Ok: node MAC [32], free u64, capacity u64` (the MAC covers both nonces and
 //! both numbers) and closes. No session is issued and nothing reaches UCX; only a holder of
 //! the token learns the numbers. `strata run` sizes a process's arena with it.
+//!
+//! A client on the node's host may ask for memory lent as a file ([`ask_for_file`]): its
+//! proof starts with [`CLIENT_FILE_MAGIC`], carries the bytes it wants (u64) where an address
+//! would go and a MAC of its own label over both nonces and the request; the node answers
+//! `status u8; if Ok: node MAC [32], pid u32, fd u32, name [16]` (the MAC covers both nonces
+//! and the grant) or `Busy` with [`Refusal::NoFile`]. The connection then stays open as the
+//! loan's lifeline, as a session's does.
 
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
@@ -43,14 +50,18 @@ use sha2::Sha256;
 pub const NODE_MAGIC: [u8; 8] = *b"STRATA-N";
 /// First bytes of the client's proof.
 pub const CLIENT_MAGIC: [u8; 8] = *b"STRATA-C";
+/// First bytes of the proof of a client that asks for memory lent as a file
+/// ([`ask_for_file`]).
+pub const CLIENT_FILE_MAGIC: [u8; 8] = *b"STRATA-F";
 /// Handshake version; a node refuses another. Version 3: two ends on one host (see
 /// [`on_this_host`]) connect their UCX endpoints without peer-failure handling so UCX may use
 /// shared memory; both ends must agree on that, or the endpoints never pair. Version 4: the
 /// capacity query ([`query_capacity`]), and a refused region's reply says how much the node
 /// has free. Version 5: shared-memory FIFOs of [`crate::footprint::FIFO_ENTRIES`] entries at
 /// both ends instead of 1024; UCX needs both ends to use the same size, so a version 4 peer is
-/// refused at the door rather than hanging or crashing on the first message.
-pub const HANDSHAKE_VERSION: u64 = 5;
+/// refused at the door rather than hanging or crashing on the first message. Version 6: a
+/// client on the node's host may ask for memory lent as a file ([`ask_for_file`]).
+pub const HANDSHAKE_VERSION: u64 = 6;
 /// Largest UCX worker address either side accepts (InfiniBand addresses are a few hundred
 /// bytes; this leaves room for many devices).
 pub const MAX_WORKER_ADDRESS: usize = 8 << 10;
@@ -142,6 +153,10 @@ pub enum Refusal {
     /// The node did not take the client before the handshake deadline (it is stopping or
     /// overloaded).
     NoAnswer = 3,
+    /// The node lends this client no file (it is not on the node's host, the node
+    /// overcommits or has it turned off, has too little free, or cannot make one): the client
+    /// asks for messages instead.
+    NoFile = 4,
 }
 
 impl Refusal {
@@ -150,6 +165,7 @@ impl Refusal {
             1 => Refusal::Full,
             2 => Refusal::Unreachable,
             3 => Refusal::NoAnswer,
+            4 => Refusal::NoFile,
             _ => Refusal::Unknown,
         }
     }
@@ -176,6 +192,10 @@ impl std::fmt::Display for Refusal {
             Refusal::NoAnswer => write!(
                 f,
                 "the memory node accepted the token but did not take this client before the handshake deadline (it is stopping or overloaded); retry later, or raise strata serve --handshake-timeout"
+            ),
+            Refusal::NoFile => write!(
+                f,
+                "the memory node lends this client no memory as a file (it runs on another host or in another namespace, overcommits, was started with --lend-files false, or has too little free); the client reaches it over messages instead"
             ),
         }
     }
@@ -211,6 +231,51 @@ pub enum Visit {
     Session,
     /// The node's free capacity (answered; no session).
     Capacity,
+    /// Memory lent as a file (granted; the connection is the loan's lifeline).
+    File,
+}
+
+/// Where a client on the node's host opens the memory a node lent it as a file: the node's
+/// descriptor of a memory file (`memfd`) whose name carries `name`, opened through
+/// `/proc/PID/fd/FD`. The node's proof covers all three, and the client checks the name of
+/// what it opened, so a different process or file is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileGrant {
+    /// The node's process id (in the client's PID namespace if they share it).
+    pub pid: u32,
+    /// The node's descriptor of the file.
+    pub fd: u32,
+    /// Random bytes in the file's name.
+    pub name: [u8; 16],
+}
+
+/// Encoded size of a [`FileGrant`].
+const FILE_GRANT_BYTES: usize = 4 + 4 + 16;
+/// Encoded size of a file request in a proof: the bytes wanted (u64).
+const FILE_REQUEST_BYTES: usize = 8;
+
+impl FileGrant {
+    fn encode(&self) -> [u8; FILE_GRANT_BYTES] {
+        let mut b = [0u8; FILE_GRANT_BYTES];
+        b[..4].copy_from_slice(&self.pid.to_le_bytes());
+        b[4..8].copy_from_slice(&self.fd.to_le_bytes());
+        b[8..].copy_from_slice(&self.name);
+        b
+    }
+    fn decode(b: &[u8; FILE_GRANT_BYTES]) -> Self {
+        let mut name = [0u8; 16];
+        name.copy_from_slice(&b[8..]);
+        Self {
+            pid: u32_at(b, 0),
+            fd: u32_at(b, 4),
+            name,
+        }
+    }
+    /// The file's name as the node creates it (and `/proc` shows it, after `memfd:`).
+    pub fn file_name(&self) -> String {
+        let hex: String = self.name.iter().map(|b| format!("{b:02x}")).collect();
+        format!("strata-lent-{hex}")
+    }
 }
 
 /// What the client learns from a node that admitted it.
@@ -325,6 +390,28 @@ pub fn node_side(
     admit: impl FnOnce(Admitted) -> Result<Session, Refusal>,
     capacity: impl FnOnce() -> NodeCapacity,
 ) -> Result<Visit, HandshakeError> {
+    node_side_lending(
+        stream,
+        token,
+        node_address,
+        deadline,
+        admit,
+        capacity,
+        |_| Err(Refusal::NoFile),
+    )
+}
+
+/// [`node_side`] for a node that may lend memory as files: `lend_file` gets the bytes a
+/// client on this host asked for ([`ask_for_file`]) and answers with the grant or why not.
+pub fn node_side_lending(
+    stream: &mut TcpStream,
+    token: &[u8],
+    node_address: &[u8],
+    deadline: Instant,
+    admit: impl FnOnce(Admitted) -> Result<Session, Refusal>,
+    capacity: impl FnOnce() -> NodeCapacity,
+    lend_file: impl FnOnce(u64) -> Result<FileGrant, Refusal>,
+) -> Result<Visit, HandshakeError> {
     let node_nonce: [u8; NONCE] = random();
     let mut greeting = [0u8; GREETING_BYTES];
     greeting[..8].copy_from_slice(&NODE_MAGIC);
@@ -335,6 +422,9 @@ pub fn node_side(
     let mut proof = [0u8; PROOF_BYTES];
     read_by(stream, &mut proof, deadline)?;
     let proof = decode_proof(&proof)?;
+    if proof.wants_file {
+        return answer_file(stream, token, &node_nonce, &proof, deadline, lend_file);
+    }
     if proof.address_len == 0 {
         return answer_capacity(stream, token, &node_nonce, &proof, deadline, capacity);
     }
@@ -347,17 +437,8 @@ pub fn node_side(
     )
     .verify_slice(&proof.tag)
     .is_ok();
-    if !verified {
-        write_by(stream, &[Verdict::Denied as u8], deadline)?;
-        return Err(HandshakeError::Denied);
-    }
-    let session = match admit(Admitted { client_address }) {
-        Ok(session) => session,
-        Err(refusal) => {
-            write_by(stream, &[Verdict::Busy as u8, refusal as u8], deadline)?;
-            return Err(HandshakeError::Refused(refusal));
-        }
-    };
+    deny_unless(stream, verified, deadline)?;
+    let session = refuse_unless(stream, admit(Admitted { client_address }), deadline)?;
     let tag = mac(
         token,
         b"strata node",
@@ -375,6 +456,34 @@ pub fn node_side(
     Ok(Visit::Session)
 }
 
+/// Tells the client its proof was wrong unless `verified`.
+fn deny_unless(
+    stream: &mut TcpStream,
+    verified: bool,
+    deadline: Instant,
+) -> Result<(), HandshakeError> {
+    if verified {
+        return Ok(());
+    }
+    write_by(stream, &[Verdict::Denied as u8], deadline)?;
+    Err(HandshakeError::Denied)
+}
+
+/// What the node grants, or `Busy` and the refusal's byte sent to the client.
+fn refuse_unless<T>(
+    stream: &mut TcpStream,
+    outcome: Result<T, Refusal>,
+    deadline: Instant,
+) -> Result<T, HandshakeError> {
+    match outcome {
+        Ok(granted) => Ok(granted),
+        Err(refusal) => {
+            write_by(stream, &[Verdict::Busy as u8, refusal as u8], deadline)?;
+            Err(HandshakeError::Refused(refusal))
+        }
+    }
+}
+
 /// The node's answer to a capacity query whose proof (without an address) was read.
 fn answer_capacity(
     stream: &mut TcpStream,
@@ -387,10 +496,7 @@ fn answer_capacity(
     let verified = mac(token, b"strata query", &[node_nonce, &proof.nonce])
         .verify_slice(&proof.tag)
         .is_ok();
-    if !verified {
-        write_by(stream, &[Verdict::Denied as u8], deadline)?;
-        return Err(HandshakeError::Denied);
-    }
+    deny_unless(stream, verified, deadline)?;
     let NodeCapacity { free, capacity } = capacity();
     let (free, capacity) = (free.to_le_bytes(), capacity.to_le_bytes());
     let tag = mac(
@@ -409,19 +515,57 @@ fn answer_capacity(
     Ok(Visit::Capacity)
 }
 
+/// The node's answer to a file request whose proof (without its request) was read.
+fn answer_file(
+    stream: &mut TcpStream,
+    token: &[u8],
+    node_nonce: &[u8; NONCE],
+    proof: &Proof,
+    deadline: Instant,
+    lend_file: impl FnOnce(u64) -> Result<FileGrant, Refusal>,
+) -> Result<Visit, HandshakeError> {
+    let mut request = [0u8; FILE_REQUEST_BYTES];
+    read_by(stream, &mut request, deadline)?;
+    let verified = mac(
+        token,
+        b"strata file client",
+        &[node_nonce, &proof.nonce, &request],
+    )
+    .verify_slice(&proof.tag)
+    .is_ok();
+    deny_unless(stream, verified, deadline)?;
+    let grant = refuse_unless(stream, lend_file(u64_at(&request, 0)), deadline)?.encode();
+    let tag = mac(
+        token,
+        b"strata file node",
+        &[&proof.nonce, node_nonce, &grant],
+    )
+    .finalize()
+    .into_bytes();
+    let mut answer = Vec::with_capacity(1 + TAG + FILE_GRANT_BYTES);
+    answer.push(Verdict::Ok as u8);
+    answer.extend_from_slice(&tag);
+    answer.extend_from_slice(&grant);
+    write_by(stream, &answer, deadline)?;
+    Ok(Visit::File)
+}
+
 /// A decoded client proof (before its worker address).
 #[derive(Debug, PartialEq, Eq)]
 pub struct Proof {
     nonce: [u8; NONCE],
     tag: [u8; TAG],
     /// Length of the worker address that follows (checked against [`MAX_WORKER_ADDRESS`]);
-    /// 0 for a capacity query.
+    /// 0 for a capacity query; the request's for a file.
     pub address_len: usize,
+    /// The client asks for memory lent as a file ([`CLIENT_FILE_MAGIC`]).
+    pub wants_file: bool,
 }
 
 /// Decodes a client proof; refuses a wrong magic, version or an address over the limit.
 pub fn decode_proof(b: &[u8; PROOF_BYTES]) -> Result<Proof, HandshakeError> {
-    if b[..8] != CLIENT_MAGIC {
+    let wants_file = b[..8] == CLIENT_FILE_MAGIC;
+    if b[..8] != CLIENT_MAGIC && !wants_file {
         return Err(HandshakeError::Protocol("not a Strata client"));
     }
     if u64_at(b, 8) != HANDSHAKE_VERSION {
@@ -437,10 +581,14 @@ pub fn decode_proof(b: &[u8; PROOF_BYTES]) -> Result<Proof, HandshakeError> {
             "worker address length out of bounds",
         ));
     }
+    if wants_file && address_len != FILE_REQUEST_BYTES {
+        return Err(HandshakeError::Protocol("file request of the wrong length"));
+    }
     Ok(Proof {
         nonce,
         tag,
         address_len,
+        wants_file,
     })
 }
 
@@ -473,34 +621,46 @@ pub fn greeting_only(stream: &mut TcpStream, deadline: Instant) -> Result<(), Ha
     read_greeting(stream, deadline).map(|_| ())
 }
 
-/// Sends the client's proof over `address` (empty for a capacity query, under its own MAC
-/// label) in answer to the node's greeting; returns the client's nonce.
+/// What a client's proof asks for.
+enum Ask<'a> {
+    /// A session for this UCX worker address.
+    Session(&'a [u8]),
+    /// The node's free capacity.
+    Capacity,
+    /// This many bytes lent as a file.
+    File(u64),
+}
+
+/// Sends the client's proof for `ask` (each kind under its own MAC label) in answer to the
+/// node's greeting; returns the client's nonce.
 fn send_proof(
     stream: &mut TcpStream,
     token: &[u8],
     greeting: &[u8; GREETING_BYTES],
-    address: &[u8],
+    ask: Ask<'_>,
     deadline: Instant,
 ) -> Result<[u8; NONCE], HandshakeError> {
     let node_nonce = &greeting[17..];
     let client_nonce: [u8; NONCE] = random();
+    let file_request;
+    let (magic, label, address): (_, &[u8], &[u8]) = match ask {
+        Ask::Session(address) => (CLIENT_MAGIC, b"strata client", address),
+        Ask::Capacity => (CLIENT_MAGIC, b"strata query", &[]),
+        Ask::File(bytes) => {
+            file_request = bytes.to_le_bytes();
+            (CLIENT_FILE_MAGIC, b"strata file client", &file_request)
+        }
+    };
     let (tag, length) = if address.is_empty() {
-        (
-            mac(token, b"strata query", &[node_nonce, &client_nonce]),
-            [0u8; 4],
-        )
+        (mac(token, label, &[node_nonce, &client_nonce]), [0u8; 4])
     } else {
         (
-            mac(
-                token,
-                b"strata client",
-                &[node_nonce, &client_nonce, address],
-            ),
+            mac(token, label, &[node_nonce, &client_nonce, address]),
             encoded_len(address)?,
         )
     };
     let mut proof = Vec::with_capacity(PROOF_BYTES + address.len());
-    proof.extend_from_slice(&CLIENT_MAGIC);
+    proof.extend_from_slice(&magic);
     proof.extend_from_slice(&HANDSHAKE_VERSION.to_le_bytes());
     proof.extend_from_slice(&client_nonce);
     proof.extend_from_slice(&tag.finalize().into_bytes());
@@ -547,7 +707,13 @@ pub fn client_side(
     }
     let greeting = read_greeting(stream, deadline)?;
     let node_nonce = &greeting[17..];
-    let client_nonce = send_proof(stream, token, &greeting, client_address, deadline)?;
+    let client_nonce = send_proof(
+        stream,
+        token,
+        &greeting,
+        Ask::Session(client_address),
+        deadline,
+    )?;
     read_verdict(stream, deadline)?;
     let mut head = [0u8; TAG + SESSION_BYTES + 4];
     read_by(stream, &mut head, deadline)?;
@@ -584,7 +750,7 @@ pub fn query_capacity(
 ) -> Result<NodeCapacity, HandshakeError> {
     let greeting = read_greeting(stream, deadline)?;
     let node_nonce = &greeting[17..];
-    let client_nonce = send_proof(stream, token, &greeting, &[], deadline)?;
+    let client_nonce = send_proof(stream, token, &greeting, Ask::Capacity, deadline)?;
     read_verdict(stream, deadline)?;
     let mut answer = [0u8; CAPACITY_ANSWER_BYTES];
     read_by(stream, &mut answer, deadline)?;
@@ -600,6 +766,35 @@ pub fn query_capacity(
         free: u64_at(&answer, TAG),
         capacity: u64_at(&answer, TAG + 8),
     })
+}
+
+/// Asks a node on this host for `bytes` of memory lent as a file: proves the token (a wrong
+/// one is refused as by [`client_side`]), checks the node's proof over the grant, and
+/// returns where to open the file. The connection stays open as the loan's lifeline: the
+/// node takes the file back when it closes. A node that lends no file here answers with
+/// [`Refusal::NoFile`].
+pub fn ask_for_file(
+    stream: &mut TcpStream,
+    token: &[u8],
+    bytes: u64,
+    deadline: Instant,
+) -> Result<FileGrant, HandshakeError> {
+    let greeting = read_greeting(stream, deadline)?;
+    let node_nonce = &greeting[17..];
+    let client_nonce = send_proof(stream, token, &greeting, Ask::File(bytes), deadline)?;
+    read_verdict(stream, deadline)?;
+    let mut answer = [0u8; TAG + FILE_GRANT_BYTES];
+    read_by(stream, &mut answer, deadline)?;
+    let mut grant = [0u8; FILE_GRANT_BYTES];
+    grant.copy_from_slice(&answer[TAG..]);
+    mac(
+        token,
+        b"strata file node",
+        &[&client_nonce, node_nonce, &grant],
+    )
+    .verify_slice(&answer[..TAG])
+    .map_err(|_| HandshakeError::NodeNotAuthentic)?;
+    Ok(FileGrant::decode(&grant))
 }
 
 /// A fresh random session.

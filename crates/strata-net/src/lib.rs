@@ -83,6 +83,18 @@
 //! 1024 before, UCX's default is 64), and a client inside a program held to a memory limit
 //! (`strata run`) opens one shared-memory transport with small pools: see [`footprint`].
 //!
+//! # Memory lent as files
+//! A node on the client's host lends memory as a file by default ([`lent_file_store`], the
+//! node's side in `server/lent_file.rs`): the client asks at the front door, opens the
+//! node's memory file through `/proc` and copies pages itself, with no UCX in the program
+//! and no thread hand-off. The node allocates the whole file when it lends it, so its pages
+//! are charged to the node (outside a program's memory group, as zram's pool is). `sort` of
+//! 32 MiB in a 32 MiB memory group at a 24.8 MiB budget: 7.7 s against 11.9 s over shared
+//! memory messages at the same budget (one run each, this 2-core VM). Nodes elsewhere, nodes
+//! that overcommit or run with `--lend-files false`, and clients that cannot open the file
+//! (another user, another PID namespace) use messages; `STRATA_REMOTE_FILES=false` asks for
+//! messages. A node whose front-door connection closes is lost either way.
+//!
 //! # Lost nodes
 //! Every request carries a deadline (`STRATA_REMOTE_TIMEOUT`). A missed deadline or an
 //! endpoint error marks the node lost: its endpoint is closed with force (cancelling every
@@ -95,8 +107,10 @@
 pub mod client;
 pub mod footprint;
 pub mod handshake;
+pub mod lent_file_store;
 pub mod protocol;
 pub mod server;
+mod sys;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -156,6 +170,9 @@ pub enum OpenStoreError {
     /// `STRATA_UCX_FOOTPRINT` names no footprint.
     #[error("{0}")]
     Footprint(String),
+    /// `STRATA_REMOTE_FILES` is not a switch.
+    #[error("{0}")]
+    Files(String),
     /// A remote store needs a token.
     #[error(
         "a remote store needs the memory nodes' token; set STRATA_REMOTE_TOKEN or pass --token"
@@ -334,6 +351,11 @@ pub fn open_inner_store(
             );
             options.stripe_bytes = stripe_bytes(config.codec, page_bytes);
             options.footprint = UcxFootprint::from_env().map_err(OpenStoreError::Footprint)?;
+            // Nodes on this host lend files the program reads itself: no UCX, no hand-off.
+            let files = lent_file_store::files_allowed_by_env().map_err(OpenStoreError::Files)?;
+            if files && let Some(store) = lent_file_store::open(&options, inner_size)? {
+                return Ok(Arc::new(store));
+            }
             UcxTransport.open_store(inner_size, options)?
         }
     })

@@ -30,6 +30,7 @@ use strata_ucx::{
 };
 
 mod door;
+mod lent_file;
 
 use door::{Door, DoorEvent};
 
@@ -59,6 +60,10 @@ pub struct ServeOptions {
     /// Accept a capacity larger than the host's memory (the node commits memory only as
     /// clients write, and may be killed when it runs out).
     pub overcommit: bool,
+    /// Lend clients on this host memory as files they read and write themselves
+    /// (`server/lent_file.rs`); not with `overcommit`, whose pages would be charged to the
+    /// client that touches them first.
+    pub lend_files: bool,
 }
 
 impl ServeOptions {
@@ -75,6 +80,7 @@ impl ServeOptions {
             max_per_peer: 8,
             handshake_timeout: Duration::from_secs(5),
             overcommit: false,
+            lend_files: true,
         }
     }
 }
@@ -159,6 +165,28 @@ pub struct NodeCounters {
     pub handshakes_failed: AtomicU64,
     /// Requests dropped because they carried no live session.
     pub unauthenticated_dropped: AtomicU64,
+    /// Files lent to clients on this host so far (`server/lent_file.rs`); their pages move
+    /// without the node, so `bytes_read` and `bytes_written` do not count them.
+    pub files_lent: AtomicU64,
+    /// Files lent now.
+    pub file_loans: AtomicU64,
+}
+
+impl NodeCounters {
+    /// Takes `bytes` of `capacity` for a loan, or says how many bytes are free.
+    fn reserve(&self, capacity: u64, bytes: u64) -> Result<(), u64> {
+        self.lent_bytes
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |lent| {
+                lent.checked_add(bytes).filter(|&after| after <= capacity)
+            })
+            .map(|_| ())
+            .map_err(|lent| capacity.saturating_sub(lent))
+    }
+
+    /// Gives back `bytes` a loan took with [`NodeCounters::reserve`].
+    fn release(&self, bytes: u64) {
+        self.lent_bytes.fetch_sub(bytes, Ordering::AcqRel);
+    }
 }
 
 /// A running memory node. Dropping it shuts it down.
@@ -416,7 +444,6 @@ struct NodeLoop {
     sessions: HashMap<EndpointId, Session>,
     regions: HashMap<u64, Region>,
     next_region: u64,
-    lent: u64,
     pending: Vec<Pending>,
 }
 
@@ -466,7 +493,6 @@ impl NodeLoop {
             sessions: HashMap::new(),
             regions: HashMap::new(),
             next_region: 1,
-            lent: 0,
             pending: Vec::new(),
         })
     }
@@ -594,8 +620,7 @@ impl NodeLoop {
 
     fn free_region(&mut self, region: u64) {
         if let Some(r) = self.regions.remove(&region) {
-            self.lent -= r.memory.length as u64;
-            self.counters.lent_bytes.store(self.lent, Ordering::Relaxed);
+            self.counters.release(r.memory.length as u64);
             tracing::info!(
                 region,
                 size = %format_size(r.memory.length as u64),
@@ -729,14 +754,14 @@ impl NodeLoop {
     }
 
     fn alloc(&mut self, from: Session, header: RequestHeader) {
-        let free = self.options.capacity - self.lent;
         let Ok(length) = usize::try_from(header.length) else {
             return self.refuse(from, header.id, Status::NoCapacity);
         };
         if header.length == 0 {
             return self.refuse(from, header.id, Status::BadRequest);
         }
-        if header.length > free {
+        // Files lent by the door take from the same capacity, on other threads.
+        if let Err(free) = self.counters.reserve(self.options.capacity, header.length) {
             tracing::warn!(
                 wanted = %format_size(header.length),
                 free = %format_size(free),
@@ -756,6 +781,7 @@ impl NodeLoop {
             Ok(m) => m,
             Err(e) => {
                 tracing::warn!(error = %e, "region allocation failed");
+                self.counters.release(header.length);
                 return self.refuse(from, header.id, Status::NoCapacity);
             }
         };
@@ -767,13 +793,14 @@ impl NodeLoop {
             .map(MemoryHandle::pack_remote_key)
         {
             Some(Ok(k)) => k,
-            Some(Err(_)) => return self.refuse(from, header.id, Status::NoCapacity),
+            Some(Err(_)) => {
+                self.counters.release(header.length);
+                return self.refuse(from, header.id, Status::NoCapacity);
+            }
             None => Vec::new(),
         };
         let region = self.next_region;
         self.next_region += 1;
-        self.lent += header.length;
-        self.counters.lent_bytes.store(self.lent, Ordering::Relaxed);
         let reply = ReplyHeader {
             id: header.id,
             status: Status::Ok,

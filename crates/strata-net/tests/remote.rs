@@ -974,6 +974,42 @@ fn a_node_at_another_host_address_is_reached_over_tcp() {
     let door = std::net::TcpStream::connect(child.address).unwrap();
     assert!(!strata_net::handshake::on_this_host(&door));
     drop(door);
+    // Such a node lends no file (its pages could not be opened here); a store asked for
+    // through the front door is reached over messages.
+    let mut door = std::net::TcpStream::connect(child.address).unwrap();
+    let refused = strata_net::handshake::ask_for_file(
+        &mut door,
+        TOKEN.as_bytes(),
+        1 << 20,
+        Instant::now() + Duration::from_secs(30),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            refused,
+            strata_net::handshake::HandshakeError::Refused(strata_net::handshake::Refusal::NoFile)
+        ),
+        "{refused}"
+    );
+    drop(door);
+    let config = StoreConfig {
+        kind: StoreKind::Remote {
+            nodes: vec![child.address.to_string()],
+        },
+        codec: CodecKind::None,
+        direct: false,
+        grow: false,
+        token: Some(TOKEN.into()),
+        timeout_secs: 30,
+    };
+    let through_config = strata_net::open_store(&config, 1 << 20).unwrap();
+    assert!(
+        !through_config.describe().contains("files lent"),
+        "{}",
+        through_config.describe()
+    );
+    exercise(through_config.as_ref(), &mut rng, 20);
+    drop(through_config);
     let mut o = options(&[child.address], AccessPath::Messages);
     o.transports = None;
     o.timeout = Duration::from_secs(30);

@@ -182,6 +182,9 @@ struct TestNode {
     node: strata_net::MemoryNode,
     store: String,
     token: String,
+    /// Programs reach the node over messages (`STRATA_REMOTE_FILES=false`), not through the
+    /// files a node on their host lends by default.
+    messages: bool,
 }
 
 impl TestNode {
@@ -202,6 +205,15 @@ impl TestNode {
             node,
             store,
             token: token.to_string(),
+            messages: false,
+        }
+    }
+
+    /// A node that programs reach over messages only.
+    fn start_messages() -> Self {
+        Self {
+            messages: true,
+            ..Self::start()
         }
     }
 
@@ -211,6 +223,10 @@ impl TestNode {
         vec![
             ("STRATA_REMOTE_TOKEN", self.token.as_str()),
             ("STRATA_REMOTE_TIMEOUT", "30"),
+            (
+                "STRATA_REMOTE_FILES",
+                if self.messages { "false" } else { "true" },
+            ),
         ]
     }
 
@@ -255,14 +271,52 @@ impl TestNode {
         all
     }
 
-    /// Bytes the node received and sent so far.
-    fn moved(&self) -> (u64, u64) {
+    /// Checks that `what`'s pages went to this node: over messages, more than `written`
+    /// bytes written and some read back; through lent files (which the node does not see
+    /// pages cross), that it lent some and none crossed its messages.
+    fn assert_paged(&self, what: &str, written: u64) {
+        use std::sync::atomic::Ordering::Relaxed;
         let c = self.node.counters();
-        (
-            c.bytes_written.load(std::sync::atomic::Ordering::Relaxed),
-            c.bytes_read.load(std::sync::atomic::Ordering::Relaxed),
-        )
+        let (w, r) = (c.bytes_written.load(Relaxed), c.bytes_read.load(Relaxed));
+        let files = c.files_lent.load(Relaxed);
+        println!("memory node: {w} bytes written, {r} bytes read, {files} files lent");
+        if self.messages {
+            assert!(
+                w > written && r > 0 && files == 0,
+                "{what}: the pages did not go over the memory node's messages ({w} written, {r} read, {files} files lent)"
+            );
+        } else {
+            assert!(
+                files > 0 && w == 0,
+                "{what}: the memory node lent no file ({files}; {w} bytes written over messages)"
+            );
+        }
     }
+}
+
+/// 2 threads x 24 MiB plus a 16 MiB mapping, with a 16 MiB budget over `node` without and
+/// with LZ4, every byte checked, and the pages went to the node.
+fn node_serves_every_byte(strata: &Path, prog: &Path, node: &TestNode) {
+    let p = prog.to_string_lossy();
+    let seed_s = seed().to_string();
+    same_output_with(
+        strata,
+        &[&p, &seed_s, "2", "24"],
+        &[
+            &["--memory", "16MiB", "--store", &node.store],
+            &[
+                "--memory",
+                "16MiB",
+                "--store",
+                &node.store,
+                "--codec",
+                "lz4",
+            ],
+        ],
+        Duration::from_secs(90),
+        &node.env(),
+    );
+    node.assert_paged("check_bytes", 16 << 20);
 }
 
 /// `configs` as the slices [`same_output`] takes.
@@ -281,12 +335,7 @@ fn same_output_everywhere(strata: &Path, program: &[&str], budget: &str, limit: 
     let configs = borrowed(&configs);
     let slices: Vec<&[&str]> = configs.iter().map(Vec::as_slice).collect();
     same_output_with(strata, program, &slices, limit, &node.env());
-    let (written, read) = node.moved();
-    println!("memory node: {written} bytes written, {read} bytes read");
-    assert!(
-        written > 0 && read > 0,
-        "{program:?}: no page went through the memory node ({written} written, {read} read)"
-    );
+    node.assert_paged(&format!("{program:?}"), 0);
     node.node.shutdown();
 }
 
@@ -311,33 +360,11 @@ fn a_memory_node_on_loopback_serves_the_arena() {
     let Some(strata) = strata() else { return };
     let dir = scratch("node");
     let prog = compile("check_bytes", &dir);
+    // Over messages, then through the files a node on this host lends (the default), which
+    // the rest of the test uses.
+    node_serves_every_byte(&strata, &prog, &TestNode::start_messages());
     let node = TestNode::start();
-    let p = prog.to_string_lossy();
-    let seed_s = seed().to_string();
-    // 2 threads x 24 MiB plus a 16 MiB mapping, with a 16 MiB budget, every byte checked.
-    same_output_with(
-        &strata,
-        &[&p, &seed_s, "2", "24"],
-        &[
-            &["--memory", "16MiB", "--store", &node.store],
-            &[
-                "--memory",
-                "16MiB",
-                "--store",
-                &node.store,
-                "--codec",
-                "lz4",
-            ],
-        ],
-        Duration::from_secs(90),
-        &node.env(),
-    );
-    let (written, read) = node.moved();
-    println!("memory node: {written} bytes written, {read} bytes read");
-    assert!(
-        written > 16 << 20 && read > 0,
-        "the pages did not go through the memory node ({written} written, {read} read)"
-    );
+    node_serves_every_byte(&strata, &prog, &node);
     // A wrong token is refused by `strata run`'s check (it asks each node what it has free,
     // proving the token), before the program starts.
     let once = compile("write_once", &dir);
@@ -474,11 +501,7 @@ fn a_default_node_serves_sort_with_no_arena_setting() {
         err.contains("borrowed from the memory nodes as their arenas grew"),
         "said with --summary: {err}"
     );
-    let (written, read) = node.moved();
-    assert!(
-        written > 16 << 20 && read > 0,
-        "{written} written, {read} read"
-    );
+    node.assert_paged("sort", 16 << 20);
     // Without --summary, nothing is said.
     let (report, err) = sort_over_node(&strata, &node, &input, &[]);
     assert_eq!(report["arena_store_bytes"], 128 * mib, "{report}");
@@ -695,6 +718,42 @@ fn a_node_mostly_taken_by_another_client_gives_what_it_has_left() {
     node.node.shutdown();
 }
 
+/// A node that stops while a program pages through the file it lent ends the program as a
+/// lost node over messages does: SIGBUS, with the store and the reason said, never zeros or
+/// a hang.
+#[test]
+fn a_node_that_stops_mid_run_ends_the_program_with_the_reason() {
+    let Some(strata) = strata() else { return };
+    let node = TestNode::start();
+    let toucher = "import time\nb = bytearray(96 << 20)\nt = time.time()\nwhile time.time() - t < 60:\n    for i in range(0, len(b), 4096):\n        b[i] = (b[i] + 1) & 255\nprint('never lost')\n";
+    let mut cmd = under(
+        &strata,
+        &["--memory", "16MiB", "--store", &node.store],
+        &["python3", "-c", toucher],
+    );
+    cmd.envs(node.env());
+    let running = std::thread::spawn(move || run(cmd, Duration::from_secs(60)));
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        node.node
+            .counters()
+            .files_lent
+            .load(std::sync::atomic::Ordering::Relaxed)
+            > 0,
+        "the program borrowed no file"
+    );
+    node.node.shutdown();
+    let out = running.join().expect("the run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    println!("{err}");
+    assert!(!out.status.success(), "{out:?}");
+    assert!(out.stdout.is_empty(), "{out:?}");
+    assert!(
+        err.contains("SIGBUS") && err.contains("is lost"),
+        "the failure is not explained: {err}"
+    );
+}
+
 /// Two nodes, one mostly held by another client: pages are striped evenly over the nodes, so
 /// together they lend twice what the fuller one has free, and the arena borrows that.
 #[test]
@@ -714,16 +773,13 @@ fn two_nodes_lend_twice_what_the_fuller_has_free() {
             full.store.trim_start_matches("remote:")
         ),
         token: roomy.token.clone(),
+        messages: false,
     };
     let (report, _) = sort_over_node(&strata, &both, &input, &[]);
     assert_eq!(report["arena_store_bytes"], 80 * mib, "{report}");
     assert_eq!(report["arena_fallbacks"], 0, "{report}");
     assert!(report["stats"]["faults"].as_u64() > Some(0), "{report}");
-    let c = full.node.counters();
-    assert!(
-        c.bytes_written.load(std::sync::atomic::Ordering::Relaxed) > 0,
-        "no page went to the second node"
-    );
+    full.assert_paged("sort's second node", 0);
     both.node.shutdown();
 }
 
@@ -919,11 +975,7 @@ fn stress_ng_vm_verifies_under_the_budget() {
             "stress-ng's memory was not paged: {err}"
         );
     }
-    let (written, read) = node.moved();
-    assert!(
-        written > 0 && read > 0,
-        "no page of stress-ng went through the memory node ({written} written, {read} read)"
-    );
+    node.assert_paged("stress-ng", 0);
     node.node.shutdown();
 }
 

@@ -40,6 +40,10 @@ pub struct ServeArgs {
     /// Accept a --capacity larger than this host's memory.
     #[arg(long)]
     overcommit: bool,
+    /// Lend clients on this host memory as files they read and write themselves (committed
+    /// when lent; not with --overcommit). `false`: messages only.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    lend_files: bool,
     /// Most clients (and handshakes under way) at once.
     #[arg(long, default_value_t = 256)]
     max_clients: usize,
@@ -80,6 +84,7 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     options.transports.clone_from(&args.transports);
     options.one_sided = args.one_sided;
     options.overcommit = args.overcommit;
+    options.lend_files = args.lend_files;
     options.max_clients = args.max_clients;
     options.handshake_timeout = Duration::from_secs(args.handshake_timeout.max(1));
     let node = MemoryNode::start(options)?;
@@ -97,8 +102,9 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     }
     let c = node.counters();
     println!(
-        "shutting down: {} clients, {} lent, {} read, {} written, {} requests refused",
+        "shutting down: {} clients, {} files lent, {} lent, {} read, {} written over messages, {} requests refused",
         c.clients.load(Ordering::Relaxed),
+        c.files_lent.load(Ordering::Relaxed),
         format_size(c.lent_bytes.load(Ordering::Relaxed)),
         format_size(c.bytes_read.load(Ordering::Relaxed)),
         format_size(c.bytes_written.load(Ordering::Relaxed)),

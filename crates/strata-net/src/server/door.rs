@@ -11,8 +11,9 @@ use std::time::{Duration, Instant};
 
 use strata_ucx::WorkerWaker;
 
+use super::lent_file::LentFile;
 use super::{NodeCounters, ServeOptions};
-use crate::handshake::{self, HandshakeError, NodeCapacity, Refusal, Session, Visit};
+use crate::handshake::{self, FileGrant, HandshakeError, NodeCapacity, Refusal, Session, Visit};
 
 /// A client that passed the handshake, handed to the node loop, which answers with its
 /// session (or why it cannot take it).
@@ -203,8 +204,9 @@ impl Door {
 
     fn handshake(&self, mut stream: TcpStream, peer: IpAddr, deadline: Instant) {
         let mut session = None;
+        let mut loan = None;
         let on_host = handshake::on_this_host(&stream);
-        let outcome = handshake::node_side(
+        let outcome = handshake::node_side_lending(
             &mut stream,
             self.options.token.as_bytes(),
             &self.worker_address,
@@ -225,9 +227,15 @@ impl Door {
                 answered
             },
             || self.capacity(),
+            |bytes| {
+                let (lent, grant) = self.lend_file(bytes, on_host)?;
+                loan = Some(lent);
+                Ok(grant)
+            },
         );
         match &outcome {
             Ok(Visit::Session) => tracing::info!(%peer, "client authenticated"),
+            Ok(Visit::File) => tracing::info!(%peer, "memory lent as a file"),
             // `strata run` asks before each paging process sizes its arena: not worth a
             // line each time.
             Ok(Visit::Capacity) => tracing::debug!(%peer, "free capacity asked"),
@@ -261,6 +269,14 @@ impl Door {
             Err(_) => Judgement::Neutral,
         };
         self.finish(peer, judgement);
+        if let Some(loan) = loan {
+            // The loan lasts while the client holds its connection.
+            if outcome.is_ok() {
+                self.watch(&mut stream);
+            }
+            drop(loan);
+            tracing::info!(%peer, "file loan ended");
+        }
         if let Some(session) = session {
             if outcome.is_ok() {
                 self.watch(&mut stream);
@@ -270,8 +286,36 @@ impl Door {
         }
     }
 
-    /// What the node can still lend: its capacity less what the node loop has lent (the
-    /// loop publishes that after every grant and release).
+    /// Lends `bytes` as a file to a client (`on_host`: its connection shows it on this
+    /// host), or says it will not; the reason goes to the log, since the client then asks
+    /// for a session over messages, where a lack of room is told with numbers.
+    fn lend_file(&self, bytes: u64, on_host: bool) -> Result<(LentFile, FileGrant), Refusal> {
+        let refuse = |why: &str| {
+            tracing::info!(why, "no file lent; the client may ask over messages");
+            Refusal::NoFile
+        };
+        if !on_host {
+            return Err(refuse("the client is not on this host"));
+        }
+        if !self.options.lend_files {
+            return Err(refuse("lending files is turned off"));
+        }
+        if self.options.overcommit {
+            return Err(refuse("an overcommitting node lends no files"));
+        }
+        let taken = self.counters.clients.load(Ordering::Relaxed)
+            + self.counters.file_loans.load(Ordering::Relaxed);
+        if bytes == 0 || taken >= self.options.max_clients as u64 {
+            return Err(refuse("no bytes asked, or all clients taken"));
+        }
+        self.counters
+            .reserve(self.options.capacity, bytes)
+            .map_err(|_| refuse("too little capacity free"))?;
+        LentFile::create(bytes, Arc::clone(&self.counters)).map_err(|e| refuse(&e))
+    }
+
+    /// What the node can still lend: its capacity less what the node loop and the lent
+    /// files hold (both take and give back through the same counter).
     fn capacity(&self) -> NodeCapacity {
         let lent = self.counters.lent_bytes.load(Ordering::Relaxed);
         NodeCapacity {
