@@ -268,20 +268,25 @@ fn start_node(capacity: u64) -> anyhow::Result<Node> {
         std::process::id(),
         Instant::now().elapsed().as_nanos() ^ 0x5eed_5eed
     );
-    let mut opts = strata_net::ServeOptions::new("127.0.0.1:0".parse()?, capacity, token.clone());
-    // Each process's arena is a large virtual region (STRATA_RUN_ARENA); the node commits
-    // memory only as pages are written.
-    opts.overcommit = true;
+    // Within the host's memory, without overcommit: the node then lends each process its
+    // chunks as files it commits at once (`strata_net::lent_file_store`), whose pages are
+    // charged to this process, outside the program's group, as zram's pool is.
+    let opts = strata_net::ServeOptions::new("127.0.0.1:0".parse()?, capacity, token.clone());
     let node = strata_net::MemoryNode::start(opts).context("starting a memory node on loopback")?;
     Ok(Node { node, token })
 }
 
-/// The virtual size of one `strata run` arena (what a process asks a memory node for).
-fn strata_run_arena_bytes() -> u64 {
-    std::env::var("STRATA_RUN_ARENA")
+/// What the benchmark's memory node lends: half the host's memory (each process borrows
+/// chunks as its arena grows, twice its first large request at first), at most 16 GiB.
+fn node_capacity() -> u64 {
+    let host = std::fs::read_to_string("/proc/meminfo")
         .ok()
-        .and_then(|v| parse_size(&v).ok())
-        .unwrap_or(64 << 30)
+        .and_then(|info| {
+            let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
+            line.split_whitespace().nth(1)?.parse::<u64>().ok()
+        })
+        .map_or(4 << 30, |kib| kib * 1024);
+    (host / 2).min(16 << 30)
 }
 
 /// What the Strata rows need besides the contestant and the program.
@@ -480,7 +485,7 @@ pub fn run(args: &RunBenchArgs) -> anyhow::Result<()> {
     let strata = std::env::current_exe()?;
     let (programs, _inputs) = programs(&args.programs, data, &dir)?;
     let node = if contestants.iter().any(|c| over_node(c)) {
-        Some(start_node(strata_run_arena_bytes() * 4)?)
+        Some(start_node(node_capacity())?)
     } else {
         None
     };
