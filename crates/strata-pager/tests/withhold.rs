@@ -274,3 +274,54 @@ fn everything_withheld_but_the_minimum_still_serves_every_fault() {
     region.flush().unwrap();
     assert!(read_all(&*store) == want);
 }
+
+#[test]
+fn fills_that_evict_first_keep_the_resident_set_and_the_data() {
+    if !uffd_available("evict_before_fills") {
+        return;
+    }
+    let mut rng = Rng::from_time("evict_before_fills");
+    let (store, region, data) = region(&mut rng, 8);
+    let mut want = data;
+    for p in 0..PAGES {
+        assert_eq!(region.as_slice()[p * PAGE], want[p * PAGE]);
+    }
+    let before = within_budget(&region, "filled");
+    region.evict_before_fills(true);
+    let base = region.as_ptr() as usize;
+    let mut least = usize::MAX;
+    for k in 0..4000 {
+        // Random pages, and now and then a sequential run (read-ahead windows).
+        let p = rng.below(PAGES as u64) as usize;
+        let run = if k % 16 == 0 { 12 } else { 1 };
+        for q in p..(p + run).min(PAGES) {
+            let i = q * PAGE + rng.below(PAGE as u64) as usize;
+            assert_eq!(region.as_slice()[i], want[i], "page {q}, access {k}");
+            if k % 3 == 0 {
+                let v = rng.next() as u8;
+                // SAFETY: inside the region; only this thread touches it.
+                unsafe { std::ptr::write_volatile((base + i) as *mut u8, v) };
+                want[i] = v;
+            }
+        }
+        if k % 200 == 199 {
+            least =
+                least.min(within_budget(&region, "evicting before fills").resident_pages as usize);
+        }
+    }
+    let c = region.counters();
+    eprintln!(
+        "before {} resident, least {least} while evicting first; {c:?}",
+        before.resident_pages
+    );
+    assert!(c.evicted_before_fills > 1000, "{c:?}");
+    assert!(
+        least + 16 >= before.resident_pages as usize,
+        "the resident set shrank from {} to {least} while fills evicted first",
+        before.resident_pages
+    );
+    region.evict_before_fills(false);
+    assert!(region.as_slice() == &want[..]);
+    region.flush().unwrap();
+    assert!(read_all(&*store) == want);
+}

@@ -114,6 +114,9 @@ pub struct PagerCounters {
     pub pages_in_transition: u64,
     /// Frames withheld from the budget now ([`Region::withhold_frames`]).
     pub withheld_frames: u64,
+    /// Pages evicted by fills just before they installed theirs
+    /// ([`Region::evict_before_fills`]).
+    pub evicted_before_fills: u64,
 }
 
 /// A region of memory paged from a store. See the module documentation.
@@ -225,6 +228,7 @@ impl Region {
             dirty_pages: dirty,
             pages_in_transition: moving,
             withheld_frames: self.shared.frames.withheld_count() as u64,
+            evicted_before_fills: c.evicted_before_fills.load(Ordering::Relaxed),
         }
     }
 
@@ -238,6 +242,15 @@ impl Region {
     /// fault path, such as a watcher of the process's memory group.
     pub fn withhold_frames(&self, target: usize) -> Withheld {
         self.shared.withhold(target)
+    }
+
+    /// While `on`, every fill first evicts as many pages as it is about to install (as far
+    /// as any can be evicted), so the region's memory charge never grows: for a caller that
+    /// sees the process's memory group at its limit, where the kernel could otherwise find
+    /// nothing to reclaim for the page being installed and kill the process. Costs an
+    /// eviction (a write-back for a dirty page) on each fault's path while set.
+    pub fn evict_before_fills(&self, on: bool) {
+        self.shared.evict_before_fills.store(on, Ordering::Relaxed);
     }
 
     /// The withholding target and the frames withheld now (cheap: no wait, no scan).

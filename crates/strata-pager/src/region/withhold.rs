@@ -9,6 +9,14 @@
 //! returns); what it cannot evict at once (pages being filled or written back) comes from
 //! the frames that evictors, faults and scratch buffers return afterwards, which all go to
 //! the withheld list first while it is short.
+//!
+//! Withholding acts on what the caller sees, a millisecond late. For the moments when the
+//! memory a fill is about to charge may not be there at all (a memory group at its limit
+//! whose page cache is held by the very `read()` that waits on the fault),
+//! [`Region::evict_before_fills`](super::Region::evict_before_fills) makes every fill take
+//! its frames by evicting pages (free frames stay unused; `frames.rs`), so each page it
+//! installs is charged against one given back just before: the region's charge never grows
+//! while it is set, and a fill never needs the kernel to reclaim anything.
 
 use super::evict::EVICT_BATCH;
 use super::shared::Shared;
