@@ -15,7 +15,14 @@
 //! default [`DEFAULT_HEADROOM`]), the arena withholds frames for the shortfall
 //! ([`strata_pager::Region::withhold_frames`], which evicts at once, so the memory is back
 //! when the call returns); once the room is the headroom plus [`RELEASE_GAP`] again, it
-//! gives them back. Each paged process has its own watcher over the same group: together
+//! gives them back. When the free room alone (limit less usage) is short and the group
+//! holds page cache, the program's open files' cache is dropped first
+//! (`POSIX_FADV_DONTNEED`), so that cache the kernel would reclaim at the limit does not
+//! stand in the pager's way. And while the free room alone (page cache not counted) is below the
+//! headroom, every fill evicts as many pages as it installs just before it installs them
+//! ([`strata_pager::Region::evict_before_fills`]): a millisecond's watching cannot see a
+//! `read()` pin the page cache its fill would need, but a fill charged against memory given
+//! back just before never needs the kernel to reclaim. Each paged process has its own watcher over the same group: together
 //! they may give back more than needed, never less.
 //!
 //! The group is found from `/proc/self/cgroup` and `/proc/self/mountinfo`: the cgroup v1
@@ -283,6 +290,10 @@ pub struct RoomStats {
     pub peak_withheld: AtomicU64,
     /// Least room seen, in bytes.
     pub least_room: AtomicU64,
+    /// Times the free room fell below the headroom (fills then evict before they install).
+    pub tight_spells: AtomicU64,
+    /// Times the program's open files' page cache was dropped for room.
+    pub cache_drops: AtomicU64,
 }
 
 impl RoomStats {
@@ -294,6 +305,8 @@ impl RoomStats {
             "withholds": self.withholds.load(Ordering::Relaxed),
             "peak_withheld_bytes": self.peak_withheld.load(Ordering::Relaxed) * page,
             "least_room_bytes": self.least_room.load(Ordering::Relaxed),
+            "tight_spells": self.tight_spells.load(Ordering::Relaxed),
+            "cache_drops": self.cache_drops.load(Ordering::Relaxed),
         })
     }
 }
@@ -345,6 +358,9 @@ fn watch(
     let _g = crate::runtime::Guard::enter();
     let page = region.config().page_bytes;
     let mut limit_read = Instant::now();
+    let mut neutral = false;
+    let fds = crate::sys::OwnFds::open().ok();
+    let mut dents = [0u8; 2048];
     loop {
         std::thread::sleep(TICK);
         if limit_read.elapsed() >= LIMIT_EVERY {
@@ -356,6 +372,7 @@ fn watch(
                 }
                 // The limit was lifted: nothing to keep; give everything back.
                 None => {
+                    region.evict_before_fills(false);
                     region.withhold_frames(0);
                     return;
                 }
@@ -363,10 +380,41 @@ fn watch(
         }
         // A group that can no longer be read (moved, removed): stop watching, give back.
         let Ok(sample) = watched.sample() else {
+            region.evict_before_fills(false);
             region.withhold_frames(0);
             return;
         };
         // The headroom also stands for the page cache a waiting `read()` may hold.
+        let mut sample = sample;
+        if limit.saturating_sub(sample.usage) < headroom && sample.file > 0 {
+            // Short of free room with page cache in the group: the program's own files'
+            // cache goes (what reclaim would drop at the limit, but now, and never what a
+            // waiting `read()` holds). Else the kernel never reclaims the cache that grows
+            // into the room kept free, and fills would evict (below) for ever.
+            if let Some(fds) = &fds {
+                fds.drop_file_cache(&mut dents);
+                stats.cache_drops.fetch_add(1, Ordering::Relaxed);
+                match watched.sample() {
+                    Ok(again) => sample = again,
+                    Err(_) => {
+                        region.evict_before_fills(false);
+                        region.withhold_frames(0);
+                        return;
+                    }
+                }
+            }
+        }
+        // Fills evict before they install while the free room itself (page cache not
+        // counted: it may be held by the `read()` waiting on the fill) is short.
+        let free = limit.saturating_sub(sample.usage);
+        if !neutral && free < headroom {
+            region.evict_before_fills(true);
+            neutral = true;
+            stats.tight_spells.fetch_add(1, Ordering::Relaxed);
+        } else if neutral && free > headroom + RELEASE_GAP {
+            region.evict_before_fills(false);
+            neutral = false;
+        }
         let room = room(limit, sample, headroom);
         stats.least_room.fetch_min(room, Ordering::Relaxed);
         let now = region.withheld();
@@ -488,8 +536,10 @@ mod tests {
         assert_eq!(next_target(h - 1, h, 0, 0, page), 1);
         // Within the gap: unchanged.
         assert_eq!(next_target(h + RELEASE_GAP, h, 5, 5, page), 5);
-        // Far past it: half the surplus goes back, at least a page.
-        assert_eq!(next_target(h + RELEASE_GAP + 1, h, 5, 5, page), 4);
+        // Past it: half the surplus over half the gap goes back (256 KiB: 4 pages), and
+        // at least a page.
+        assert_eq!(next_target(h + RELEASE_GAP + 1, h, 5, 5, page), 1);
+        assert_eq!(next_target(h + RELEASE_GAP / 2 + 1, h, 0, 5, page), 5, "within the gap");
         let t = next_target(h + (9 << 20), h, 100, 100, page);
         assert!(t < 100 && t > 20, "{t}");
         assert_eq!(next_target(h + (90 << 20), h, 100, 100, page), 0);
