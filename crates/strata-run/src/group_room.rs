@@ -48,6 +48,8 @@ pub const DEFAULT_HEADROOM: u64 = 2 << 20;
 /// Room beyond the headroom before withheld frames go back: without a gap, every page the
 /// program faults in would take the room below the headroom again.
 pub const RELEASE_GAP: u64 = 1 << 20;
+/// How often the list of the program's open files is made again (while the group has room).
+const FDS_EVERY: Duration = Duration::from_millis(20);
 /// How often the limit is read again (a container can be resized while it runs).
 const LIMIT_EVERY: Duration = Duration::from_secs(1);
 /// A limit at or above this is no limit (cgroup v1 writes about 2^63 for none).
@@ -359,8 +361,9 @@ fn watch(
     let page = region.config().page_bytes;
     let mut limit_read = Instant::now();
     let mut neutral = false;
-    let fds = crate::sys::OwnFds::open().ok();
+    let mut fds = crate::sys::OwnFds::open().ok();
     let mut dents = [0u8; 2048];
+    let mut fds_read = Instant::now() - FDS_EVERY;
     loop {
         std::thread::sleep(TICK);
         if limit_read.elapsed() >= LIMIT_EVERY {
@@ -386,13 +389,22 @@ fn watch(
         };
         // The headroom also stands for the page cache a waiting `read()` may hold.
         let mut sample = sample;
+        // The list of open files is made while there is room: listing them charges the
+        // group (kernel inodes), which a group short of room may answer with a kill.
+        if limit.saturating_sub(sample.usage) >= headroom + RELEASE_GAP
+            && fds_read.elapsed() >= FDS_EVERY
+            && let Some(fds) = &mut fds
+        {
+            fds.refresh(&mut dents);
+            fds_read = Instant::now();
+        }
         if limit.saturating_sub(sample.usage) < headroom && sample.file > 0 {
             // Short of free room with page cache in the group: the program's own files'
             // cache goes (what reclaim would drop at the limit, but now, and never what a
             // waiting `read()` holds). Else the kernel never reclaims the cache that grows
             // into the room kept free, and fills would evict (below) for ever.
             if let Some(fds) = &fds {
-                fds.drop_file_cache(&mut dents);
+                fds.drop_file_cache();
                 stats.cache_drops.fetch_add(1, Ordering::Relaxed);
                 match watched.sample() {
                     Ok(again) => sample = again,
@@ -539,7 +551,11 @@ mod tests {
         // Past it: half the surplus over half the gap goes back (256 KiB: 4 pages), and
         // at least a page.
         assert_eq!(next_target(h + RELEASE_GAP + 1, h, 5, 5, page), 1);
-        assert_eq!(next_target(h + RELEASE_GAP / 2 + 1, h, 0, 5, page), 5, "within the gap");
+        assert_eq!(
+            next_target(h + RELEASE_GAP / 2 + 1, h, 0, 5, page),
+            5,
+            "within the gap"
+        );
         let t = next_target(h + (9 << 20), h, 100, 100, page);
         assert!(t < 100 && t > 20, "{t}");
         assert_eq!(next_target(h + (90 << 20), h, 100, 100, page), 0);

@@ -282,29 +282,40 @@ pub fn address_space_left() -> Option<u64> {
     Some(limit.rlim_cur.saturating_sub(pages.saturating_mul(page)))
 }
 
-/// `/proc/self/fd`, opened once, to list this process's descriptors without allocating.
+/// The regular files this process has open, listed from `/proc/self/fd` ahead of need.
+///
+/// Listing `/proc/self/fd` makes the kernel allocate an inode per descriptor, charged to
+/// the memory group: done when the group has room ([`OwnFds::refresh`]), never when it is
+/// short, where [`OwnFds::drop_file_cache`] uses the last list (a descriptor opened since
+/// waits for the next refresh).
 #[derive(Debug)]
-pub struct OwnFds(std::os::fd::OwnedFd);
+pub struct OwnFds {
+    dir: std::os::fd::OwnedFd,
+    files: Vec<c_int>,
+}
+
+/// Most descriptors remembered (a program with more gets the first ones' cache dropped).
+const MOST_FILES: usize = 256;
 
 impl OwnFds {
-    /// Opens `/proc/self/fd`.
+    /// Opens `/proc/self/fd` (the list is empty until [`OwnFds::refresh`]).
     pub fn open() -> std::io::Result<Self> {
         let dir = std::fs::File::open("/proc/self/fd")?;
-        Ok(Self(dir.into()))
+        Ok(Self {
+            dir: dir.into(),
+            files: Vec::with_capacity(MOST_FILES),
+        })
     }
 
-    /// Asks the kernel to drop the page cache of every regular file this process has open
-    /// (`POSIX_FADV_DONTNEED`: clean pages not in use go, dirty ones start their write-back).
-    /// `buf` holds the directory entries (no allocation here: the caller may be short of
-    /// memory). Returns how many files were advised. Advice only: no file's contents change.
-    pub fn drop_file_cache(&self, buf: &mut [u8]) -> usize {
+    /// Lists the regular files open now; `buf` holds the directory entries.
+    pub fn refresh(&mut self, buf: &mut [u8]) {
         use std::os::fd::AsRawFd;
-        let dir = self.0.as_raw_fd();
+        let dir = self.dir.as_raw_fd();
+        self.files.clear();
         // SAFETY: `dir` is our open directory; rewinding it has no other effect.
         if unsafe { libc::lseek(dir, 0, libc::SEEK_SET) } != 0 {
-            return 0;
+            return;
         }
-        let mut advised = 0;
         loop {
             // SAFETY: `buf` is valid for `buf.len()` bytes, which getdents64 fills with whole
             // `linux_dirent64` records and reports how many bytes it wrote.
@@ -324,20 +335,35 @@ impl OwnFds {
                 let name = &buf[at + 19..at + reclen];
                 let name = &name[..name.iter().position(|&b| b == 0).unwrap_or(name.len())];
                 at += reclen;
-                let Some(fd) = std::str::from_utf8(name)
+                if let Some(fd) = std::str::from_utf8(name)
                     .ok()
                     .and_then(|s| s.parse::<c_int>().ok())
-                else {
-                    continue;
-                };
-                if fd != dir && regular_file(fd) {
-                    // SAFETY: advice on a descriptor of this process (one closed or reused
-                    // since the listing only fails or advises another file, both harmless);
-                    // it changes no file's contents.
-                    if unsafe { libc::posix_fadvise(fd, 0, 0, libc::POSIX_FADV_DONTNEED) } == 0 {
-                        advised += 1;
-                    }
+                    && fd != dir
+                    && self.files.len() < MOST_FILES
+                    && regular_file(fd)
+                {
+                    self.files.push(fd);
                 }
+            }
+        }
+    }
+
+    /// Asks the kernel to drop the page cache of the regular files listed at the last
+    /// refresh (`POSIX_FADV_DONTNEED`: clean pages not in use go, dirty ones start their
+    /// write-back). Allocates nothing, in user space or (as far as this code goes) in the
+    /// kernel: the caller is short of memory. Returns how many files were advised. Advice
+    /// only: no file's contents change.
+    pub fn drop_file_cache(&self) -> usize {
+        let mut advised = 0;
+        for &fd in &self.files {
+            // A descriptor closed or reused since the listing: skipped if no longer a
+            // regular file, else advice on another file of this process, harmless.
+            if !regular_file(fd) {
+                continue;
+            }
+            // SAFETY: advice on a descriptor of this process; it changes no file's contents.
+            if unsafe { libc::posix_fadvise(fd, 0, 0, libc::POSIX_FADV_DONTNEED) } == 0 {
+                advised += 1;
             }
         }
         advised
@@ -409,9 +435,11 @@ mod tests {
         assert_eq!(std::fs::read(&path).unwrap(), data, "read once: cached");
         let before = cached_pages(&file, len);
         assert!(before > 200, "{before} pages cached after a read");
-        let fds = OwnFds::open().unwrap();
+        let mut fds = OwnFds::open().unwrap();
         let mut buf = [0u8; 512];
-        let advised = fds.drop_file_cache(&mut buf);
+        assert_eq!(fds.drop_file_cache(), 0, "nothing listed before a refresh");
+        fds.refresh(&mut buf);
+        let advised = fds.drop_file_cache();
         assert!(advised >= 1, "{advised} files advised");
         let after = cached_pages(&file, len);
         assert!(after < before / 4, "{after} of {before} pages still cached");
