@@ -87,11 +87,7 @@ impl Charge {
 /// pager alike, each time in the pager's `UFFDIO_COPY` with 3.4-4.8 MiB of clean page cache
 /// in the group that reclaim could not free (sort reading its temporary files into the
 /// arena holds its read batch while it waits for the page). With 3 MiB, 0 of 6 by hand.
-/// Since session 12 `strata run` keeps the group's room itself (`STRATA_RUN_KEEP_ROOM`:
-/// it drops the program's file cache, fills evict before they install, frames are
-/// withheld), and the slack is back to 1 MiB: by hand, sort at 28 MiB over the file store
-/// was killed in 1 run of 12 with the watcher and in 6 of 10 without it.
-pub const SLACK_BYTES: u64 = 1 << 20;
+pub const SLACK_BYTES: u64 = 3 << 20;
 
 /// More room for rows over a memory node: their unreclaimable peak varies more between
 /// runs (the node is a thread of the benchmark's process on the same cores, and the
@@ -113,8 +109,7 @@ pub fn slack_for(over_node: bool) -> u64 {
 
 /// How far below the slack a new budget aims, so that a margin that moves a little between
 /// measurements (an LZ4 store's grows as the budget shrinks) still fits at the next one.
-/// Half a MiB since `strata run` keeps the group's room (session 12).
-pub const AIM_BELOW_BYTES: u64 = 512 << 10;
+pub const AIM_BELOW_BYTES: u64 = 1 << 20;
 
 /// Smallest budget worth running: below it the row is reported as not fitting.
 pub const MIN_BUDGET_BYTES: u64 = 1 << 20;
@@ -317,7 +312,7 @@ mod tests {
 
     #[test]
     fn the_margin_above_the_budget_comes_off_the_limit() {
-        // 3.5 MiB above a 32 MiB budget, the slack, aimed half a MiB lower.
+        // 3.5 MiB above a 32 MiB budget, the slack, aimed 1 MiB lower.
         let next = next_budget(
             32 * MIB,
             32 * MIB,
@@ -349,10 +344,9 @@ mod tests {
     fn node_rows_keep_a_mebibyte_more_room() {
         assert_eq!(slack_for(false), SLACK_BYTES);
         assert_eq!(slack_for(true), SLACK_BYTES + NODE_EXTRA_SLACK_BYTES);
-        // A peak half a MiB more than the file store's slack below the limit fits with it,
-        // not with a node's.
+        // A peak 3.5 MiB below the limit fits with the file store's slack, not a node's.
         let (limit, budget) = (32 * MIB, 24 * MIB);
-        let peak = limit - SLACK_BYTES - MIB / 2;
+        let peak = limit - 3 * MIB - MIB / 2;
         assert_eq!(
             next_budget(limit, budget, peak, 65_536, slack_for(false)),
             Ok(None)

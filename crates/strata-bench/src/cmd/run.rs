@@ -1049,8 +1049,8 @@ mod tests {
         );
         assert_eq!(
             budget,
-            26 * MIB + MIB / 2,
-            "32 less 4 of margin, 1 of slack, half a MiB aimed below"
+            24 * MIB,
+            "32 less 4 of margin, 3 of slack, 1 aimed below"
         );
         assert_eq!(s.margin_bytes, Some(4 * MIB));
         assert!(s.outcome.starts_with("fits"), "{}", s.outcome);
@@ -1079,8 +1079,8 @@ mod tests {
         let s = search_budget(&node, |b| Ok(measured(b + 4 * MIB))).unwrap();
         assert_eq!(
             s.budget_bytes,
-            Some(25 * MIB + MIB / 2),
-            "32 less 4 of margin, 2 of slack, half a MiB aimed below: {}",
+            Some(23 * MIB),
+            "32 less 4 of margin, 4 of slack, 1 aimed below: {}",
             s.outcome
         );
     }
