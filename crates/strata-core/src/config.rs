@@ -132,6 +132,10 @@ pub const KNOWN_VARIABLES: &[(&str, &str)] = &[
     ),
     ("STRATA_RUN_LIBRARY", "strata run: path of libstrata_run.so"),
     (
+        "STRATA_RUN_KEEP_ROOM",
+        "strata run: free room kept in the program's memory cgroup by giving paged memory back (a size, on, or off)",
+    ),
+    (
         "STRATA_RUN_LOSSY",
         "strata run: `floats` allows a lossy codec (zfp): every paged allocation holds only f64 values",
     ),

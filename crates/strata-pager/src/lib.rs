@@ -65,4 +65,6 @@ pub mod sys;
 #[cfg(test)]
 mod watchdog;
 
-pub use region::{EvictionPolicy, PagerCounters, Region, RegionBuilder, RegionError, UnmapError};
+pub use region::{
+    EvictionPolicy, PagerCounters, Region, RegionBuilder, RegionError, UnmapError, Withheld,
+};

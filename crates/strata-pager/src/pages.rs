@@ -198,19 +198,32 @@ impl PageTable {
 /// Sentinel for a frame that holds no page.
 pub const NO_PAGE: u64 = u64::MAX;
 
-/// The resident-set budget: `frames` slots, the page each holds, a free list, and the
-/// clock hand.
+/// The resident-set budget: `frames` slots, the page each holds, a free list, the frames
+/// withheld from use, and the clock hand.
 #[derive(Debug)]
 pub struct FramePool {
     /// Page held by each frame, or [`NO_PAGE`].
     owners: Box<[AtomicU64]>,
-    free: Mutex<Vec<u32>>,
+    free: Mutex<Lists>,
     free_count: AtomicUsize,
+    /// Frames in `Lists::withheld` (read without the lock).
+    withheld_count: AtomicUsize,
     hand: AtomicUsize,
     /// Evictors sleep here until the free count falls below the high-water target.
     pub pressure: Condvar,
     /// Paired with `pressure`.
     pub pressure_lock: Mutex<()>,
+}
+
+/// The free list and the withheld frames, under one lock so that a frame coming back goes
+/// to exactly one of them.
+#[derive(Debug)]
+struct Lists {
+    free: Vec<u32>,
+    /// Frames held out of use for someone outside the pager (see [`FramePool::withhold`]).
+    withheld: Vec<u32>,
+    /// How many frames should be withheld: frames coming back go here until it is met.
+    withhold_target: usize,
 }
 
 impl FramePool {
@@ -219,9 +232,14 @@ impl FramePool {
         let frames32 = u32::try_from(frames).expect("frame count fits in 32 bits");
         Self {
             owners: (0..frames).map(|_| AtomicU64::new(NO_PAGE)).collect(),
-            // Popped from the back: hand out low frames first.
-            free: Mutex::new((0..frames32).rev().collect()),
+            free: Mutex::new(Lists {
+                // Popped from the back: hand out low frames first.
+                free: (0..frames32).rev().collect(),
+                withheld: Vec::new(),
+                withhold_target: 0,
+            }),
             free_count: AtomicUsize::new(frames),
+            withheld_count: AtomicUsize::new(0),
             hand: AtomicUsize::new(0),
             pressure: Condvar::new(),
             pressure_lock: Mutex::new(()),
@@ -243,10 +261,48 @@ impl FramePool {
         self.free_count.load(Ordering::Acquire)
     }
 
+    /// Frames withheld now.
+    pub fn withheld_count(&self) -> usize {
+        self.withheld_count.load(Ordering::Acquire)
+    }
+
+    /// The withholding target now.
+    pub fn withhold_target(&self) -> usize {
+        self.lock().withhold_target
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Lists> {
+        self.free.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Sets how many frames are to be withheld. Frames withheld beyond it go back to the free
+    /// list now; below it, frames coming back ([`FramePool::push`]) are withheld until it is
+    /// met, and `take_free` free frames (at most) are withheld at once. Returns the frames
+    /// withheld after the call.
+    pub fn withhold(&self, target: usize, take_free: usize) -> usize {
+        let mut lists = self.lock();
+        lists.withhold_target = target;
+        while lists.withheld.len() > target {
+            let f = lists.withheld.pop().expect("more withheld than the target");
+            lists.free.push(f);
+            self.free_count.fetch_add(1, Ordering::AcqRel);
+        }
+        let mut taken = 0;
+        while lists.withheld.len() < target && taken < take_free {
+            let Some(f) = lists.free.pop() else { break };
+            self.free_count.fetch_sub(1, Ordering::AcqRel);
+            lists.withheld.push(f);
+            taken += 1;
+        }
+        self.withheld_count
+            .store(lists.withheld.len(), Ordering::Release);
+        lists.withheld.len()
+    }
+
     /// Takes a free frame, if any.
     pub fn pop(&self) -> Option<u32> {
-        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
-        let f = free.pop()?;
+        let mut lists = self.lock();
+        let f = lists.free.pop()?;
         self.free_count.fetch_sub(1, Ordering::AcqRel);
         Some(f)
     }
@@ -255,21 +311,29 @@ impl FramePool {
     /// for faults that must have a frame (read-ahead uses this: it is a guess, and may never
     /// take the last frames a demand fault needs).
     pub fn pop_above(&self, reserve: usize) -> Option<u32> {
-        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
-        if free.len() <= reserve {
+        let mut lists = self.lock();
+        if lists.free.len() <= reserve {
             return None;
         }
-        let f = free.pop()?;
+        let f = lists.free.pop()?;
         self.free_count.fetch_sub(1, Ordering::AcqRel);
         Some(f)
     }
 
-    /// Returns a frame to the free list.
+    /// Returns a frame to the free list, or withholds it while fewer frames are withheld
+    /// than asked: every path that frees a frame (evictors, direct reclaim, scratch
+    /// buffers) passes here, so they all honour the target without knowing of it.
     pub fn push(&self, frame: u32) {
         self.owners[frame as usize].store(NO_PAGE, Ordering::Release);
-        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
-        free.push(frame);
-        self.free_count.fetch_add(1, Ordering::AcqRel);
+        let mut lists = self.lock();
+        if lists.withheld.len() < lists.withhold_target {
+            lists.withheld.push(frame);
+            self.withheld_count
+                .store(lists.withheld.len(), Ordering::Release);
+        } else {
+            lists.free.push(frame);
+            self.free_count.fetch_add(1, Ordering::AcqRel);
+        }
     }
 
     /// Records that `frame`, taken from the pool, holds no page (held out of use).
@@ -360,5 +424,33 @@ mod tests {
         assert_eq!(pool.pop_above(1), Some(3));
         assert_eq!(pool.pop_above(1), None);
         assert_eq!(pool.pop(), Some(2));
+    }
+
+    #[test]
+    fn withheld_frames_come_from_returns_and_go_back_free() {
+        let pool = FramePool::new(6);
+        let got: Vec<u32> = std::iter::from_fn(|| pool.pop()).collect();
+        assert_eq!(got.len(), 6);
+        assert_eq!(pool.withhold(3, 0), 0, "nothing free to take");
+        for f in &got[..4] {
+            pool.push(*f);
+        }
+        assert_eq!(pool.withheld_count(), 3, "returns meet the target first");
+        assert_eq!(pool.free_count(), 1);
+        assert_eq!(pool.withhold(4, 8), 4, "a free frame taken at once");
+        assert_eq!(pool.free_count(), 0);
+        assert_eq!(pool.withhold(1, 0), 1);
+        assert_eq!(pool.free_count(), 3, "the surplus is free again");
+        pool.push(got[4]);
+        pool.push(got[5]);
+        assert_eq!((pool.withheld_count(), pool.free_count()), (1, 5));
+        assert_eq!(pool.withhold(0, 0), 0);
+        let mut all: Vec<u32> = std::iter::from_fn(|| pool.pop()).collect();
+        all.sort_unstable();
+        assert_eq!(
+            all,
+            (0..6).collect::<Vec<u32>>(),
+            "no frame lost or doubled"
+        );
     }
 }

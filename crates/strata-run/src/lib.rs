@@ -37,7 +37,8 @@
 //!   memory until the whole mapping is unmapped.
 //!
 //! Layout: [`sys`] raw calls and the lookup of the real functions; [`arena`] the block
-//! allocator's bookkeeping; [`options`] settings; [`runtime`] the arena region and blocks;
+//! allocator's bookkeeping; [`group_room`] the watcher that keeps free room in the process's
+//! memory cgroup (`STRATA_RUN_KEEP_ROOM`); [`options`] settings; [`runtime`] the arena region and blocks;
 //! [`pending_store`] a memory-node store that connects in the background while the program
 //! runs; [`growing_store`] a store of chunks added in use, and [`node_backing`] when it
 //! borrows them from memory nodes; `interpose` the exported C functions (left out of
@@ -46,6 +47,7 @@
 #![allow(missing_docs)] // sys's Real fields are C prototypes, named after the functions
 
 pub mod arena;
+pub mod group_room;
 pub mod growing_store;
 pub mod node_backing;
 pub mod options;

@@ -129,6 +129,9 @@ pub struct Options {
     pub store: StoreConfig,
     /// Smallest allocation placed in the arena.
     pub threshold: u64,
+    /// Room kept free in the process's memory cgroup, in bytes (`STRATA_RUN_KEEP_ROOM`: a
+    /// size, `on` for [`crate::group_room::DEFAULT_HEADROOM`], `off`); None: not kept.
+    pub keep_room: Option<u64>,
     /// Virtual size of the arena: `STRATA_RUN_ARENA`, else the default ([`default_arena`]).
     pub arena_bytes: u64,
     /// Whether `STRATA_RUN_ARENA` gave the arena's size: over memory nodes, the whole arena
@@ -239,10 +242,12 @@ impl Options {
                 path.display()
             )));
         }
+        let keep_room = keep_room(std::env::var("STRATA_RUN_KEEP_ROOM").ok().as_deref())?;
         Ok(Self {
             pager,
             store,
             threshold,
+            keep_room,
             arena_bytes,
             arena_given,
             report_fd,
@@ -253,9 +258,42 @@ impl Options {
     }
 }
 
+/// The room to keep in the memory cgroup from `STRATA_RUN_KEEP_ROOM` (unset: the default).
+pub fn keep_room(value: Option<&str>) -> Result<Option<u64>, OptionsError> {
+    let default = crate::group_room::DEFAULT_HEADROOM;
+    let Some(v) = value.map(str::trim) else {
+        return Ok(Some(default));
+    };
+    match v {
+        "on" | "true" | "1" | "" => Ok(Some(default)),
+        "off" | "false" | "0" => Ok(None),
+        _ => match parse_size(v) {
+            Ok(bytes) => Ok((bytes > 0).then_some(bytes)),
+            Err(_) => Err(OptionsError::Bad(format!(
+                "STRATA_RUN_KEEP_ROOM={v:?} is neither a size (e.g. 2MiB), on nor off; write one of those"
+            ))),
+        },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn keep_room_is_on_by_default_and_takes_sizes_and_off() {
+        let d = crate::group_room::DEFAULT_HEADROOM;
+        assert_eq!(keep_room(None).unwrap(), Some(d));
+        assert_eq!(keep_room(Some("on")).unwrap(), Some(d));
+        assert_eq!(keep_room(Some("off")).unwrap(), None);
+        assert_eq!(keep_room(Some("0")).unwrap(), None);
+        assert_eq!(keep_room(Some("3MiB")).unwrap(), Some(3 << 20));
+        let e = keep_room(Some("lots")).unwrap_err().to_string();
+        assert!(
+            e.contains("STRATA_RUN_KEEP_ROOM") && e.contains("off"),
+            "{e}"
+        );
+    }
 
     #[test]
     fn only_nodes_on_other_hosts_count_as_across_a_network() {

@@ -123,7 +123,7 @@ pub fn program_thread() -> bool {
 /// process with a message saying why (the program cannot get the memory it is about to ask
 /// for).
 pub fn runtime_for(first_request: usize) -> &'static Runtime {
-    RUNTIME.get_or_init(|| {
+    let rt = RUNTIME.get_or_init(|| {
         let _g = Guard::enter();
         match Runtime::start(first_request as u64) {
             Ok(rt) => rt,
@@ -132,7 +132,16 @@ pub fn runtime_for(first_request: usize) -> &'static Runtime {
                 sys::die(unreported(&format!("strata run: {msg}\n")))
             }
         }
-    })
+    });
+    // Here, not in `start`: the watcher needs the runtime's region for the process's life.
+    static KEEP_ROOM: std::sync::Once = std::sync::Once::new();
+    KEEP_ROOM.call_once(|| {
+        if let Some(headroom) = rt.options.keep_room {
+            let _g = Guard::enter();
+            crate::group_room::start(&rt.region, headroom, Arc::clone(&rt.room));
+        }
+    });
+    rt
 }
 
 /// The runtime if it was started (never starts it).
@@ -213,6 +222,8 @@ pub struct Runtime {
     /// Over memory nodes without `STRATA_RUN_ARENA`: what the store borrowed, and how it
     /// borrows more as the arena grows.
     backing: Option<NodeBacking>,
+    /// What the memory group's watcher did ([`crate::group_room`]).
+    room: Arc<crate::group_room::RoomStats>,
 }
 
 /// What chose the arena's size, and how much of it the store backs.
@@ -428,6 +439,7 @@ impl Runtime {
             region,
             sized_by,
             backing,
+            room: Arc::default(),
         };
         ARENA_START.store(base, Ordering::Release);
         ARENA_END.store(base + len, Ordering::Release);
@@ -735,6 +747,7 @@ impl Runtime {
             "peak_rss_bytes": peak_rss_bytes(),
             "stats": stats,
             "counters": counters,
+            "keep_room": self.options.keep_room.map(|h| self.room.to_json(h, self.page as u64)),
         })
     }
 }

@@ -281,3 +281,173 @@ pub fn address_space_left() -> Option<u64> {
     let page = u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
     Some(limit.rlim_cur.saturating_sub(pages.saturating_mul(page)))
 }
+
+/// The regular files this process has open, listed from `/proc/self/fd` ahead of need.
+///
+/// Listing `/proc/self/fd` makes the kernel allocate an inode per descriptor, charged to
+/// the memory group: done when the group has room ([`OwnFds::refresh`]), never when it is
+/// short, where [`OwnFds::drop_file_cache`] uses the last list (a descriptor opened since
+/// waits for the next refresh).
+#[derive(Debug)]
+pub struct OwnFds {
+    dir: std::os::fd::OwnedFd,
+    files: Vec<c_int>,
+}
+
+/// Most descriptors remembered (a program with more gets the first ones' cache dropped).
+const MOST_FILES: usize = 256;
+
+impl OwnFds {
+    /// Opens `/proc/self/fd` (the list is empty until [`OwnFds::refresh`]).
+    pub fn open() -> std::io::Result<Self> {
+        let dir = std::fs::File::open("/proc/self/fd")?;
+        Ok(Self {
+            dir: dir.into(),
+            files: Vec::with_capacity(MOST_FILES),
+        })
+    }
+
+    /// Lists the regular files open now; `buf` holds the directory entries.
+    pub fn refresh(&mut self, buf: &mut [u8]) {
+        use std::os::fd::AsRawFd;
+        let dir = self.dir.as_raw_fd();
+        self.files.clear();
+        // SAFETY: `dir` is our open directory; rewinding it has no other effect.
+        if unsafe { libc::lseek(dir, 0, libc::SEEK_SET) } != 0 {
+            return;
+        }
+        loop {
+            // SAFETY: `buf` is valid for `buf.len()` bytes, which getdents64 fills with whole
+            // `linux_dirent64` records and reports how many bytes it wrote.
+            let n =
+                unsafe { libc::syscall(libc::SYS_getdents64, dir, buf.as_mut_ptr(), buf.len()) };
+            let Ok(n) = usize::try_from(n) else { break };
+            if n == 0 {
+                break;
+            }
+            let mut at = 0;
+            while at + 19 < n {
+                // linux_dirent64: u64 ino, i64 off, u16 reclen, u8 type, then the name.
+                let reclen = usize::from(u16::from_ne_bytes([buf[at + 16], buf[at + 17]]));
+                if reclen == 0 || at + reclen > n {
+                    break;
+                }
+                let name = &buf[at + 19..at + reclen];
+                let name = &name[..name.iter().position(|&b| b == 0).unwrap_or(name.len())];
+                at += reclen;
+                if let Some(fd) = std::str::from_utf8(name)
+                    .ok()
+                    .and_then(|s| s.parse::<c_int>().ok())
+                    && fd != dir
+                    && self.files.len() < MOST_FILES
+                    && regular_file(fd)
+                {
+                    self.files.push(fd);
+                }
+            }
+        }
+    }
+
+    /// Asks the kernel to drop the page cache of the regular files listed at the last
+    /// refresh (`POSIX_FADV_DONTNEED`: clean pages not in use go, dirty ones start their
+    /// write-back). Allocates nothing, in user space or (as far as this code goes) in the
+    /// kernel: the caller is short of memory. Returns how many files were advised. Advice
+    /// only: no file's contents change.
+    pub fn drop_file_cache(&self) -> usize {
+        let mut advised = 0;
+        for &fd in &self.files {
+            // A descriptor closed or reused since the listing: skipped if no longer a
+            // regular file, else advice on another file of this process, harmless.
+            if !regular_file(fd) {
+                continue;
+            }
+            // SAFETY: advice on a descriptor of this process; it changes no file's contents.
+            if unsafe { libc::posix_fadvise(fd, 0, 0, libc::POSIX_FADV_DONTNEED) } == 0 {
+                advised += 1;
+            }
+        }
+        advised
+    }
+}
+
+/// Whether `fd` is open on a regular file.
+fn regular_file(fd: c_int) -> bool {
+    let mut st = std::mem::MaybeUninit::<libc::stat>::zeroed();
+    // SAFETY: `st` is valid storage for a stat.
+    if unsafe { libc::fstat(fd, st.as_mut_ptr()) } != 0 {
+        return false;
+    }
+    // SAFETY: fstat succeeded, so it filled `st`.
+    let st = unsafe { st.assume_init() };
+    st.st_mode & libc::S_IFMT == libc::S_IFREG
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    /// Pages of the first `len` bytes of `file` in the page cache (`mincore` over a mapping).
+    fn cached_pages(file: &std::fs::File, len: usize) -> usize {
+        use std::os::fd::AsRawFd;
+        // SAFETY: a fresh shared read-only mapping of an open file, unmapped below; nothing
+        // reads through it.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        let mut vec = vec![0u8; len.div_ceil(4096)];
+        // SAFETY: `p` maps `len` bytes; `vec` has a byte per page.
+        assert_eq!(unsafe { libc::mincore(p, len, vec.as_mut_ptr()) }, 0);
+        // SAFETY: the mapping made above.
+        unsafe { libc::munmap(p, len) };
+        vec.iter().filter(|&&b| b & 1 != 0).count()
+    }
+
+    #[test]
+    fn open_files_cache_is_dropped_and_their_bytes_stay() {
+        let dir = std::env::temp_dir().join(format!("strata-run-fadvise-{}", pid()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("data");
+        let len = 1 << 20;
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.subsec_nanos());
+        let data: Vec<u8> = (0..len)
+            .map(|i: usize| (i as u64).wrapping_mul(u64::from(seed | 1)).to_le_bytes()[2])
+            .collect();
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(true)
+            .read(true)
+            .write(true)
+            .open(&path)
+            .unwrap();
+        file.write_all(&data).unwrap();
+        file.sync_all().unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), data, "read once: cached");
+        let before = cached_pages(&file, len);
+        assert!(before > 200, "{before} pages cached after a read");
+        let mut fds = OwnFds::open().unwrap();
+        let mut buf = [0u8; 512];
+        assert_eq!(fds.drop_file_cache(), 0, "nothing listed before a refresh");
+        fds.refresh(&mut buf);
+        let advised = fds.drop_file_cache();
+        assert!(advised >= 1, "{advised} files advised");
+        let after = cached_pages(&file, len);
+        assert!(after < before / 4, "{after} of {before} pages still cached");
+        assert_eq!(
+            std::fs::read(&path).unwrap(),
+            data,
+            "the bytes are the file's still"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

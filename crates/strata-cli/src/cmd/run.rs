@@ -39,6 +39,13 @@ pub struct RunArgs {
     /// Smallest allocation paged by Strata (STRATA_RUN_THRESHOLD, default 256KiB).
     #[arg(long)]
     threshold: Option<String>,
+    /// Free room kept in the program's memory cgroup (v1 or v2) whenever the group nears its
+    /// limit (the program's file cache dropped, fills evicting before they install, paged
+    /// memory given back), so that the kernel does not OOM-kill the program for memory
+    /// Strata could have freed: a size, on (default, 2MiB) or off (STRATA_RUN_KEEP_ROOM).
+    /// Nothing happens without a limit.
+    #[arg(long, value_name = "SIZE|on|off")]
+    keep_room: Option<String>,
     /// Write a JSON report (per process and totals) to this file.
     #[arg(long)]
     stats: Option<PathBuf>,
@@ -182,6 +189,14 @@ fn settings(args: &RunArgs) -> anyhow::Result<EnvVars> {
     }
     if let Some(c) = &args.codec {
         env.push(("STRATA_CODEC".into(), c.clone()));
+    }
+    if let Some(v) = &args.keep_room {
+        if !matches!(v.as_str(), "on" | "off") {
+            parse_size(v).with_context(|| {
+                format!("--keep-room {v:?} is neither a size (e.g. 2MiB), on nor off")
+            })?;
+        }
+        env.push(("STRATA_RUN_KEEP_ROOM".into(), v.clone()));
     }
     if args.lossy_floats {
         env.push(("STRATA_RUN_LOSSY".into(), "floats".into()));

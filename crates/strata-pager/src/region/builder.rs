@@ -267,6 +267,7 @@ impl Region {
             })?,
             parked: AtomicUsize::new(0),
             park_limit: frames / 8,
+            evict_before_fills: AtomicBool::new(false),
             config,
         });
         let mut region = Region {

@@ -40,7 +40,7 @@ pub(super) enum Evicted {
 }
 
 /// Pages an evictor claims and drops together.
-const EVICT_BATCH: usize = 64;
+pub(super) const EVICT_BATCH: usize = 64;
 
 impl Shared {
     /// Sweeps the clock until it claims a victim (moves it to `Evicting`), giving pages with
@@ -78,6 +78,18 @@ impl Shared {
             }
         }
         None
+    }
+
+    /// Claims up to `want` victims (fewer when the clock finds no more evictable now).
+    pub(super) fn claim_victims(&self, want: usize) -> Vec<(usize, u64)> {
+        let mut claimed = Vec::with_capacity(want);
+        while claimed.len() < want {
+            match self.claim_victim() {
+                Some(v) => claimed.push(v),
+                None => break,
+            }
+        }
+        claimed
     }
 
     /// Evicts one page; the caller gets its frame.
@@ -249,13 +261,7 @@ impl Shared {
                 // Claim a batch, then drop it with one call: far fewer system calls and TLB
                 // shootdowns than page by page.
                 let want = (self.stop_at_free - self.frames.free_count()).clamp(1, EVICT_BATCH);
-                let mut claimed = Vec::with_capacity(want);
-                while claimed.len() < want {
-                    match self.claim_victim() {
-                        Some(v) => claimed.push(v),
-                        None => break,
-                    }
-                }
+                let claimed = self.claim_victims(want);
                 if claimed.is_empty() {
                     std::thread::sleep(Duration::from_micros(200));
                     break;

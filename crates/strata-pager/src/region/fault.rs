@@ -428,12 +428,17 @@ impl Shared {
         let guessed = !write && !zero && count == 1 && self.guess_write(self.pages.load(first));
         let write = write || guessed;
         let mut frames = Vec::with_capacity(count);
-        if matches!(source, FrameSource::Background) {
+        // Fills that must evict for their frames (see `withhold.rs`) get them like
+        // background ones, from pages evicted now; only a demand fault's first frame may
+        // then come from elsewhere (it must have one).
+        let evict_first = self.evict_before_fills.load(Ordering::Relaxed);
+        if matches!(source, FrameSource::Background) || evict_first {
             frames = self.frames_evicting(count);
         }
         for i in frames.len()..count {
             let frame = match (source, i) {
                 (FrameSource::Demand | FrameSource::Prefetch, 0) => self.wait_for_frame(),
+                _ if evict_first => Ok(None),
                 (FrameSource::Prefetch, _) => Ok(self.frame_now()),
                 (FrameSource::Demand | FrameSource::ReadAhead, _) => Ok(self.frame_for_ahead()),
                 // frames_evicting got what could be had without waiting.

@@ -51,9 +51,13 @@ impl Shared {
     /// evictors may then keep only a few frames free (`strata run`'s water marks): a stream's
     /// windows no longer need a standing reserve of idle frames, which a program that also
     /// reads at random (sort's lines) would rather hold its pages in.
+    ///
+    /// While fills evict before they install ([`Shared::evict_before_fills`]), free frames
+    /// are left alone: every frame returned comes with memory given back just now.
     pub(super) fn frames_evicting(&self, count: usize) -> Vec<u32> {
         let mut frames = Vec::with_capacity(count);
-        while frames.len() < count {
+        let free_ok = !self.evict_before_fills.load(Ordering::Relaxed);
+        while free_ok && frames.len() < count {
             match self.frame_for_ahead() {
                 Some(f) => frames.push(f),
                 None => break,
@@ -68,6 +72,9 @@ impl Shared {
         }
         if !claimed.is_empty() {
             let (freed, error) = self.complete_evictions(claimed);
+            if !free_ok {
+                bump(&self.counters.evicted_before_fills, freed.len() as u64);
+            }
             frames.extend(freed);
             if let Some(e) = error {
                 self.record(e);

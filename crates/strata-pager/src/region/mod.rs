@@ -43,6 +43,7 @@
 //! - `streams.rs`: sequential-stream detection (the ends of recent runs).
 //! - `write_intent.rs`: installing pages written last time writable at once (optional).
 //! - `evict.rs`: victim choice, evictor threads, and `Region::evict`.
+//! - `withhold.rs`: frames taken out of the budget from outside (`Region::withhold_frames`).
 //! - `flush.rs`: writing dirty pages back (for flush, eviction and unmap).
 //! - `trace.rs`: the optional event record (`STRATA_PAGER_TRACE`) for offline studies.
 //! - `discard.rs`: `Region::discard` (pages dropped unwritten, read back as zeros).
@@ -62,12 +63,14 @@ mod shared;
 mod streams;
 mod trace;
 mod unchanged;
+mod withhold;
 mod write_intent;
 
 pub use builder::RegionBuilder;
 pub use error::{RegionError, UnmapError};
 pub use evict::EvictionPolicy;
 pub use frames::FRAME_WAIT;
+pub use withhold::Withheld;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -109,6 +112,11 @@ pub struct PagerCounters {
     /// unprotected for a first write). A page being written back is in neither
     /// `dirty_pages` nor the store yet: wait until this is 0 to see it land.
     pub pages_in_transition: u64,
+    /// Frames withheld from the budget now ([`Region::withhold_frames`]).
+    pub withheld_frames: u64,
+    /// Pages evicted by fills just before they installed theirs
+    /// ([`Region::evict_before_fills`]).
+    pub evicted_before_fills: u64,
 }
 
 /// A region of memory paged from a store. See the module documentation.
@@ -219,7 +227,40 @@ impl Region {
             scratch_frames: self.shared.parked.load(Ordering::Acquire) as u64,
             dirty_pages: dirty,
             pages_in_transition: moving,
+            withheld_frames: self.shared.frames.withheld_count() as u64,
+            evicted_before_fills: c.evicted_before_fills.load(Ordering::Relaxed),
         }
+    }
+
+    /// Takes frames out of the budget (or gives them back): `target` frames are to be held out
+    /// of use, capped so that the region keeps enough to make progress (its scratch
+    /// buffers' share, the read-ahead reserve and window, a frame per filler). Raising it
+    /// evicts pages now, by this thread (dirty ones are written back), so their memory is
+    /// back when the call returns; frames it could not evict at once (pages being filled or
+    /// written back) are taken as they come free, by the evictors and faults. Lowering it
+    /// puts frames back at once. Never waits for another thread. For a caller outside the
+    /// fault path, such as a watcher of the process's memory group.
+    pub fn withhold_frames(&self, target: usize) -> Withheld {
+        self.shared.withhold(target)
+    }
+
+    /// While `on`, every fill first evicts as many pages as it is about to install (as far
+    /// as any can be evicted), so the region's memory charge never grows: for a caller that
+    /// sees the process's memory group at its limit, where the kernel could otherwise find
+    /// nothing to reclaim for the page being installed and kill the process. Costs an
+    /// eviction (a write-back for a dirty page) on each fault's path while set.
+    pub fn evict_before_fills(&self, on: bool) {
+        self.shared.evict_before_fills.store(on, Ordering::Relaxed);
+    }
+
+    /// The withholding target and the frames withheld now (cheap: no wait, no scan).
+    pub fn withheld(&self) -> Withheld {
+        self.shared.withheld()
+    }
+
+    /// Frames in the region's budget (its buffer in pages).
+    pub fn frames(&self) -> usize {
+        self.shared.frames.len()
     }
 
     /// Debug: raw page words of the first `n` pages.

@@ -28,6 +28,7 @@ pub(super) struct Counters {
     pub(super) failed_faults: AtomicU64,
     pub(super) read_back_pages: AtomicU64,
     pub(super) unchanged_write_backs: AtomicU64,
+    pub(super) evicted_before_fills: AtomicU64,
 }
 
 pub(super) fn bump(c: &AtomicU64, n: u64) {
@@ -104,6 +105,8 @@ pub(super) struct Shared {
     /// Most frames the scratch buffers may hold together: an eighth of the buffer, so that
     /// fills always find frames.
     pub(super) park_limit: usize,
+    /// Fills evict as many pages as they install first (see `withhold.rs`).
+    pub(super) evict_before_fills: AtomicBool,
 }
 
 impl std::fmt::Debug for Shared {
