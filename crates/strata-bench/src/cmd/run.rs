@@ -360,7 +360,7 @@ fn find_budget(
         contestant,
         limit,
         page,
-        slack: crate::strata_cgroup::slack_for(over_node(contestant)),
+        slack: crate::strata_cgroup::SLACK_BYTES,
         reference,
         time_limit: setup.time_limit,
     };
@@ -614,7 +614,6 @@ pub fn run(args: &RunBenchArgs) -> anyhow::Result<()> {
             "none: strata run --memory LIMIT outside any memory group"
         },
         "strata_slack_bytes": crate::strata_cgroup::SLACK_BYTES,
-        "strata_node_extra_slack_bytes": crate::strata_cgroup::NODE_EXTRA_SLACK_BYTES,
         "kernel_swappiness": swappiness,
         "page_cluster": std::fs::read_to_string("/proc/sys/vm/page-cluster").unwrap_or_default().trim(),
         "programs": programs.iter().map(|(n, a)| serde_json::json!({"name": n, "argv": a})).collect::<Vec<_>>(),
@@ -1066,28 +1065,6 @@ mod tests {
     fn the_node_rows_are_the_contestants_over_a_node() {
         let over: Vec<&str> = CONTESTANTS.into_iter().filter(|c| over_node(c)).collect();
         assert_eq!(over, ["strata-remote", "strata-lz4-node"]);
-        assert_eq!(
-            crate::strata_cgroup::slack_for(over_node("strata-file")),
-            crate::strata_cgroup::SLACK_BYTES
-        );
-        assert_eq!(
-            crate::strata_cgroup::slack_for(over_node("strata-lz4")),
-            crate::strata_cgroup::SLACK_BYTES
-        );
-    }
-
-    #[test]
-    fn a_node_rows_search_leaves_its_extra_slack() {
-        let mut node = ask(32 * MIB);
-        node.contestant = "strata-remote";
-        node.slack = crate::strata_cgroup::slack_for(over_node(node.contestant));
-        let s = search_budget(&node, |b| Ok(measured(b + 4 * MIB))).unwrap();
-        assert_eq!(
-            s.budget_bytes,
-            Some(23 * MIB),
-            "32 less 4 of margin, 4 of slack, 1 aimed below: {}",
-            s.outcome
-        );
     }
 
     #[test]
