@@ -153,24 +153,17 @@ impl RemoteStore {
         completion: &Arc<Completion>,
         out: &mut Vec<Piece>,
     ) {
-        let nodes = self.node_names.len() as u64;
-        let mut done = 0usize;
-        while done < length {
-            let position = offset + done as u64;
-            let stripe = position / self.stripe;
-            let within = position % self.stripe;
-            let take = usize::try_from((self.stripe - within).min((length - done) as u64))
-                .expect("a piece is at most one stripe");
+        let nodes = self.node_names.len();
+        for piece in stripe_pieces(offset, length, self.stripe, nodes) {
             out.push(Piece {
-                node: usize::try_from(stripe % nodes).expect("node index fits"),
+                node: piece.node,
                 write,
-                remote_offset: (stripe / nodes) * self.stripe + within,
-                buffer: buffer + done,
-                length: take,
+                remote_offset: piece.at,
+                buffer: buffer + piece.start,
+                length: piece.length,
                 completion: Arc::clone(completion),
                 finished: false,
             });
-            done += take;
         }
     }
 
@@ -279,6 +272,49 @@ impl Drop for RemoteStore {
     }
 }
 
+/// One node's part of a request over a striped store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct StripePiece {
+    /// The node holding it.
+    pub node: usize,
+    /// Its offset in what that node lends.
+    pub at: u64,
+    /// Where it starts in the request.
+    pub start: usize,
+    /// Its length (at most one stripe).
+    pub length: usize,
+}
+
+/// The pieces of `[offset, offset + length)` over `nodes` nodes in stripes of `stripe`
+/// bytes: stripe `k` lives on node `k % nodes`, at `(k / nodes) * stripe` there.
+pub(crate) fn stripe_pieces(
+    offset: u64,
+    length: usize,
+    stripe: u64,
+    nodes: usize,
+) -> impl Iterator<Item = StripePiece> {
+    let nodes = nodes.max(1) as u64;
+    let mut done = 0usize;
+    std::iter::from_fn(move || {
+        if done >= length {
+            return None;
+        }
+        let position = offset + done as u64;
+        let index = position / stripe;
+        let within = position % stripe;
+        let take = usize::try_from((stripe - within).min((length - done) as u64))
+            .expect("a piece is at most one stripe");
+        let piece = StripePiece {
+            node: usize::try_from(index % nodes).expect("node index fits"),
+            at: (index / nodes) * stripe + within,
+            start: done,
+            length: take,
+        };
+        done += take;
+        Some(piece)
+    })
+}
+
 /// Bytes each of `nodes` lends for a store of `size` bytes in stripes of `stripe` bytes:
 /// stripe `k` lives on node `k % nodes`, so every node lends as many stripes as the first.
 pub fn bytes_per_node(size: u64, stripe: u64, nodes: usize) -> u64 {
@@ -364,4 +400,35 @@ pub fn query_capacities(
             .map(|(capacity, _)| capacity)
         })
         .collect()
+}
+
+#[cfg(test)]
+mod stripe_tests {
+    use super::*;
+    use rand::Rng;
+
+    /// Pieces tile the request in order, never cross a stripe, and land where stripe `k`
+    /// lives: node `k % nodes`, offset `(k / nodes) * stripe` there.
+    #[test]
+    fn stripe_pieces_tile_the_request_and_land_on_their_nodes() {
+        let mut rng = rand::rng();
+        for _ in 0..2000 {
+            let stripe = 1u64 << rng.random_range(0..17);
+            let nodes = rng.random_range(1..=5);
+            let offset = rng.random_range(0..1u64 << 30);
+            let length = rng.random_range(0..300_000usize);
+            let mut next = 0usize;
+            for p in stripe_pieces(offset, length, stripe, nodes) {
+                assert_eq!(p.start, next);
+                assert!(p.length > 0 && p.length as u64 <= stripe);
+                let position = offset + p.start as u64;
+                let k = position / stripe;
+                assert_eq!(p.node as u64, k % nodes as u64);
+                assert_eq!(p.at, (k / nodes as u64) * stripe + position % stripe);
+                assert_eq!((position + p.length as u64 - 1) / stripe, k, "crosses a stripe");
+                next += p.length;
+            }
+            assert_eq!(next, length);
+        }
+    }
 }

@@ -221,17 +221,9 @@ impl LentFileStore {
         len: usize,
         mut each: impl FnMut(&File, u64, std::ops::Range<usize>) -> std::io::Result<()>,
     ) -> Result<(), StoreError> {
-        let nodes = self.files.len() as u64;
-        let mut done = 0usize;
-        while done < len {
-            let position = offset + done as u64;
-            let stripe = position / self.stripe;
-            let within = position % self.stripe;
-            let take = usize::try_from((self.stripe - within).min((len - done) as u64))
-                .expect("a piece is at most one stripe");
-            let node = usize::try_from(stripe % nodes).expect("node index fits");
-            if self.lost[node].load(Ordering::Acquire) {
-                let name = &self.node_names[node];
+        for piece in client::stripe_pieces(offset, len, self.stripe, self.files.len()) {
+            if self.lost[piece.node].load(Ordering::Acquire) {
+                let name = &self.node_names[piece.node];
                 return Err(StoreError::Unavailable {
                     store: format!("remote:{name}"),
                     reason: format!(
@@ -239,15 +231,14 @@ impl LentFileStore {
                     ),
                 });
             }
-            let at = (stripe / nodes) * self.stripe + within;
-            each(&self.files[node], at, done..done + take).map_err(|source| StoreError::Io {
+            let range = piece.start..piece.start + piece.length;
+            each(&self.files[piece.node], piece.at, range).map_err(|source| StoreError::Io {
                 store: self.describe(),
                 op,
                 offset,
                 len: len as u64,
                 source,
             })?;
-            done += take;
         }
         Ok(())
     }
