@@ -425,7 +425,11 @@ mod stripe_tests {
                 let k = position / stripe;
                 assert_eq!(p.node as u64, k % nodes as u64);
                 assert_eq!(p.at, (k / nodes as u64) * stripe + position % stripe);
-                assert_eq!((position + p.length as u64 - 1) / stripe, k, "crosses a stripe");
+                assert_eq!(
+                    (position + p.length as u64 - 1) / stripe,
+                    k,
+                    "crosses a stripe"
+                );
                 next += p.length;
             }
             assert_eq!(next, length);
