@@ -315,6 +315,16 @@ pub(crate) fn stripe_pieces(
     })
 }
 
+/// The error of every request to memory node `node` once it is lost, and why.
+pub(crate) fn lost_error(node: &str, reason: &str) -> StoreError {
+    StoreError::Unavailable {
+        store: format!("remote:{node}"),
+        reason: format!(
+            "memory node {node} is lost: {reason}; the pages it held are gone: restart the node and the job (or raise STRATA_REMOTE_TIMEOUT if the node is only slow)"
+        ),
+    }
+}
+
 /// Bytes each of `nodes` lends for a store of `size` bytes in stripes of `stripe` bytes:
 /// stripe `k` lives on node `k % nodes`, so every node lends as many stripes as the first.
 pub fn bytes_per_node(size: u64, stripe: u64, nodes: usize) -> u64 {

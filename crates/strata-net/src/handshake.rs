@@ -255,6 +255,15 @@ const FILE_GRANT_BYTES: usize = 4 + 4 + 16;
 const FILE_REQUEST_BYTES: usize = 8;
 
 impl FileGrant {
+    /// A grant of process `pid` for a file still to be made (descriptor 0 until it is), with
+    /// fresh random bytes for its name.
+    pub fn with_random_name(pid: u32) -> Self {
+        Self {
+            pid,
+            fd: 0,
+            name: random(),
+        }
+    }
     fn encode(&self) -> [u8; FILE_GRANT_BYTES] {
         let mut b = [0u8; FILE_GRANT_BYTES];
         b[..4].copy_from_slice(&self.pid.to_le_bytes());

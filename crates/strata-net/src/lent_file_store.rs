@@ -38,23 +38,17 @@ use crate::handshake::{self, FileGrant, HandshakeError, Refusal};
 pub const FILES_VAR: &str = "STRATA_REMOTE_FILES";
 
 /// Whether [`FILES_VAR`] lets a client ask nodes on its host for files; an error names a
-/// value that is neither.
+/// value that is not a switch.
 pub fn files_allowed_by_env() -> Result<bool, String> {
-    files_allowed(std::env::var(FILES_VAR).ok().as_deref())
+    let env = strata_core::config::process_env().map_err(|e| e.to_string())?;
+    files_allowed(&env)
 }
 
-/// [`files_allowed_by_env`] for the variable's value (`None`: unset).
-fn files_allowed(value: Option<&str>) -> Result<bool, String> {
-    match value {
-        None => Ok(true),
-        Some(v) => match v.trim() {
-            "1" | "true" | "yes" | "on" => Ok(true),
-            "0" | "false" | "no" | "off" => Ok(false),
-            other => Err(format!(
-                "{FILES_VAR}={other:?} is not a switch; use true (memory nodes on this host lend files, the default) or false (messages only)"
-            )),
-        },
-    }
+/// [`files_allowed_by_env`] for the `STRATA_*` variables `env`.
+fn files_allowed(env: &strata_core::config::EnvVars) -> Result<bool, String> {
+    strata_core::config::env_bool(env, FILES_VAR)
+        .map(|on| on.unwrap_or(true))
+        .map_err(|e| e.to_string())
 }
 
 /// A store whose bytes live in files lent by memory nodes on this host. See the module docs.
@@ -223,13 +217,10 @@ impl LentFileStore {
     ) -> Result<(), StoreError> {
         for piece in client::stripe_pieces(offset, len, self.stripe, self.files.len()) {
             if self.lost[piece.node].load(Ordering::Acquire) {
-                let name = &self.node_names[piece.node];
-                return Err(StoreError::Unavailable {
-                    store: format!("remote:{name}"),
-                    reason: format!(
-                        "memory node {name} is lost: it closed its front-door connection (it stopped or died); the pages it held are gone: restart the node and the job"
-                    ),
-                });
+                return Err(client::lost_error(
+                    &self.node_names[piece.node],
+                    "it closed its front-door connection (it stopped or died)",
+                ));
             }
             let range = piece.start..piece.start + piece.length;
             each(&self.files[piece.node], piece.at, range).map_err(|source| StoreError::Io {
@@ -305,27 +296,22 @@ mod tests {
 
     #[test]
     fn the_switch_takes_true_and_false_words_and_refuses_others() {
-        assert_eq!(files_allowed(None), Ok(true));
+        let set = |v: &str| vec![(FILES_VAR.to_string(), v.to_string())];
+        assert_eq!(files_allowed(&Vec::new()), Ok(true));
         for on in ["1", "true", " yes", "on "] {
-            assert_eq!(files_allowed(Some(on)), Ok(true), "{on:?}");
+            assert_eq!(files_allowed(&set(on)), Ok(true), "{on:?}");
         }
         for off in ["0", "false", "no", "off"] {
-            assert_eq!(files_allowed(Some(off)), Ok(false), "{off:?}");
+            assert_eq!(files_allowed(&set(off)), Ok(false), "{off:?}");
         }
-        let err = files_allowed(Some("maybe")).unwrap_err();
+        let err = files_allowed(&set("maybe")).unwrap_err();
         assert!(err.contains(FILES_VAR) && err.contains("true"), "{err}");
     }
 
     /// A grant is honoured only for the very file the node named, of at least the size lent.
     #[test]
     fn a_grant_opens_only_the_named_file_of_the_size_lent() {
-        let mut name = [0u8; 16];
-        rand::Rng::fill(&mut rand::rng(), &mut name[..]);
-        let real = FileGrant {
-            pid: std::process::id(),
-            fd: 0,
-            name,
-        };
+        let real = FileGrant::with_random_name(std::process::id());
         let file = crate::sys::memory_file(&real.file_name()).unwrap();
         file.set_len(1 << 20).unwrap();
         let fd = u32::try_from(std::os::fd::AsRawFd::as_raw_fd(&file)).unwrap();

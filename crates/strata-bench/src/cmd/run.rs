@@ -279,13 +279,8 @@ fn start_node(capacity: u64) -> anyhow::Result<Node> {
 /// What the benchmark's memory node lends: half the host's memory (each process borrows
 /// chunks as its arena grows, twice its first large request at first), at most 16 GiB.
 fn node_capacity() -> u64 {
-    let host = std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|info| {
-            let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
-            line.split_whitespace().nth(1)?.parse::<u64>().ok()
-        })
-        .map_or(4 << 30, |kib| kib * 1024);
+    let host = crate::record::Machine::this().memory_bytes;
+    let host = if host == 0 { 4 << 30 } else { host };
     (host / 2).min(16 << 30)
 }
 

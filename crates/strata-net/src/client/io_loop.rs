@@ -15,6 +15,8 @@ use std::time::{Duration, Instant};
 use strata_core::store::StoreError;
 use strata_ucx::{Endpoint, HeldAmData, RemoteKey, Request, Worker};
 
+use super::lost_error;
+
 use crate::handshake::Session;
 use crate::protocol::{AM_REQUEST, Op, ReplyHeader, RequestHeader, Status};
 
@@ -592,14 +594,5 @@ impl Drop for IoLoop {
         for reply in leftovers {
             self.release(reply.data);
         }
-    }
-}
-
-fn lost_error(node: &str, reason: &str) -> StoreError {
-    StoreError::Unavailable {
-        store: format!("remote:{node}"),
-        reason: format!(
-            "memory node {node} is lost: {reason}; the pages it held are gone: restart the node and the job (or raise STRATA_REMOTE_TIMEOUT if the node is only slow)"
-        ),
     }
 }

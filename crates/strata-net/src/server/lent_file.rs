@@ -44,13 +44,7 @@ impl LentFile {
         bytes: u64,
         counters: Arc<NodeCounters>,
     ) -> Result<(Self, FileGrant), String> {
-        let mut name = [0u8; 16];
-        rand::Rng::fill(&mut rand::rng(), &mut name[..]);
-        let grant = FileGrant {
-            pid: std::process::id(),
-            fd: 0,
-            name,
-        };
+        let grant = FileGrant::with_random_name(std::process::id());
         let made = (|| {
             let file = crate::sys::memory_file(&grant.file_name())
                 .map_err(|e| format!("memfd_create: {e}"))?;
