@@ -16,9 +16,11 @@
 //! ([`strata_pager::Region::withhold_frames`], which evicts at once, so the memory is back
 //! when the call returns); once the room is the headroom plus [`RELEASE_GAP`] again, it
 //! gives them back. When the free room alone (limit less usage) is short and the group
-//! holds page cache, the program's open files' cache is dropped first
+//! holds page cache, the cache of the files the program writes is dropped first
 //! (`POSIX_FADV_DONTNEED`), so that cache the kernel would reclaim at the limit does not
-//! stand in the pager's way. And while the free room alone (page cache not counted) is below the
+//! stand in the pager's way. Files it only reads keep theirs: that cache may be charged to
+//! another group, and dropping it would only make the program read and charge it again
+//! ([`crate::sys::OwnFds`]). And while the free room alone (page cache not counted) is below the
 //! headroom, every fill evicts as many pages as it installs just before it installs them
 //! ([`strata_pager::Region::evict_before_fills`]): a millisecond's watching cannot see a
 //! `read()` pin the page cache its fill would need, but a fill charged against memory given

@@ -282,7 +282,16 @@ pub fn address_space_left() -> Option<u64> {
     Some(limit.rlim_cur.saturating_sub(pages.saturating_mul(page)))
 }
 
-/// The regular files this process has open, listed from `/proc/self/fd` ahead of need.
+/// The regular files this process has open and wrote, listed from `/proc/self/fd` ahead of
+/// need.
+///
+/// Only files the program writes count: open for writing, or changed since the list was
+/// first made (a temporary file written, closed and opened again to be read). The page cache
+/// of a file it only reads may be another program's (a shared data set, or this program's
+/// input cached by whoever read it first, charged to their group): dropping it would make
+/// every reader go to the disk again, and this program's own reads charge its group anew,
+/// with the cache read-ahead brings in locked under I/O where reclaim cannot take it (sort
+/// in a 32 MiB group, killed at start-up: results, session 13).
 ///
 /// Listing `/proc/self/fd` makes the kernel allocate an inode per descriptor, charged to
 /// the memory group: done when the group has room ([`OwnFds::refresh`]), never when it is
@@ -292,6 +301,9 @@ pub fn address_space_left() -> Option<u64> {
 pub struct OwnFds {
     dir: std::os::fd::OwnedFd,
     files: Vec<c_int>,
+    /// Files changed at or after this time (seconds, nanoseconds since the epoch) are the
+    /// program's own output.
+    since: (i64, i64),
 }
 
 /// Most descriptors remembered (a program with more gets the first ones' cache dropped).
@@ -301,9 +313,18 @@ impl OwnFds {
     /// Opens `/proc/self/fd` (the list is empty until [`OwnFds::refresh`]).
     pub fn open() -> std::io::Result<Self> {
         let dir = std::fs::File::open("/proc/self/fd")?;
+        let mut now = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: `now` is valid storage for a timespec. The real-time clock is the one file
+        // times are stamped with.
+        unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &raw mut now) };
         Ok(Self {
             dir: dir.into(),
             files: Vec::with_capacity(MOST_FILES),
+            // File systems stamp times at their own (coarser) granularity: a second's grace.
+            since: (now.tv_sec - 1, now.tv_nsec),
         })
     }
 
@@ -340,7 +361,7 @@ impl OwnFds {
                     .and_then(|s| s.parse::<c_int>().ok())
                     && fd != dir
                     && self.files.len() < MOST_FILES
-                    && regular_file(fd)
+                    && written_file(fd, self.since)
                 {
                     self.files.push(fd);
                 }
@@ -368,6 +389,25 @@ impl OwnFds {
         }
         advised
     }
+}
+
+/// Whether `fd` is open on a regular file that this process may write (open for writing)
+/// or that was changed at or after `since`.
+fn written_file(fd: c_int, since: (i64, i64)) -> bool {
+    let mut st = std::mem::MaybeUninit::<libc::stat>::zeroed();
+    // SAFETY: `st` is valid storage for a stat.
+    if unsafe { libc::fstat(fd, st.as_mut_ptr()) } != 0 {
+        return false;
+    }
+    // SAFETY: fstat succeeded, so it filled `st`.
+    let st = unsafe { st.assume_init() };
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+        return false;
+    }
+    // SAFETY: F_GETFL reads the descriptor's status flags; no memory is passed.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    (flags >= 0 && flags & libc::O_ACCMODE != libc::O_RDONLY)
+        || (st.st_mtime, st.st_mtime_nsec) >= since
 }
 
 /// Whether `fd` is open on a regular file.
@@ -411,28 +451,78 @@ mod tests {
         vec.iter().filter(|&&b| b & 1 != 0).count()
     }
 
-    #[test]
-    fn open_files_cache_is_dropped_and_their_bytes_stay() {
-        let dir = std::env::temp_dir().join(format!("strata-run-fadvise-{}", pid()));
+    /// A file of `len` fresh random bytes in a new directory, written and read once (so cached),
+    /// with its modification time set `age` in the past.
+    fn cached_file(
+        name: &str,
+        len: usize,
+        age: std::time::Duration,
+    ) -> (std::path::PathBuf, Vec<u8>) {
+        let dir = std::env::temp_dir().join(format!("strata-run-{name}-{}", pid()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("data");
-        let len = 1 << 20;
         let seed = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(1, |d| d.subsec_nanos());
         let data: Vec<u8> = (0..len)
             .map(|i: usize| (i as u64).wrapping_mul(u64::from(seed | 1)).to_le_bytes()[2])
             .collect();
-        let mut file = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(true)
+        let mut file = std::fs::File::create(&path).unwrap();
+        file.write_all(&data).unwrap();
+        file.sync_all().unwrap();
+        file.set_modified(std::time::SystemTime::now() - age)
+            .unwrap();
+        drop(file);
+        assert_eq!(std::fs::read(&path).unwrap(), data, "read once: cached");
+        (dir, data)
+    }
+
+    #[test]
+    fn cache_of_files_only_read_stays_and_of_files_written_since_goes() {
+        let len = 1 << 20;
+        let hour = std::time::Duration::from_secs(3600);
+        // An old file the program only reads: someone else's cache, left alone.
+        let (old_dir, old_data) = cached_file("old-input", len, hour);
+        // The same, opened read-only, but written during the run (a temporary file read
+        // back): the program's own cache, dropped.
+        let mut fds = OwnFds::open().unwrap();
+        let (new_dir, new_data) = cached_file("temp-read-back", len, std::time::Duration::ZERO);
+        let old = std::fs::File::open(old_dir.join("data")).unwrap();
+        let new = std::fs::File::open(new_dir.join("data")).unwrap();
+        let (old_before, new_before) = (cached_pages(&old, len), cached_pages(&new, len));
+        assert!(
+            old_before > 200 && new_before > 200,
+            "{old_before} and {new_before} pages cached"
+        );
+        let mut buf = [0u8; 512];
+        fds.refresh(&mut buf);
+        fds.drop_file_cache();
+        let (old_after, new_after) = (cached_pages(&old, len), cached_pages(&new, len));
+        assert_eq!(
+            old_after, old_before,
+            "an old file only read keeps its cache"
+        );
+        assert!(
+            new_after < new_before / 4,
+            "{new_after} of {new_before} pages of a file written since still cached"
+        );
+        assert_eq!(std::fs::read(old_dir.join("data")).unwrap(), old_data);
+        assert_eq!(std::fs::read(new_dir.join("data")).unwrap(), new_data);
+        std::fs::remove_dir_all(&old_dir).unwrap();
+        std::fs::remove_dir_all(&new_dir).unwrap();
+    }
+
+    #[test]
+    fn open_files_cache_is_dropped_and_their_bytes_stay() {
+        let len = 1 << 20;
+        // Old, but open for writing: the program's to drop.
+        let (dir, data) = cached_file("fadvise", len, std::time::Duration::from_secs(3600));
+        let path = dir.join("data");
+        let file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
             .open(&path)
             .unwrap();
-        file.write_all(&data).unwrap();
-        file.sync_all().unwrap();
-        assert_eq!(std::fs::read(&path).unwrap(), data, "read once: cached");
         let before = cached_pages(&file, len);
         assert!(before > 200, "{before} pages cached after a read");
         let mut fds = OwnFds::open().unwrap();

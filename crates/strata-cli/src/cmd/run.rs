@@ -304,12 +304,12 @@ fn validate(env: &EnvVars) -> anyhow::Result<()> {
 }
 
 /// The page sizes the library may give the arena (`strata_run::options::page_for`): the
-/// given one, else the default or, far beyond the budget, 16 KiB or 4 KiB.
+/// given one, else the default or, beyond the budget, 32 KiB, 16 KiB or 4 KiB.
 fn candidate_pages(given: bool, page: u64) -> Vec<u64> {
     if given {
         vec![page]
     } else {
-        vec![page, 16 << 10, 4 << 10]
+        vec![page, 32 << 10, 16 << 10, 4 << 10]
     }
 }
 
