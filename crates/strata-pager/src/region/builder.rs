@@ -242,6 +242,7 @@ impl Region {
             read_ahead,
             ahead_reserve,
             fill_streams: Streams::new(),
+            behind: super::behind::Behind::new(),
             write_streams: Streams::new(),
             predict_writes: b.predict_writes && !b.read_only,
             guessed: Guessed::new(page_count, b.predict_writes && !b.read_only),

@@ -46,6 +46,11 @@ impl Shared {
     /// Sweeps the clock until it claims a victim (moves it to `Evicting`), giving pages with
     /// a reference or hot bit another pass. None if a few turns found nothing evictable.
     pub(super) fn claim_victim(&self) -> Option<(usize, u64)> {
+        if self.policy == EvictionPolicy::Clock
+            && let Some(victim) = self.claim_behind()
+        {
+            return Some(victim);
+        }
         let n = self.frames.len();
         for _ in 0..3 * n {
             let f = self.frames.tick();

@@ -309,11 +309,17 @@ impl Shared {
         if sequential {
             let zero = is_discarded(self.pages.load(page));
             extra = self.claim_run(page + 1, self.read_ahead, Some(zero));
+            let mut filling = 1 + extra;
             if extra == self.read_ahead {
                 for k in 0..WINDOWS_AHEAD {
                     self.queue_read_ahead(page + 1 + extra * (k + 1), self.read_ahead);
                 }
+                filling += WINDOWS_AHEAD * self.read_ahead;
             }
+            // What the stream passed goes first: the page it left and the window it read
+            // stay (the gap), and it may owe at most a few faults' worth.
+            self.behind
+                .stream_at(page, 2 * self.read_ahead + 1, filling, 4 * filling);
         }
         // Just below the start of a recent fill, whose first page is still resident: a
         // descending stream. The window below the faulting page is claimed now (a fault on

@@ -17,7 +17,9 @@
 //! chosen by a clock over frames ([`EvictionPolicy::Clock`]): a page's reference bit is set
 //! when it is filled or first written, and a page that faults again soon after its eviction
 //! (its *re-fault distance*, counted in evictions, is below the buffer size) is marked hot and
-//! survives one more pass. A dirty victim is write-protected first, then written back, then
+//! survives one more pass. While a program sweeps upwards through memory, the pages just
+//! behind the sweep go first (`behind.rs`), so that a sweep repeated over more than the
+//! buffer keeps the front resident instead of evicting what the next pass wants first. A dirty victim is write-protected first, then written back, then
 //! dropped with `MADV_DONTNEED`, so a write racing with the write-back waits instead of being
 //! lost. [`EvictionPolicy::Fifo`] (Umap's policy) is kept for comparison. Woken evictors
 //! always make room for one read-ahead window, and read-ahead threads that find too few free
@@ -50,6 +52,7 @@
 //! - `error.rs`: [`RegionError`] and [`UnmapError`].
 //! - this file: the public [`Region`] API (access, statistics, flush, prefetch, evict, unmap).
 
+mod behind;
 mod builder;
 mod discard;
 mod error;

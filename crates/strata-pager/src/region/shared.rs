@@ -82,6 +82,8 @@ pub(super) struct Shared {
     pub(super) ahead_reserve: usize,
     /// Ends of recent fills: a missing-page fault at one continues a read stream.
     pub(super) fill_streams: Streams,
+    /// Where evictions go behind the latest ascending stream (see `behind.rs`).
+    pub(super) behind: super::behind::Behind,
     /// Ends of recent runs made writable: a write fault at one continues a write stream.
     pub(super) write_streams: Streams,
     /// Install pages written during their last stay writable on a read fault.
