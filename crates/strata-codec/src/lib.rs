@@ -41,6 +41,10 @@ use strata_core::store::{ReadRequest, Store, StoreError, check_range};
 
 /// Bytes of the header at the start of each slot.
 pub const HEADER_BYTES: usize = 24;
+/// Most page bytes encoded and written together (see `CompressedStore::write_pages`): a few
+/// pages in flight to a remote inner store, a quarter of a MiB of images at most.
+const WRITE_BATCH_BYTES: usize = 256 << 10;
+
 /// Largest codec page: a slot's stored length is recorded in 32 bits. Far above any page
 /// Strata uses (2 MiB at most).
 pub const MAX_PAGE_BYTES: u64 = 1 << 30;
@@ -226,13 +230,25 @@ impl CompressedStore {
         usize::try_from((self.size - start).min(self.page as u64)).expect("at most one page")
     }
 
-    /// Encodes one page into a slot image (header + stored bytes).
+    /// Encodes one page into a slot image (header + stored bytes). LZ4 compresses straight
+    /// into the slot, so a page costs one buffer, not three (the compressor's own, its
+    /// shrunk copy and the slot): in a program under `strata run` these buffers are charged
+    /// to its memory like the rest of it.
     fn encode(&self, page: &[u8]) -> Vec<u8> {
-        let mut stored: Option<(Format, Vec<u8>, f64)> = None;
+        let mut slot = Vec::new();
+        let mut stored: Option<(Format, f64)> = None;
         match self.codec {
             CodecKind::Lz4 => {
-                let compressed = lz4_flex::block::compress(page);
-                stored = Some((Format::Lz4, compressed, 0.0));
+                slot.resize(
+                    HEADER_BYTES + lz4_flex::block::get_maximum_output_size(page.len()),
+                    0,
+                );
+                if let Ok(n) = lz4_flex::block::compress_into(page, &mut slot[HEADER_BYTES..])
+                    && n < page.len()
+                {
+                    slot.truncate(HEADER_BYTES + n);
+                    stored = Some((Format::Lz4, 0.0));
+                }
             }
             CodecKind::Zfp { tolerance } => {
                 if let Some(bytes) = self.zfp_encode(page, tolerance) {
@@ -240,26 +256,32 @@ impl CompressedStore {
                         ZfpElement::F64 => Format::ZfpF64,
                         ZfpElement::F32 => Format::ZfpF32,
                     };
-                    stored = Some((format, bytes, tolerance));
+                    slot.reserve_exact(HEADER_BYTES + bytes.len());
+                    slot.resize(HEADER_BYTES, 0);
+                    slot.extend_from_slice(&bytes);
+                    stored = Some((format, tolerance));
                 }
             }
             CodecKind::None => {}
         }
-        let (format, bytes, tolerance) = match stored {
-            Some((f, b, t)) if b.len() < page.len() => {
+        let (format, tolerance) = match stored {
+            Some(kept) => {
                 self.counters
                     .pages_compressed
                     .fetch_add(1, Ordering::Relaxed);
-                (f, b, t)
+                kept
             }
-            _ => {
+            None => {
                 self.counters.pages_raw.fetch_add(1, Ordering::Relaxed);
-                (Format::Raw, page.to_vec(), 0.0)
+                slot.clear();
+                slot.reserve_exact(HEADER_BYTES + page.len());
+                slot.resize(HEADER_BYTES, 0);
+                slot.extend_from_slice(page);
+                (Format::Raw, 0.0)
             }
         };
-        let mut slot = Vec::with_capacity(HEADER_BYTES + bytes.len());
-        slot.extend_from_slice(&encode_header(format, &bytes, tolerance));
-        slot.extend_from_slice(&bytes);
+        let header = encode_header(format, &slot[HEADER_BYTES..], tolerance);
+        slot[..HEADER_BYTES].copy_from_slice(&header);
         slot
     }
 
@@ -411,8 +433,18 @@ impl CompressedStore {
         Ok(())
     }
 
-    /// Writes whole pages with one batched inner write.
+    /// Writes whole pages with batched inner writes of at most [`WRITE_BATCH_BYTES`] of
+    /// pages each: a pager's write-back batch (64 pages) encoded at once held up to twice its
+    /// size in slot images, charged to the program's memory.
     fn write_pages(&self, pages: &[(u64, &[u8])]) -> Result<(), StoreError> {
+        let per_batch = (WRITE_BATCH_BYTES / self.page.max(1)).max(1);
+        for batch in pages.chunks(per_batch) {
+            self.write_batch_of_pages(batch)?;
+        }
+        Ok(())
+    }
+
+    fn write_batch_of_pages(&self, pages: &[(u64, &[u8])]) -> Result<(), StoreError> {
         let slot = self.slot();
         let images: Vec<Vec<u8>> = pages.iter().map(|(_, p)| self.encode(p)).collect();
         let requests: Vec<(u64, &[u8])> = images
