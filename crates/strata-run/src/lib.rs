@@ -18,8 +18,8 @@
 //!   (`MADV_DONTFORK`): touching it is refused with a message and `SIGSEGV`, never silent
 //!   zeros.
 //! - The arena's page size is 64 KiB unless given (`STRATA_PAGE_SIZE`); when the first
-//!   large request is more than 4x the budget it is 4 KiB (16 KiB over memory nodes on other hosts): see
-//!   [`options::page_for`].
+//!   large request is more than 3x the budget it is 32 KiB (on this host), more than 4x
+//!   4 KiB (16 KiB over memory nodes on other hosts): see [`options::page_for`].
 //! - A memory-node store (`remote:`) is connected in the background: the program runs on
 //!   while it connects, and waits only when the budget is full and a page must go to the
 //!   node. If the connection fails, the process ends with exit status 125 and the reason.

@@ -32,15 +32,16 @@ pub struct RunArgs {
     /// values, which may come back changed by up to the tolerance (STRATA_RUN_LOSSY=floats).
     #[arg(long)]
     lossy_floats: bool,
-    /// Pager page size (STRATA_PAGE_SIZE). Default 64KiB, or 4KiB (16KiB over memory nodes on other hosts)
-    /// when the program's first large request is over 4x the budget.
+    /// Pager page size (STRATA_PAGE_SIZE). Default 64KiB, or 32KiB when the program's first
+    /// large request is over 3x the budget (on this host), 4KiB over 4x (16KiB over memory
+    /// nodes on other hosts).
     #[arg(long)]
     page_size: Option<String>,
     /// Smallest allocation paged by Strata (STRATA_RUN_THRESHOLD, default 256KiB).
     #[arg(long)]
     threshold: Option<String>,
     /// Free room kept in the program's memory cgroup (v1 or v2) whenever the group nears its
-    /// limit (the program's file cache dropped, fills evicting before they install, paged
+    /// limit (the cache of files the program writes dropped, fills evicting before they install, paged
     /// memory given back), so that the kernel does not OOM-kill the program for memory
     /// Strata could have freed: a size, on (default, 2MiB) or off (STRATA_RUN_KEEP_ROOM).
     /// Nothing happens without a limit.
