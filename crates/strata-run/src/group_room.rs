@@ -366,6 +366,7 @@ fn watch(
     let mut fds = crate::sys::OwnFds::open().ok();
     let mut dents = [0u8; 2048];
     let mut fds_read = Instant::now() - FDS_EVERY;
+    let mut warned = false;
     loop {
         std::thread::sleep(TICK);
         if limit_read.elapsed() >= LIMIT_EVERY {
@@ -443,7 +444,27 @@ fn watch(
         stats
             .peak_withheld
             .fetch_max(after.held as u64, Ordering::Relaxed);
+        if after.target < target && !warned {
+            // The pager keeps a floor of frames to make progress at all: below it, the
+            // program pages on every few accesses and looks hung. Say why, once.
+            warned = true;
+            crate::sys::write_stderr(
+                floor_warning(limit, sample.usage, region.frames() - after.target, page).as_bytes(),
+            );
+        }
     }
+}
+
+/// What `strata run` says when its memory group holds so much besides the paged memory that
+/// the pager is down to its floor of `floor_frames` frames.
+pub fn floor_warning(limit: u64, usage: u64, floor_frames: usize, page: u64) -> String {
+    use strata_core::format_size;
+    format!(
+        "strata run: the memory group's limit ({}) is taken by memory Strata does not page ({} in use: page cache or other processes in the group); paged memory is down to its floor of {}, so the program will page on most accesses and run very slowly. Give the group more memory, or move the other processes out of it\n",
+        format_size(limit),
+        format_size(usage),
+        format_size(floor_frames as u64 * page),
+    )
 }
 
 #[cfg(test)]
@@ -538,6 +559,19 @@ mod tests {
         assert_eq!((s.file, s.unclean), (16384, 8192));
         // Usage past the limit (v2's memory.high) is no room, not a wrap.
         assert_eq!(room(50, s, 4096), 12288);
+    }
+
+    #[test]
+    fn the_floor_warning_names_the_limit_the_usage_and_the_floor() {
+        let w = floor_warning(32 << 20, 31 << 20, 16, 64 << 10);
+        assert!(
+            w.contains("(32 MiB)") && w.contains("31 MiB in use") && w.contains("floor of 1 MiB"),
+            "{w}"
+        );
+        assert!(
+            w.ends_with('\n') && w.contains("Give the group more memory"),
+            "{w}"
+        );
     }
 
     #[test]
