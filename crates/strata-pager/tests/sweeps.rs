@@ -12,6 +12,20 @@ use strata_pager::{EvictionPolicy, Region};
 
 const PAGE: usize = 16 << 10;
 
+/// A buffer of `buffer` pages with read-ahead (so streams are followed) and `strata run`'s
+/// water marks (the whole budget resident).
+fn sweeping(buffer: u64, fillers: usize) -> PagerConfig {
+    PagerConfig::builder()
+        .page_bytes(PAGE as u64)
+        .buffer_bytes(buffer * PAGE as u64)
+        .fillers(fillers)
+        .evictors(1)
+        .read_ahead(8)
+        .water_marks(99, 100)
+        .build()
+        .expect("test configuration is valid")
+}
+
 /// Store bytes read by `sweeps` ascending passes over a region of `pages` pages (buffer of
 /// `buffer` pages) under `policy`, after a first pass; every pass checks every page and
 /// changes its first bytes, and the store holds every change at the end.
@@ -23,17 +37,8 @@ fn bytes_read_by_repeated_sweeps(
     rng: &mut Rng,
 ) -> u64 {
     let (store, data) = random_store(pages * PAGE, rng);
-    let config = PagerConfig::builder()
-        .page_bytes(PAGE as u64)
-        .buffer_bytes(buffer * PAGE as u64)
-        .fillers(1)
-        .evictors(1)
-        .read_ahead(8)
-        .water_marks(99, 100)
-        .build()
-        .expect("test configuration is valid");
     let mut region = Region::builder(store.clone(), data.len() as u64)
-        .config(config)
+        .config(sweeping(buffer, 1))
         .policy(policy)
         .build()
         .expect("region maps");
@@ -106,4 +111,68 @@ fn repeated_sweeps_beyond_the_buffer_keep_its_front_resident() {
         best * 3 < fifo * 2,
         "sweeps read {tries:?} bytes against FIFO's {fifo}: the front of the array was not kept"
     );
+}
+
+/// Evicting behind at the edges: the smallest buffers (4 frames, smaller than one read-ahead
+/// window) and four threads sweeping their own quarters side by side, each reading,
+/// checking and changing every page three times. Nothing is lost, whichever stream's
+/// pages go.
+#[test]
+fn small_buffers_and_sweeps_side_by_side_lose_nothing() {
+    if !uffd_available("sweeps_side_by_side") {
+        return;
+    }
+    let mut rng = Rng::from_time("sweeps_side_by_side");
+    let (pages, threads) = (96usize, 4usize);
+    for buffer in [4u64, 5, 12] {
+        let (store, data) = random_store(pages * PAGE, &mut rng);
+        let region = Region::builder(store.clone(), data.len() as u64)
+            .config(sweeping(buffer, 2))
+            .build()
+            .expect("region maps");
+        let base = region.as_ptr() as usize;
+        let quarter = pages / threads;
+        std::thread::scope(|s| {
+            for t in 0..threads {
+                let data = &data;
+                s.spawn(move || {
+                    for pass in 0..3u8 {
+                        for p in t * quarter..(t + 1) * quarter {
+                            let at = p * PAGE;
+                            // SAFETY: each thread touches only its own quarter of the region,
+                            // which outlives the scope.
+                            let page = unsafe {
+                                std::slice::from_raw_parts_mut((base + at) as *mut u8, PAGE)
+                            };
+                            assert_eq!(
+                                page[8..],
+                                data[at + 8..at + PAGE],
+                                "page {p}, pass {pass}, buffer {buffer}"
+                            );
+                            for (i, b) in page[..8].iter_mut().enumerate() {
+                                assert_eq!(*b, data[at + i].wrapping_add(pass), "page {p}");
+                                *b = b.wrapping_add(1);
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        let mut expect = data;
+        for p in 0..pages {
+            for b in &mut expect[p * PAGE..p * PAGE + 8] {
+                *b = b.wrapping_add(3);
+            }
+        }
+        assert!(
+            region.as_slice() == expect.as_slice(),
+            "buffer {buffer}: region differs"
+        );
+        region.flush().expect("flush");
+        drop(region);
+        assert!(
+            read_all(store.as_ref()) == expect,
+            "buffer {buffer}: the store lost changes"
+        );
+    }
 }

@@ -313,18 +313,16 @@ impl OwnFds {
     /// Opens `/proc/self/fd` (the list is empty until [`OwnFds::refresh`]).
     pub fn open() -> std::io::Result<Self> {
         let dir = std::fs::File::open("/proc/self/fd")?;
-        let mut now = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: `now` is valid storage for a timespec. The real-time clock is the one file
-        // times are stamped with.
-        unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &raw mut now) };
+        // File times are stamped from the real-time clock, at the file system's (coarser)
+        // granularity: a second's grace.
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        let secs = i64::try_from(now.as_secs()).unwrap_or(i64::MAX);
         Ok(Self {
             dir: dir.into(),
             files: Vec::with_capacity(MOST_FILES),
-            // File systems stamp times at their own (coarser) granularity: a second's grace.
-            since: (now.tv_sec - 1, now.tv_nsec),
+            since: (secs - 1, i64::from(now.subsec_nanos())),
         })
     }
 
@@ -394,16 +392,9 @@ impl OwnFds {
 /// Whether `fd` is open on a regular file that this process may write (open for writing)
 /// or that was changed at or after `since`.
 fn written_file(fd: c_int, since: (i64, i64)) -> bool {
-    let mut st = std::mem::MaybeUninit::<libc::stat>::zeroed();
-    // SAFETY: `st` is valid storage for a stat.
-    if unsafe { libc::fstat(fd, st.as_mut_ptr()) } != 0 {
+    let Some(st) = regular_file_stat(fd) else {
         return false;
-    }
-    // SAFETY: fstat succeeded, so it filled `st`.
-    let st = unsafe { st.assume_init() };
-    if st.st_mode & libc::S_IFMT != libc::S_IFREG {
-        return false;
-    }
+    };
     // SAFETY: F_GETFL reads the descriptor's status flags; no memory is passed.
     let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
     (flags >= 0 && flags & libc::O_ACCMODE != libc::O_RDONLY)
@@ -412,14 +403,19 @@ fn written_file(fd: c_int, since: (i64, i64)) -> bool {
 
 /// Whether `fd` is open on a regular file.
 fn regular_file(fd: c_int) -> bool {
+    regular_file_stat(fd).is_some()
+}
+
+/// The status of the regular file `fd` is open on; None for anything else.
+fn regular_file_stat(fd: c_int) -> Option<libc::stat> {
     let mut st = std::mem::MaybeUninit::<libc::stat>::zeroed();
     // SAFETY: `st` is valid storage for a stat.
     if unsafe { libc::fstat(fd, st.as_mut_ptr()) } != 0 {
-        return false;
+        return None;
     }
     // SAFETY: fstat succeeded, so it filled `st`.
     let st = unsafe { st.assume_init() };
-    st.st_mode & libc::S_IFMT == libc::S_IFREG
+    (st.st_mode & libc::S_IFMT == libc::S_IFREG).then_some(st)
 }
 
 #[cfg(test)]
@@ -494,8 +490,22 @@ mod tests {
             old_before > 200 && new_before > 200,
             "{old_before} and {new_before} pages cached"
         );
+        // A pipe (not a regular file) is never listed, written or not.
+        let mut pipe = [0 as c_int; 2];
+        // SAFETY: `pipe` holds the two descriptors pipe(2) writes; both are closed below.
+        assert_eq!(unsafe { libc::pipe(pipe.as_mut_ptr()) }, 0);
         let mut buf = [0u8; 512];
         fds.refresh(&mut buf);
+        assert!(
+            !fds.files.contains(&pipe[0]) && !fds.files.contains(&pipe[1]),
+            "a pipe was listed: {:?}",
+            fds.files
+        );
+        // SAFETY: closing the pipe made above, used by nothing else.
+        unsafe {
+            libc::close(pipe[0]);
+            libc::close(pipe[1]);
+        }
         fds.drop_file_cache();
         let (old_after, new_after) = (cached_pages(&old, len), cached_pages(&new, len));
         assert_eq!(

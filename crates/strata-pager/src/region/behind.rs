@@ -58,14 +58,16 @@ impl Shared {
     /// A victim just behind the latest stream (moved to `Evicting`), if it is owed one and
     /// one is resident there.
     pub(super) fn claim_behind(&self) -> Option<(usize, u64)> {
-        if self.behind.grant.load(Ordering::Relaxed) == 0 {
+        if self.behind.grant.load(Ordering::Relaxed) == 0 || self.pages.is_empty() {
             return None;
         }
-        let start = self.behind.next.load(Ordering::Relaxed);
+        let start = self
+            .behind
+            .next
+            .load(Ordering::Relaxed)
+            .min(self.pages.len().saturating_sub(1));
         for q in (start.saturating_sub(SEARCH)..=start).rev() {
-            let Some(w) = (q < self.pages.len()).then(|| self.pages.load(q)) else {
-                continue;
-            };
+            let w = self.pages.load(q);
             if !matches!(word::state(w), State::Clean | State::Dirty) {
                 continue;
             }
