@@ -510,3 +510,87 @@ fn a_zeroed_header_over_written_bytes_is_corrupt_not_a_zero_page() {
         }
     }
 }
+
+/// An inner store that counts batched writes and fails the one numbered `fail_at` (1-based;
+/// 0: none).
+#[derive(Debug)]
+struct BatchCounting {
+    inner: MemoryStore,
+    batches: std::sync::Mutex<Vec<usize>>,
+    fail_at: std::sync::atomic::AtomicUsize,
+}
+
+impl Store for BatchCounting {
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+        self.inner.read_at(offset, buf)
+    }
+    fn write_at(&self, offset: u64, buf: &[u8]) -> Result<(), StoreError> {
+        self.write_batch(&[(offset, buf)])
+    }
+    fn flush(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+    fn describe(&self) -> String {
+        "batch-counting".into()
+    }
+    fn write_batch(&self, requests: &[(u64, &[u8])]) -> Result<(), StoreError> {
+        let mut batches = self.batches.lock().unwrap();
+        batches.push(requests.len());
+        if batches.len() == self.fail_at.load(Ordering::SeqCst) {
+            return Err(StoreError::Unavailable {
+                store: self.describe(),
+                reason: format!("injected failure of batch {}", batches.len()),
+            });
+        }
+        for (offset, buf) in requests {
+            self.inner.write_at(*offset, buf)?;
+        }
+        Ok(())
+    }
+}
+
+/// A write-back of 40 pages goes to the inner store in batches of at most 256 KiB of pages;
+/// when one batch fails the caller gets the error, the pages written before it read back,
+/// and writing again once the store is well stores every page.
+#[test]
+fn long_write_backs_go_in_bounded_batches_and_a_failed_batch_is_reported() {
+    let mut rng = rng("bounded_batches");
+    let count = 40u64;
+    let size = count * PAGE;
+    let inner = Arc::new(BatchCounting {
+        inner: MemoryStore::new(CompressedStore::inner_size(size, PAGE).unwrap()),
+        batches: std::sync::Mutex::new(Vec::new()),
+        fail_at: std::sync::atomic::AtomicUsize::new(2),
+    });
+    let s = CompressedStore::new(inner.clone(), CodecKind::Lz4, PAGE, size).unwrap();
+    let pages: Vec<Vec<u8>> = (0..count as usize)
+        .map(|i| page_of_kind(i % 6, &mut rng))
+        .collect();
+    let requests: Vec<(u64, &[u8])> = pages
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (i as u64 * PAGE, p.as_slice()))
+        .collect();
+    let per_batch = (256 << 10) / PAGE as usize;
+    let e = s.write_batch(&requests).unwrap_err();
+    assert!(e.to_string().contains("injected failure of batch 2"), "{e}");
+    assert_eq!(*inner.batches.lock().unwrap(), [per_batch, per_batch]);
+    let mut out = vec![0u8; PAGE as usize];
+    for (i, page) in pages.iter().enumerate().take(per_batch) {
+        s.read_at(i as u64 * PAGE, &mut out).unwrap();
+        assert_eq!(&out, page, "page {i}, written before the failed batch");
+    }
+    inner.fail_at.store(0, Ordering::SeqCst);
+    inner.batches.lock().unwrap().clear();
+    s.write_batch(&requests).unwrap();
+    let batches = inner.batches.lock().unwrap().clone();
+    assert!(batches.iter().all(|&n| n <= per_batch), "{batches:?}");
+    assert_eq!(batches.iter().sum::<usize>(), count as usize);
+    for (i, page) in pages.iter().enumerate() {
+        s.read_at(i as u64 * PAGE, &mut out).unwrap();
+        assert_eq!(&out, page, "page {i}");
+    }
+}
