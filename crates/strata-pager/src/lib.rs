@@ -67,4 +67,5 @@ mod watchdog;
 
 pub use region::{
     EvictionPolicy, PagerCounters, Region, RegionBuilder, RegionError, UnmapError, Withheld,
+    WriteTracking,
 };

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use strata_core::config::StoreKind;
 use strata_core::{Store, StoreConfig};
-use strata_pager::Region;
+use strata_pager::{Region, WriteTracking};
 
 use crate::arena::{Arena, Extent};
 use crate::growing_store::GrowingStore;
@@ -411,6 +411,11 @@ impl Runtime {
         let region = Region::builder(store, arena_bytes)
             .config(options.pager.clone())
             .predict_writes(options.predict_writes)
+            .write_tracking(if options.writes_by_digest {
+                WriteTracking::Digest
+            } else {
+                WriteTracking::Trap
+            })
             .build()
             .map_err(|e| {
                 format!(

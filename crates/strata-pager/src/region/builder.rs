@@ -8,7 +8,7 @@ use strata_core::{PagerConfig, Stats, Store, Tier};
 
 use super::shared::{Counters, MAX_RUN_BYTES, Shared};
 use super::streams::Streams;
-use super::write_intent::Guessed;
+use super::write_intent::{Guessed, WriteTracking};
 use super::{EvictionPolicy, Region, RegionError};
 use crate::pages::{FramePool, PageTable, STAMP_BITS};
 use crate::sys::{self, EventFd, FaultPoller, Mapping, Uffd};
@@ -26,6 +26,7 @@ pub struct RegionBuilder {
     read_only: bool,
     without_poison: bool,
     predict_writes: bool,
+    write_tracking: WriteTracking,
 }
 
 impl RegionBuilder {
@@ -52,6 +53,12 @@ impl RegionBuilder {
     /// guessed page is not guessed again on its next fault, so that cost never repeats.
     pub fn predict_writes(mut self, predict: bool) -> Self {
         self.predict_writes = predict;
+        self
+    }
+    /// How the region learns which pages the program wrote (default
+    /// [`WriteTracking::Trap`]; see [`WriteTracking`]).
+    pub fn write_tracking(mut self, tracking: WriteTracking) -> Self {
+        self.write_tracking = tracking;
         self
     }
     /// Make the region read-only to the program (writes raise `SIGSEGV`, as with a
@@ -106,6 +113,7 @@ impl Region {
             read_only: false,
             without_poison: false,
             predict_writes: false,
+            write_tracking: WriteTracking::Trap,
         }
     }
 
@@ -211,6 +219,8 @@ impl Region {
             .fillers
             .max((frames / 16).min(wake_below_free))
             .min(frames / 2);
+        let digests =
+            super::unchanged::Digests::new(page_count, config.skip_unchanged && !b.read_only);
         let shared = Arc::new(Shared {
             map,
             uffd,
@@ -246,10 +256,10 @@ impl Region {
             write_streams: Streams::new(),
             predict_writes: b.predict_writes && !b.read_only,
             guessed: Guessed::new(page_count, b.predict_writes && !b.read_only),
-            digests: super::unchanged::Digests::new(
-                page_count,
-                config.skip_unchanged && !b.read_only,
-            ),
+            // Without digests (turned off, or no random secret to key them) nothing could tell
+            // a written page from a read one: writes are trapped instead.
+            writes_by_digest: b.write_tracking == WriteTracking::Digest && digests.enabled(),
+            digests,
             read_back,
             evict_log: (read_back > 0).then(|| {
                 // Deep enough that a page evicted a few buffers' worth ago still finds its

@@ -428,10 +428,10 @@ impl Shared {
             self.release_run(first + same, count - same);
         }
         let count = same;
-        // A page read back in after a stay in which it was written is installed writable,
-        // so its next write does not trap (see `write_intent.rs`); single pages only, as a
-        // run is installed with one mode.
-        let guessed = !write && !zero && count == 1 && self.guess_write(self.pages.load(first));
+        // Installed writable when writes are found by digest, or, for a single page (a run
+        // is installed with one mode), when it was written during its last stay, so its next
+        // write does not trap (see `write_intent.rs`).
+        let guessed = !write && !zero && self.fill_writable(count, self.pages.load(first));
         let write = write || guessed;
         let mut frames = Vec::with_capacity(count);
         // Fills that must evict for their frames (see `withhold.rs`) get them like

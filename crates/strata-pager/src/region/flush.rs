@@ -192,8 +192,22 @@ impl Shared {
     ) {
         claimed.sort_unstable_by_key(|&(page, _)| page);
         let pages: Vec<usize> = claimed.iter().map(|&(page, _)| page).collect();
+        // Pages whose bytes are the store's copy again need no write (every page read and not
+        // changed, when writes are found by digest): `unchanged_of` leaves them protected, so
+        // they are clean like the written ones.
+        let unchanged = self.unchanged_of(&pages);
+        let pages: Vec<usize> = pages
+            .into_iter()
+            .filter(|p| unchanged.binary_search(p).is_err())
+            .collect();
         let mut failed = self.write_back_many(&pages);
         failed.sort_unstable_by_key(|(page, _)| *page);
+        let written: Vec<usize> = pages
+            .iter()
+            .copied()
+            .filter(|&p| failed.binary_search_by_key(&p, |(q, _)| *q).is_err())
+            .collect();
+        self.remember_written(&written);
         for &(page, w) in claimed.iter() {
             match failed.binary_search_by_key(&page, |(p, _)| *p) {
                 Ok(_) => {

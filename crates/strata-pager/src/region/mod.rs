@@ -74,6 +74,7 @@ pub use error::{RegionError, UnmapError};
 pub use evict::EvictionPolicy;
 pub use frames::FRAME_WAIT;
 pub use withhold::Withheld;
+pub use write_intent::WriteTracking;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;

@@ -88,6 +88,8 @@ pub(super) struct Shared {
     pub(super) write_streams: Streams,
     /// Install pages written during their last stay writable on a read fault.
     pub(super) predict_writes: bool,
+    /// Install every page writable; evictions and flushes find written pages by digest.
+    pub(super) writes_by_digest: bool,
     /// Digests of the store's copies, to drop unchanged dirty pages without a write.
     pub(super) digests: super::unchanged::Digests,
     /// Pages installed writable on that guess (see `write_intent.rs`).

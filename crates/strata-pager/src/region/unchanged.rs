@@ -17,7 +17,7 @@
 //! The invariant that makes a skip safe: a page's digest, when set, is the digest of the
 //! store's copy of that page. It is set only by a fill from the store (the filler owns the
 //! page), cleared by a fill of zeros and by every write-back (after which the store holds other
-//! bytes), and read only by the evictor that owns the page, with the page write-protected so
+//! bytes), and read only by the evictor or flush that owns the page, with the page write-protected so
 //! its bytes cannot change while they are hashed.
 
 use std::io::Read;
@@ -103,7 +103,7 @@ impl Digests {
 }
 
 impl Shared {
-    /// Of `dirty` (sorted, each owned by this evictor in `Evicting`), the pages whose bytes
+    /// Of `dirty` (sorted, each owned by the caller in `Evicting` or `Flushing`), the pages whose bytes
     /// are the store's copy again, so they need no write-back. Pages with a known copy are
     /// write-protected first (a run with one call), so their bytes cannot change while hashed:
     /// a program thread that writes meanwhile waits for the eviction and faults the page back.
@@ -144,6 +144,25 @@ impl Shared {
         }
         bump(&self.counters.unchanged_write_backs, unchanged.len() as u64);
         unchanged
+    }
+
+    /// Records the bytes of `pages` as the store's copy, just written back by a flush (each
+    /// owned by the caller in `Flushing` and write-protected since before the write), so that
+    /// a later write that puts those bytes back, or a page made writable without being
+    /// written, costs no second write. An eviction has no use for this: its pages are dropped.
+    pub(super) fn remember_written(&self, pages: &[usize]) {
+        if !self.digests.enabled() {
+            return;
+        }
+        for &page in pages {
+            // SAFETY: the page is resident (the caller owns it in `Flushing`, so nobody drops
+            // it) and write-protected by its write-back, so its bytes are the ones the store
+            // now holds while they are hashed; the length stays inside the region.
+            let bytes = unsafe {
+                std::slice::from_raw_parts(self.page_addr(page) as *const u8, self.io_len(page))
+            };
+            self.digests.set(page, bytes);
+        }
     }
 }
 
