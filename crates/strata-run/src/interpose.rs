@@ -125,6 +125,7 @@ fn big(size: usize, align: usize, zeroed: bool) -> *mut c_void {
         set_errno(libc::ENOMEM);
         return std::ptr::null_mut();
     }
+    no_unwind((), || runtime::runtime_for(size).served_unpaged(size));
     if zeroed {
         // SAFETY: `out` holds `size` bytes.
         unsafe { std::ptr::write_bytes(out.cast::<u8>(), 0, size) };
@@ -401,7 +402,8 @@ pub unsafe extern "C" fn mmap(
     {
         return fixed_over_arena(addr, len, prot, flags, fd);
     }
-    if is_ours_to_map(addr, len, prot, flags, fd) {
+    let ours = is_ours_to_map(addr, len, prot, flags, fd);
+    if ours {
         let p = no_unwind(std::ptr::null_mut(), || {
             runtime::runtime_for(len).alloc(len, 4096, true, true)
         });
@@ -410,8 +412,14 @@ pub unsafe extern "C" fn mmap(
         }
     }
     match real() {
-        // SAFETY: forwarding.
-        Some(r) => unsafe { (r.mmap)(addr, len, prot, flags, fd, off) },
+        Some(r) => {
+            // SAFETY: forwarding.
+            let p = unsafe { (r.mmap)(addr, len, prot, flags, fd, off) };
+            if ours && p != libc::MAP_FAILED {
+                no_unwind((), || runtime::runtime_for(len).served_unpaged(len));
+            }
+            p
+        }
         None => {
             set_errno(libc::ENOMEM);
             libc::MAP_FAILED

@@ -477,6 +477,16 @@ impl Runtime {
         usize::try_from(e.pages).unwrap_or(0) * self.page
     }
 
+    /// Counts, for the report, a large request of `size` bytes that found no room in the
+    /// arena and that the C library then served (unpaged). Requests the C library refuses too
+    /// (a `malloc(SIZE_MAX)`) are the program's own failures, not memory beyond the budget.
+    pub fn served_unpaged(&self, size: usize) {
+        let _g = Guard::enter();
+        let mut st = self.lock();
+        st.fallbacks += 1;
+        st.fallback_bytes = st.fallback_bytes.saturating_add(size as u64);
+    }
+
     /// A block of at least `size` bytes aligned to `align` (a power of two); zeroed if
     /// asked. Null when the arena is full (the caller falls back to the real allocator).
     pub fn alloc(&self, size: usize, align: usize, zeroed: bool, map: bool) -> *mut u8 {
@@ -501,10 +511,8 @@ impl Runtime {
                 other => other,
             };
             let Some(extent) = extent else {
-                // No room: the caller serves the request from the C library (unpaged),
-                // as it did before the arena existed; counted for the report.
-                st.fallbacks += 1;
-                st.fallback_bytes = st.fallback_bytes.saturating_add(size as u64);
+                // No room: the caller asks the C library (unpaged), as before the arena
+                // existed, and counts what it serves (`served_unpaged`).
                 return std::ptr::null_mut();
             };
             let addr = self.addr(&extent);

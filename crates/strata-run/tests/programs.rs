@@ -1079,7 +1079,17 @@ fn bad_input_is_refused_before_the_program_starts() {
         under(&strata, &[], &["/nonexistent/program"]),
         Duration::from_secs(10),
     );
-    assert!(!out.status.success());
+    assert_eq!(out.status.code(), Some(127), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot start"));
+    // A file that is not executable: 126, as `env` says.
+    let dir = scratch("not-executable");
+    let plain = dir.join("plain.txt");
+    std::fs::write(&plain, "not a program\n").expect("writes");
+    let out = run(
+        under(&strata, &[], &[&plain.to_string_lossy()]),
+        Duration::from_secs(10),
+    );
+    assert_eq!(out.status.code(), Some(126), "{out:?}");
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot start"));
     // A statically linked program has no loader to preload the library: refused, not run
     // unpaged. (Skipped where the C library has no static archive.)
@@ -1413,6 +1423,23 @@ fn allocation_edges_behave_as_without_strata() {
         ],
         Duration::from_secs(60),
     );
+    // The requests no allocator can serve are the program's failures: `strata run` must not
+    // report them as memory the C library gave beyond the budget.
+    let stats = dir.join("edges-report.json");
+    let s = stats.to_string_lossy();
+    let out = run(
+        under(&strata, &["--memory", "4MiB", "--stats", &s], &[&p]),
+        Duration::from_secs(60),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && !stderr.contains("arena full"),
+        "{out:?}"
+    );
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&stats).expect("--stats file")).expect("JSON");
+    assert_eq!(report["processes"][0]["arena_fallbacks"], 0, "{report}");
+
     let out = run(
         under(&strata, &["--memory", "4MiB"], &[&p, "fixed-file"]),
         Duration::from_secs(30),

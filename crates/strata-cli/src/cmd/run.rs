@@ -1,7 +1,7 @@
 //! `strata run`: runs an unmodified program with `libstrata_run.so` preloaded, so that its
 //! large allocations are paged by Strata over the chosen store within one memory budget.
 //! Settings are checked (and each memory node is asked what it has free) before the program
-//! starts; the program's exit status or signal is passed through; a summary and a JSON report
+//! starts; the program's exit status or signal is passed through (127: the program was not found, 126: it could not be run); a summary and a JSON report
 //! come from the per-process reports the library writes at exit.
 
 use std::ffi::OsString;
@@ -107,12 +107,22 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         .env("STRATA_RUN_REPORT_FD", report.as_raw_fd().to_string())
         .env("LD_PRELOAD", preload);
     let started = Instant::now();
-    let mut child = cmd.spawn().with_context(|| {
-        format!(
-            "cannot start {:?}; check the program's name and that it is executable",
-            args.program[0]
-        )
-    })?;
+    let mut child = match cmd.spawn() {
+        Ok(child) => child,
+        Err(e) => {
+            // As `env`, `nice` and `timeout` do: 127 when the program is not found, 126 when
+            // it cannot be run, so scripts can tell that from the program's own failure.
+            let status = match e.kind() {
+                std::io::ErrorKind::NotFound => 127,
+                _ => 126,
+            };
+            eprintln!(
+                "strata run: cannot start {:?}: {e}; check the program's name and that it is executable",
+                args.program[0]
+            );
+            std::process::exit(status)
+        }
+    };
     sys::forward_signals(child.id());
     let status = child.wait().context("waiting for the program")?;
     let wall = started.elapsed().as_secs_f64();

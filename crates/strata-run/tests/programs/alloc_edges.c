@@ -54,6 +54,13 @@ int main(int argc, char **argv){
   p = memalign(1ul<<16, 5*MiB); if(!p || (uintptr_t)p%(1ul<<16)) {printf("memalign %p\n",p); ok=0;} else { if (malloc_usable_size(p) < 5*MiB) {printf("usable %zu\n", malloc_usable_size(p)); ok=0;} free(p);} 
   p = valloc(3*MiB+1); if(!p || (uintptr_t)p%4096) {printf("valloc\n"); ok=0;} else free(p);
   p = pvalloc(3*MiB+1); if(!p || (uintptr_t)p%4096 || malloc_usable_size(p) < 3*MiB+4096) {printf("pvalloc %zu\n", p?malloc_usable_size(p):0); ok=0;} else free(p);
+  // requests no allocator can serve: refused, with ENOMEM
+  { volatile size_t too_big = SIZE_MAX - 4096, beyond = 1ul << 62;
+    errno=0; p = malloc(too_big); if (p || errno != ENOMEM) { printf("malloc(SIZE_MAX-4096) gave %p errno %d\n", p, errno); ok=0; }
+    errno=0; p = realloc(NULL, beyond); if (p || errno != ENOMEM) { printf("realloc(NULL, 2^62) gave %p errno %d\n", p, errno); ok=0; }
+    int rc = posix_memalign(&p, 4096, beyond); if (rc != ENOMEM) { printf("posix_memalign(2^62) rc %d\n", rc); ok=0; }
+    void *m = mmap(NULL, beyond, PROT_READ|PROT_WRITE, MAP_PRIVATE|MAP_ANONYMOUS, -1, 0);
+    if (m != MAP_FAILED) { printf("mmap(2^62) gave %p\n", m); ok=0; } }
   // calloc overflow
   errno=0; volatile size_t huge = SIZE_MAX/2; p = calloc(huge, 4); if (p) { printf("calloc overflow gave %p\n", p); ok=0; }
   // calloc zeroes reused memory
