@@ -1027,6 +1027,57 @@ fn libc_sigusr1() -> i32 {
     10
 }
 
+/// `strata run` killed outright (`kill -9`, the OOM killer) takes its program with it rather
+/// than leave it running with nobody to pass its status on.
+#[test]
+fn the_program_dies_with_strata_run() {
+    let Some(strata) = strata() else { return };
+    let dir = scratch("dies-with");
+    let pid_file = dir.join("pid");
+    let p = pid_file.to_string_lossy().into_owned();
+    let mut wrapper = under(
+        &strata,
+        &["--memory", "16MiB"],
+        &[
+            "sh",
+            "-c",
+            "echo $$ > \"$0.tmp\" && mv \"$0.tmp\" \"$0\" && exec sleep 120",
+            &p,
+        ],
+    )
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .expect("spawns strata run");
+    let started = Instant::now();
+    let program: i32 = loop {
+        if let Ok(text) = std::fs::read_to_string(&pid_file) {
+            break text.trim().parse().expect("a pid");
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the program never started"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let alive = |pid: i32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            // A zombie (state Z) has ended; only its parent has yet to collect it.
+            .is_ok_and(|stat| !stat.contains(") Z "))
+    };
+    assert!(alive(program));
+    wrapper.kill().expect("kill -9 strata run");
+    wrapper.wait().expect("reaped");
+    let killed = Instant::now();
+    while alive(program) {
+        assert!(
+            killed.elapsed() < Duration::from_secs(5),
+            "the program (pid {program}) outlived strata run"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 #[test]
 fn bad_input_is_refused_before_the_program_starts() {
     let Some(strata) = strata() else { return };

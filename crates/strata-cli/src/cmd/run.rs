@@ -106,6 +106,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         .envs(env.iter().map(|(k, v)| (k, v)))
         .env("STRATA_RUN_REPORT_FD", report.as_raw_fd().to_string())
         .env("LD_PRELOAD", preload);
+    sys::die_with_parent(&mut cmd);
     let started = Instant::now();
     let mut child = match cmd.spawn() {
         Ok(child) => child,
@@ -526,6 +527,29 @@ mod sys {
         for sig in [libc::SIGTERM, libc::SIGHUP, libc::SIGUSR1, libc::SIGUSR2] {
             // SAFETY: `forward` is async-signal-safe (one atomic load and kill).
             unsafe { libc::signal(sig, forward as *const () as usize) };
+        }
+    }
+
+    /// Makes the program die with `strata run`: killed by `SIGKILL` when `strata run` ends
+    /// before it (killed itself, say by `kill -9` or the OOM killer), rather than run on with
+    /// nobody to pass its status on or report for it.
+    pub fn die_with_parent(cmd: &mut std::process::Command) {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: getpid is always valid.
+        let parent = unsafe { libc::getpid() };
+        // SAFETY: the closure runs in the forked child before exec and only makes
+        // async-signal-safe calls (prctl, getppid, _exit).
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // `strata run` may have died between the fork and the prctl.
+                if libc::getppid() != parent {
+                    libc::_exit(137);
+                }
+                Ok(())
+            });
         }
     }
 
