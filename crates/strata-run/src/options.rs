@@ -192,7 +192,15 @@ pub fn threshold_from_env() -> u64 {
     size_var("STRATA_RUN_THRESHOLD")
         .ok()
         .flatten()
-        .unwrap_or(DEFAULT_THRESHOLD)
+        .unwrap_or_else(|| {
+            default_threshold(size_var("STRATA_PAGE_SIZE").ok().flatten().unwrap_or(0))
+        })
+}
+
+/// The threshold when none is given: [`DEFAULT_THRESHOLD`], or the page size when a larger
+/// one is chosen (`--page-size 2MiB`), since every arena block takes whole pages.
+pub fn default_threshold(page_bytes: u64) -> u64 {
+    DEFAULT_THRESHOLD.max(page_bytes)
 }
 
 /// The arena's virtual size when none is given: [`DEFAULT_ARENA`], or half the address space
@@ -232,7 +240,8 @@ impl Options {
             store.codec,
             std::env::var("STRATA_RUN_LOSSY").ok().as_deref(),
         )?;
-        let threshold = size_var("STRATA_RUN_THRESHOLD")?.unwrap_or(DEFAULT_THRESHOLD);
+        let threshold = size_var("STRATA_RUN_THRESHOLD")?
+            .unwrap_or_else(|| default_threshold(pager.page_bytes));
         if threshold < pager.page_bytes {
             return Err(OptionsError::Bad(format!(
                 "STRATA_RUN_THRESHOLD ({threshold} bytes) is below the page size ({} bytes): every arena block takes whole pages; use a threshold of at least one page",

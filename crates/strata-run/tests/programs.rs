@@ -319,6 +319,24 @@ fn node_serves_every_byte(strata: &Path, prog: &Path, node: &TestNode) {
     node.assert_paged("check_bytes", 16 << 20);
 }
 
+/// A page larger than the default threshold (256 KiB) raises the threshold with it: the
+/// program runs, paged in 1 MiB pages, without `--threshold` (it used to be refused inside
+/// the program, after it had started).
+#[test]
+fn a_page_above_the_default_threshold_raises_the_threshold() {
+    let Some(strata) = strata() else { return };
+    let dir = scratch("big-page");
+    let prog = compile("check_bytes", &dir);
+    let s = seed().to_string();
+    let p = prog.to_string_lossy();
+    same_output(
+        &strata,
+        &[&p, &s, "2", "8"],
+        &[&["--memory", "8MiB", "--page-size", "1MiB"]],
+        Duration::from_secs(60),
+    );
+}
+
 /// `configs` as the slices [`same_output`] takes.
 fn borrowed(configs: &[Vec<String>]) -> Vec<Vec<&str>> {
     configs
@@ -1094,6 +1112,7 @@ fn bad_input_is_refused_before_the_program_starts() {
         (&["--page-size", "3000"], "--page-size 3000"),
         (&["--stats", "/nonexistent/dir/report.json"], "--stats"),
         (&["--store", "file:/nonexistent/dir"], "does not exist"),
+        (&["--store", "file:/proc"], "cannot create files"),
         (&["--store", "remote:127.0.0.1:1"], "token"),
     ];
     for (opts, want) in cases {

@@ -268,6 +268,20 @@ fn validate(env: &EnvVars) -> anyhow::Result<()> {
                     path.display()
                 );
             }
+            // Each process makes its store file there: a directory it cannot create files in
+            // (read-only, another user's, /proc) would fail only inside the program.
+            let probe = path.join(format!(".strata-run-probe-{}", std::process::id()));
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&probe)
+                .with_context(|| {
+                    format!(
+                        "cannot create files in the file store's directory {}; pick a writable directory with --store file:DIR",
+                        path.display()
+                    )
+                })?;
+            let _ = std::fs::remove_file(&probe);
         }
         StoreKind::Remote { nodes } => {
             // One authenticated TCP conversation per node (about 1 ms, no UCX): the nodes
