@@ -37,7 +37,7 @@ pub struct RunArgs {
     /// nodes on other hosts).
     #[arg(long)]
     page_size: Option<String>,
-    /// Smallest allocation paged by Strata (STRATA_RUN_THRESHOLD, default 256KiB).
+    /// Smallest allocation paged by Strata (STRATA_RUN_THRESHOLD, default 256KiB, or the page size if larger).
     #[arg(long)]
     threshold: Option<String>,
     /// Free room kept in the program's memory cgroup (v1 or v2) whenever the group nears its
