@@ -6,8 +6,8 @@
 //! these) and `mmap`/`munmap`/`mremap` of private anonymous memory called through the
 //! dynamic linker. Requests at or above a threshold (`STRATA_RUN_THRESHOLD`, default 256 KiB
 //! or the page size if larger) get space in one large pager region, the *arena*, over the
-//! chosen store; smaller ones and
-//! everything else go to the C library. The arena's one buffer is the process's whole
+//! chosen store; smaller ones and everything else go to the C library. The arena's one
+//! buffer is the process's whole
 //! resident budget (`STRATA_RUN_MEMORY`), shared by all its blocks, so no pager change is
 //! needed; `free`/`munmap` drop a block's pages with `Region::evict`.
 //!
