@@ -88,6 +88,10 @@ pub struct FileStore {
     size: u64,
     direct: bool,
     read_only: bool,
+    /// Held across each read-modify-write of an unaligned write with `O_DIRECT`: two such
+    /// writes to neighbouring byte ranges that share a block (a codec's slots are not block
+    /// aligned) would otherwise each write back the other's old bytes.
+    unaligned_writes: Mutex<()>,
     /// Idle rings for [`Store::write_batch`], one taken per batch in flight.
     rings: Mutex<Vec<WriteRing>>,
     /// The kernel refused a ring once: batches are written one request at a time.
@@ -150,6 +154,7 @@ impl FileStore {
             size,
             direct: options.direct,
             read_only: options.read_only,
+            unaligned_writes: Mutex::new(()),
             rings: Mutex::new(Vec::new()),
             no_ring: AtomicBool::new(false),
             queued_writes: AtomicU64::new(0),
@@ -393,9 +398,13 @@ impl Store for FileStore {
                 .write_all_at(buf, offset)
                 .map_err(|e| self.io_error("write", offset, buf.len(), e));
         }
-        // Read-modify-write of the covering aligned blocks. Concurrent unaligned writes that
-        // share a block can lose each other's bytes; pagers write whole aligned pages, which
-        // take the direct path above.
+        // Read-modify-write of the covering aligned blocks, one at a time: concurrent ones
+        // that share a block would lose each other's bytes. (An aligned write never shares a
+        // block with another write's bytes, so it takes the path above unlocked.)
+        let _one_at_a_time = self
+            .unaligned_writes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         let (start, span) = Self::aligned_window(offset, buf.len());
         let mut bounce = self
             .read_aligned(start, span)
