@@ -12,7 +12,7 @@ use std::ffi::c_int;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use strata_core::config::StoreKind;
+use strata_core::config::{CodecKind, StoreKind};
 use strata_core::{Store, StoreConfig};
 use strata_pager::{Region, WriteTracking};
 
@@ -353,6 +353,16 @@ fn over_nodes(
     Ok((store, Some(backing), sized_by))
 }
 
+/// Whether the arena's file store bypasses the page cache (`O_DIRECT`) without being asked:
+/// yes unless `STRATA_FILE_DIRECT` says otherwise or a codec is used. Through the page cache,
+/// every page written to the store would also stay in memory as cache, charged to the
+/// program's memory group, beside the budget the store is there to keep; the kernel's swap
+/// bypasses it too. A codec's slots are not block-aligned, so under `O_DIRECT` each write
+/// would read and rewrite its blocks: codecs keep the page cache.
+fn direct_by_default(store: &StoreConfig) -> bool {
+    std::env::var_os("STRATA_FILE_DIRECT").is_none() && store.codec == CodecKind::None
+}
+
 impl Runtime {
     fn start(first_request: u64) -> Result<Self, String> {
         let mut options = Options::from_env().map_err(|e| e.to_string())?;
@@ -379,6 +389,7 @@ impl Runtime {
             store_config = StoreConfig {
                 kind: StoreKind::File { path: file.clone() },
                 grow: true,
+                direct: store_config.direct || direct_by_default(&store_config),
                 ..store_config
             };
             created = Some(file);
@@ -394,8 +405,14 @@ impl Runtime {
             )
             .map_err(|e| format!("cannot open the store {described}: {e}"))?
         } else {
-            let store = strata_net::open_store_with_page(&store_config, arena_bytes, page)
-                .map_err(|e| format!("cannot open the store {described}: {e}"));
+            let mut store = strata_net::open_store_with_page(&store_config, arena_bytes, page);
+            if store.is_err() && created.is_some() && direct_by_default(&options.store) {
+                // A file system that refuses O_DIRECT (tmpfs): its page cache is then the
+                // store's memory anyway, so read and write through it.
+                store_config.direct = false;
+                store = strata_net::open_store_with_page(&store_config, arena_bytes, page);
+            }
+            let store = store.map_err(|e| format!("cannot open the store {described}: {e}"));
             // The store file is only a name until now: remove it at once, so that it goes
             // away with the process however the process ends.
             if let Some(file) = &created {

@@ -337,6 +337,48 @@ fn a_page_above_the_default_threshold_raises_the_threshold() {
     );
 }
 
+/// The arena's file store bypasses the page cache unless a codec is used or
+/// `STRATA_FILE_DIRECT` says otherwise: the program itself reads the flags of its store's
+/// descriptor.
+#[test]
+fn a_file_store_bypasses_the_page_cache_unless_a_codec_is_used() {
+    let Some(strata) = strata() else { return };
+    let dir = scratch("direct");
+    let d = dir.to_string_lossy().into_owned();
+    let store = format!("file:{d}");
+    let script = r#"import os
+b = bytearray(32 << 20)
+for i in range(0, len(b), 4096): b[i] = 1
+for fd in os.listdir('/proc/self/fd'):
+    try: target = os.readlink('/proc/self/fd/' + fd)
+    except OSError: continue
+    if '.store' in target:
+        flags = [l for l in open('/proc/self/fdinfo/' + fd) if l.startswith('flags')][0]
+        print('direct' if int(flags.split()[1], 8) & 0o40000 else 'buffered')
+"#;
+    for (codec, env, want) in [
+        ("none", None, "direct"),
+        ("lz4", None, "buffered"),
+        ("none", Some("false"), "buffered"),
+        ("lz4", Some("true"), "direct"),
+    ] {
+        let mut c = under(
+            &strata,
+            &["--memory", "8MiB", "--store", &store, "--codec", codec],
+            &["python3", "-c", script],
+        );
+        if let Some(v) = env {
+            c.env("STRATA_FILE_DIRECT", v);
+        }
+        let out = run(c, Duration::from_secs(60));
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && stdout.trim() == want,
+            "codec {codec}, STRATA_FILE_DIRECT {env:?}: {out:?}"
+        );
+    }
+}
+
 /// `configs` as the slices [`same_output`] takes.
 fn borrowed(configs: &[Vec<String>]) -> Vec<Vec<&str>> {
     configs

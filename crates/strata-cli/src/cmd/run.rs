@@ -22,7 +22,8 @@ pub struct RunArgs {
     #[arg(long)]
     memory: Option<String>,
     /// memory | file[:DIR] | remote:HOST:PORT[,...] (STRATA_STORE; file stores are created in
-    /// DIR, default the temporary directory, and removed at once).
+    /// DIR, default the temporary directory, and removed at once; read and written with
+    /// O_DIRECT unless a codec is used or STRATA_FILE_DIRECT=false).
     #[arg(long)]
     store: Option<String>,
     /// none | lz4 | zfp:TOL (STRATA_CODEC). zfp is lossy and needs --lossy-floats.
