@@ -144,6 +144,7 @@ fn read_back_pages_written_afterwards_keep_their_writes() {
     let mut region =
         Region::new(store.clone(), (pages * PAGE) as u64, config(32, 7, 1)).expect("maps");
     let mut expect = data;
+    let mut rounds_read_back = 0;
     for round in 0..20 {
         // Write a group of neighbours (a write shows the pager they are used: a page read back
         // and only read is left out of the eviction log), drop them all (in address order:
@@ -163,29 +164,38 @@ fn read_back_pages_written_afterwards_keep_their_writes() {
             expect[hit * PAGE..(hit + 1) * PAGE],
             "round {round}: the faulting page"
         );
-        assert!(
-            region.counters().read_back_pages > before,
-            "round {round}: nothing was read back with page {hit}"
-        );
-        // The group's pages that came back with it are resident (state Clean in the page
-        // word's low bits), and reading them takes no fault.
-        let words = region.debug_words(pages);
-        let back = (first..first + 8)
-            .filter(|&p| p != hit && words[p] & 0b111 == 2)
-            .count() as u64;
-        assert!(
-            back > 0,
-            "round {round}: no neighbour of page {hit} came back"
-        );
-        let faults = region.stats().faults;
-        for p in first..first + 8 {
-            assert_eq!(region.as_slice()[p * PAGE + 1], expect[p * PAGE + 1]);
+        // Now and then (in 3-16 % of runs of this test on the CI machine, in some round, with
+        // the pager of before and after session 14 alike) the pages next to `hit` in the
+        // eviction log are none of them absent and logged (pages read back earlier and never
+        // used are left out of the log), and the fault reads its page alone. Most rounds
+        // must read back; every round's bytes must be right.
+        let read_back = region.counters().read_back_pages > before;
+        if read_back {
+            rounds_read_back += 1;
+            // The group's pages that came back with it are resident (state Clean in the
+            // page word's low bits), and reading them takes no fault.
+            let words = region.debug_words(pages);
+            let back = (first..first + 8)
+                .filter(|&p| p != hit && words[p] & 0b111 == 2)
+                .count() as u64;
+            assert!(
+                back > 0,
+                "round {round}: no neighbour of page {hit} came back"
+            );
+            let faults = region.stats().faults;
+            for p in first..first + 8 {
+                assert_eq!(region.as_slice()[p * PAGE + 1], expect[p * PAGE + 1]);
+            }
+            let more = region.stats().faults - faults;
+            assert!(
+                more + back <= 7,
+                "round {round}: {back} of the group read back, yet reading it took {more} faults"
+            );
+        } else {
+            for p in first..first + 8 {
+                assert_eq!(region.as_slice()[p * PAGE + 1], expect[p * PAGE + 1]);
+            }
         }
-        let more = region.stats().faults - faults;
-        assert!(
-            more + back <= 7,
-            "round {round}: {back} of the group read back, yet reading it took {more} faults"
-        );
         for p in first..first + 8 {
             let at = p * PAGE + rng.below(PAGE as u64) as usize;
             let v = rng.next() as u8;
@@ -196,6 +206,10 @@ fn read_back_pages_written_afterwards_keep_their_writes() {
             region.flush().expect("flush");
         }
     }
+    assert!(
+        rounds_read_back >= 15,
+        "only {rounds_read_back} of 20 rounds read anything back"
+    );
     region.evict_all().expect("evict");
     assert!(
         read_all(store.as_ref()) == expect,
