@@ -7,9 +7,9 @@
 //! dynamic linker. Requests at or above a threshold (`STRATA_RUN_THRESHOLD`, default 256 KiB
 //! or the page size if larger) get space in one large pager region, the *arena*, over the
 //! chosen store; smaller ones and everything else go to the C library. The arena's one
-//! buffer is the process's whole
-//! resident budget (`STRATA_RUN_MEMORY`), shared by all its blocks, so no pager change is
-//! needed; `free`/`munmap` drop a block's pages with `Region::evict`.
+//! buffer is the process's whole resident budget (`STRATA_RUN_MEMORY`), shared by all its
+//! blocks, so no pager change is needed; `free`/`munmap` drop a block's pages with
+//! `Region::evict`.
 //!
 //! Semantics a user should know:
 //! - Each process that makes a large allocation gets its own arena, store and budget

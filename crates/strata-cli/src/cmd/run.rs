@@ -1,8 +1,9 @@
 //! `strata run`: runs an unmodified program with `libstrata_run.so` preloaded, so that its
 //! large allocations are paged by Strata over the chosen store within one memory budget.
 //! Settings are checked (and each memory node is asked what it has free) before the program
-//! starts; the program's exit status or signal is passed through (127: the program was not found, 126: it could not be run); a summary and a JSON report
-//! come from the per-process reports the library writes at exit.
+//! starts; the program's exit status or signal is passed through (127: the program was not
+//! found, 126: it could not be run); a summary and a JSON report come from the per-process
+//! reports the library writes at exit.
 
 use std::ffi::OsString;
 use std::io::{Read, Seek};
@@ -38,13 +39,15 @@ pub struct RunArgs {
     /// nodes on other hosts).
     #[arg(long)]
     page_size: Option<String>,
-    /// Smallest allocation paged by Strata (STRATA_RUN_THRESHOLD, default 256KiB, or the page size if larger).
+    /// Smallest allocation paged by Strata (STRATA_RUN_THRESHOLD, default 256KiB, or the page
+    /// size if larger).
     #[arg(long)]
     threshold: Option<String>,
     /// Free room kept in the program's memory cgroup (v1 or v2) whenever the group nears its
-    /// limit (the cache of files the program writes dropped, fills evicting before they install, paged
-    /// memory given back), so that the kernel does not OOM-kill the program for memory
-    /// Strata could have freed: a size, on (default, 2MiB) or off (STRATA_RUN_KEEP_ROOM).
+    /// limit (the cache of files the program writes dropped, fills evicting before they
+    /// install, paged memory given back), so that the kernel does not OOM-kill the program
+    /// for memory Strata could have freed: a size, on (default, 2MiB) or off
+    /// (STRATA_RUN_KEEP_ROOM).
     /// Nothing happens without a limit.
     #[arg(long, value_name = "SIZE|on|off")]
     keep_room: Option<String>,

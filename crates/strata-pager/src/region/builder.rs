@@ -221,6 +221,11 @@ impl Region {
             .min(frames / 2);
         let digests =
             super::unchanged::Digests::new(page_count, config.skip_unchanged && !b.read_only);
+        // Without digests (turned off, or no random secret to key them) nothing could tell a
+        // written page from a read one: writes are trapped instead.
+        let writes_by_digest = b.write_tracking == WriteTracking::Digest && digests.enabled();
+        // Every fill is writable by digest already: no write left to predict.
+        let predict_writes = b.predict_writes && !b.read_only && !writes_by_digest;
         let shared = Arc::new(Shared {
             map,
             uffd,
@@ -254,11 +259,9 @@ impl Region {
             fill_streams: Streams::new(),
             behind: super::behind::Behind::new(),
             write_streams: Streams::new(),
-            predict_writes: b.predict_writes && !b.read_only,
-            guessed: Guessed::new(page_count, b.predict_writes && !b.read_only),
-            // Without digests (turned off, or no random secret to key them) nothing could tell
-            // a written page from a read one: writes are trapped instead.
-            writes_by_digest: b.write_tracking == WriteTracking::Digest && digests.enabled(),
+            predict_writes,
+            guessed: Guessed::new(page_count, predict_writes),
+            writes_by_digest,
             digests,
             read_back,
             evict_log: (read_back > 0).then(|| {

@@ -16,9 +16,10 @@
 //!
 //! The invariant that makes a skip safe: a page's digest, when set, is the digest of the
 //! store's copy of that page. It is set only by a fill from the store (the filler owns the
-//! page), cleared by a fill of zeros and by every write-back (after which the store holds other
-//! bytes), and read only by the evictor or flush that owns the page, with the page write-protected so
-//! its bytes cannot change while they are hashed.
+//! page) or by a flush that has just written it, cleared by a fill of zeros and by every
+//! write-back (after which the store holds other bytes), and read only by the evictor or flush
+//! that owns the page, with the page write-protected so its bytes cannot change while they are
+//! hashed.
 
 use std::io::Read;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -103,8 +104,8 @@ impl Digests {
 }
 
 impl Shared {
-    /// Of `dirty` (sorted, each owned by the caller in `Evicting` or `Flushing`), the pages whose bytes
-    /// are the store's copy again, so they need no write-back. Pages with a known copy are
+    /// Of `dirty` (sorted, each owned by the caller in `Evicting` or `Flushing`), the pages
+    /// whose bytes are the store's copy again, so they need no write-back. Pages with a known copy are
     /// write-protected first (a run with one call), so their bytes cannot change while hashed:
     /// a program thread that writes meanwhile waits for the eviction and faults the page back.
     pub(super) fn unchanged_of(&self, dirty: &[usize]) -> Vec<usize> {
