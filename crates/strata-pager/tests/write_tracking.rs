@@ -367,3 +367,53 @@ fn writers_racing_evictions_lose_no_update() {
         "evictions raced the writers"
     );
 }
+
+/// The smallest buffer (4 frames) over a store whose writes fail for a while: by digest, a
+/// changed page whose write-back fails stays in memory with its bytes, faults keep being
+/// served from the frames left, and once the store takes writes again every change reaches
+/// it; pages only read are never written.
+#[test]
+fn four_frames_and_a_store_that_refuses_writes_lose_nothing_by_digest() {
+    if !uffd_available("digest_flaky") {
+        return;
+    }
+    let mut rng = Rng::from_time("digest_flaky");
+    let pages = 24;
+    let store = Arc::new(common::FlakyStore::new((pages * PAGE) as u64));
+    let mut want = random(pages * PAGE, &mut rng);
+    store.inner.write_at(0, &want).expect("memory store");
+    let mut region = Region::builder(store.clone(), want.len() as u64)
+        .config(config(4, true))
+        .write_tracking(WriteTracking::Digest)
+        .build()
+        .expect("region maps");
+    // Writes to a few pages, then reads everywhere while the store refuses writes: the
+    // changed pages cannot leave, the read ones can (no write needed).
+    let changed: Vec<usize> = (0..2).map(|_| rng.below(pages as u64) as usize).collect();
+    for &p in &changed {
+        let i = p * PAGE + rng.below(PAGE as u64) as usize;
+        region.as_mut_slice()[i] ^= 0x77;
+        want[i] ^= 0x77;
+    }
+    store.fail_writes.store(true, Ordering::SeqCst);
+    for _ in 0..3 {
+        for p in 0..pages {
+            let i = p * PAGE + rng.below(PAGE as u64) as usize;
+            assert_eq!(region.as_slice()[i], want[i], "page {p} while writes fail");
+        }
+    }
+    assert!(
+        region.evict_all().is_err(),
+        "the changed pages could not be written"
+    );
+    store.fail_writes.store(false, Ordering::SeqCst);
+    region
+        .evict_all()
+        .expect("evicts once the store takes writes");
+    assert!(
+        common::read_all(store.as_ref()) == want,
+        "a change was lost or a page damaged"
+    );
+    assert_eq!(region.counters().write_faults, 0);
+    assert!(region.as_slice() == &want[..], "read back");
+}
