@@ -776,3 +776,80 @@ fn scratch_windows_hold_frames_while_resident_and_give_them_back() {
     assert_eq!(region.as_slice(), &want[..]);
     region.flush().expect("flush");
 }
+
+/// Resident pages of `region` in `pages` (by `mincore`).
+fn resident_in(region: &Region, pages: std::ops::Range<usize>) -> usize {
+    let len = pages.len() * PAGE;
+    let mut vec = vec![0u8; len.div_ceil(4096)];
+    // SAFETY: the range lies inside the region's mapping, which `region` keeps alive, and
+    // `vec` has one byte per 4 KiB page of it.
+    let rc = unsafe {
+        libc::mincore(
+            region
+                .as_ptr()
+                .add(pages.start * PAGE)
+                .cast::<libc::c_void>(),
+            len,
+            vec.as_mut_ptr(),
+        )
+    };
+    assert_eq!(rc, 0, "mincore: {}", std::io::Error::last_os_error());
+    let per_page = PAGE / 4096;
+    vec.chunks(per_page).filter(|c| c[0] & 1 != 0).count()
+}
+
+/// A slow stream among random faults (GNU sort's last merge: a page of line structs passed
+/// for every two dozen faults on its line text) keeps a lean footprint: half a read-ahead
+/// window, nothing queued ahead, and a short gap behind, so that the frames go to the pages
+/// read at random. Before, the stream held its window, two queued windows and a gap of two
+/// windows behind (about 40 pages of 16 KiB here), and its passed pages stayed until the
+/// clock came round.
+#[test]
+fn a_slow_stream_among_random_faults_keeps_a_lean_footprint() {
+    if !uffd_available("streams_lean") {
+        return;
+    }
+    let mut rng = Rng::from_time("streams_lean");
+    let (random_pages, stream_pages, between) = (256, 512, 24);
+    let pages = random_pages + stream_pages;
+    let data = random(pages * PAGE, &mut rng);
+    let (_store, region) = region_over(&data, config(96, 8));
+    let s = region.as_slice();
+    let mut most = 0;
+    let mut sum = 0usize;
+    let mut looked = 0u32;
+    for (k, p) in (random_pages..pages).rev().enumerate() {
+        let i = p * PAGE + rng.below(PAGE as u64) as usize;
+        assert_eq!(s[i], data[i], "byte {i} (stream)");
+        for _ in 0..between {
+            let i = rng.below((random_pages * PAGE) as u64) as usize;
+            assert_eq!(s[i], data[i], "byte {i} (random)");
+        }
+        // After the first few dozen faults have shown that most are random.
+        if k >= 16 {
+            let held = resident_in(&region, random_pages..pages);
+            most = most.max(held);
+            sum += held;
+            looked += 1;
+        }
+    }
+    let counters = region.counters();
+    eprintln!(
+        "stream pages resident: at most {most}, {:.1} on average; {} faults, {} read ahead",
+        sum as f64 / f64::from(looked),
+        region.stats().faults,
+        counters.read_ahead_pages
+    );
+    assert!(
+        counters.read_ahead_pages >= stream_pages as u64 / 2,
+        "the slow stream was not followed: {} pages read ahead of {stream_pages}",
+        counters.read_ahead_pages
+    );
+    // Lean: the page, half a window (4) and a gap of 2, plus what evictions owed have not
+    // yet taken; measured at most 8. Without the lean footprint: up to 48.
+    assert!(
+        most <= 16,
+        "the slow stream held up to {most} pages ({:.1} on average)",
+        sum as f64 / f64::from(looked)
+    );
+}

@@ -114,8 +114,8 @@ fn repeated_sweeps_beyond_the_buffer_keep_its_front_resident() {
 }
 
 /// Evicting behind at the edges: the smallest buffers (4 frames, smaller than one read-ahead
-/// window) and four threads sweeping their own quarters side by side, each reading,
-/// checking and changing every page three times. Nothing is lost, whichever stream's
+/// window) and four threads sweeping their own quarters side by side (two up, two down),
+/// each reading, checking and changing every page three times. Nothing is lost, whichever stream's
 /// pages go.
 #[test]
 fn small_buffers_and_sweeps_side_by_side_lose_nothing() {
@@ -137,7 +137,14 @@ fn small_buffers_and_sweeps_side_by_side_lose_nothing() {
                 let data = &data;
                 s.spawn(move || {
                     for pass in 0..3u8 {
-                        for p in t * quarter..(t + 1) * quarter {
+                        // Even threads sweep up, odd ones down: both kinds of stream point
+                        // the evictions behind them, each at its own pages.
+                        for k in 0..quarter {
+                            let p = if t % 2 == 0 {
+                                t * quarter + k
+                            } else {
+                                (t + 1) * quarter - 1 - k
+                            };
                             let at = p * PAGE;
                             // SAFETY: each thread touches only its own quarter of the region,
                             // which outlives the scope.

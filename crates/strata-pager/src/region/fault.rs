@@ -305,21 +305,28 @@ impl Shared {
                 word::state(self.pages.load(page - 1)),
                 State::Absent | State::Poisoned
             );
+        // Where most faults are random, streams keep a lean footprint (see
+        // `Streams::mostly_random`): half a window, none queued, a gap of the page left.
+        let lean = self.read_ahead > 0 && self.fill_streams.mostly_random();
+        let (window, windows_ahead, gap) = if lean {
+            (self.read_ahead.div_ceil(2), 0, 2)
+        } else {
+            (self.read_ahead, WINDOWS_AHEAD, 2 * self.read_ahead + 1)
+        };
         let mut extra = 0;
         if sequential {
             let zero = is_discarded(self.pages.load(page));
-            extra = self.claim_run(page + 1, self.read_ahead, Some(zero));
+            extra = self.claim_run(page + 1, window, Some(zero));
             let mut filling = 1 + extra;
-            if extra == self.read_ahead {
-                for k in 0..WINDOWS_AHEAD {
-                    self.queue_read_ahead(page + 1 + extra * (k + 1), self.read_ahead);
+            if extra == window {
+                for k in 0..windows_ahead {
+                    self.queue_read_ahead(page + 1 + extra * (k + 1), window);
                 }
-                filling += WINDOWS_AHEAD * self.read_ahead;
+                filling += windows_ahead * window;
             }
             // What the stream passed goes first: the page it left and the window it read
             // stay (the gap), and it may owe at most a few faults' worth.
-            self.behind
-                .stream_at(page, 2 * self.read_ahead + 1, filling, 4 * filling);
+            self.behind.stream_at(page, gap, filling, 4 * filling);
         }
         // Just below the start of a recent fill, whose first page is still resident: a
         // descending stream. The window below the faulting page is claimed now (a fault on
@@ -337,15 +344,28 @@ impl Shared {
         let mut below = 0;
         if descending {
             let zero = is_discarded(self.pages.load(page));
-            below = self.claim_run_down(page, self.read_ahead, zero);
-            if below == self.read_ahead {
-                for k in 2..=WINDOWS_AHEAD + 1 {
-                    let Some(first) = page.checked_sub(k * self.read_ahead) else {
+            below = self.claim_run_down(page, window, zero);
+            let mut filling = 1 + below;
+            if below == window {
+                for k in 2..=windows_ahead + 1 {
+                    let Some(first) = page.checked_sub(k * window) else {
                         break;
                     };
-                    self.queue_read_ahead(first, self.read_ahead);
+                    self.queue_read_ahead(first, window);
+                    filling += window;
                 }
             }
+            // As for an ascending stream, mirrored (what it passed lies above it), but only
+            // while streams are lean: a slow stream beside pages read at random (sort's
+            // merges) must not push them out. A fast one is often a partition (NumPy's
+            // sort), whose pages the recursion wants back soon: evicting behind it there
+            // read 10 % more (session 15).
+            if lean {
+                self.behind.stream_down_at(page, gap, filling, 4 * filling);
+            }
+        }
+        if self.read_ahead > 0 {
+            self.fill_streams.count_fault(sequential || descending);
         }
         // A fault that starts no stream: its neighbours in eviction order come back with it.
         if !sequential && !descending && self.read_back > 0 && !is_discarded(self.pages.load(page))

@@ -17,9 +17,12 @@
 //! chosen by a clock over frames ([`EvictionPolicy::Clock`]): a page's reference bit is set
 //! when it is filled or first written, and a page that faults again soon after its eviction
 //! (its *re-fault distance*, counted in evictions, is below the buffer size) is marked hot and
-//! survives one more pass. While a program sweeps upwards through memory, the pages just
+//! survives one more pass. While a program sweeps up or down through memory, the pages just
 //! behind the sweep go first (`behind.rs`), so that a sweep repeated over more than the
-//! buffer keeps the front resident instead of evicting what the next pass wants first. A dirty victim is write-protected first, then written back, then
+//! buffer keeps the front resident instead of evicting what the next pass wants first, and a
+//! slow stream beside pages read at random does not push them out. Where most recent faults
+//! are random, streams keep a lean footprint (half a window, none queued, a short gap
+//! behind; `streams.rs`). A dirty victim is write-protected first, then written back, then
 //! dropped with `MADV_DONTNEED`, so a write racing with the write-back waits instead of being
 //! lost. [`EvictionPolicy::Fifo`] (Umap's policy) is kept for comparison. Woken evictors
 //! always make room for one read-ahead window, and read-ahead threads that find too few free

@@ -82,7 +82,7 @@ pub(super) struct Shared {
     pub(super) ahead_reserve: usize,
     /// Ends of recent fills: a missing-page fault at one continues a read stream.
     pub(super) fill_streams: Streams,
-    /// Where evictions go behind the latest ascending stream (see `behind.rs`).
+    /// Where evictions go behind the latest stream (see `behind.rs`).
     pub(super) behind: super::behind::Behind,
     /// Ends of recent runs made writable: a write fault at one continues a write stream.
     pub(super) write_streams: Streams,
@@ -181,6 +181,10 @@ pub(super) struct Scratch {
     touched: usize,
     /// Uses in a row that stayed within `keep`.
     small_uses: u32,
+    /// Uses since the last look at what the buffer holds ([`Scratch::RELEASE_AFTER`] make a
+    /// round), and the largest of them.
+    round_uses: u32,
+    round_largest: usize,
     /// Frames of the region held out of use for the resident bytes.
     held: Vec<u32>,
 }
@@ -198,6 +202,8 @@ impl Scratch {
             keep: keep.next_multiple_of(Self::ALIGN),
             touched: 0,
             small_uses: 0,
+            round_uses: 0,
+            round_largest: 0,
             held: Vec::new(),
         }
     }
@@ -212,6 +218,19 @@ impl Scratch {
             self.small_uses = self.small_uses.saturating_add(1);
             if self.small_uses == Self::RELEASE_AFTER {
                 self.release(self.keep, region);
+            }
+        }
+        // Over a round of uses, the buffer shrinks to the largest of them: a filler that
+        // read full windows for a while and now reads half ones beside single pages (a
+        // stream gone lean, `streams.rs`) stops holding the frames of the full ones.
+        self.round_largest = self.round_largest.max(len);
+        self.round_uses += 1;
+        if self.round_uses == Self::RELEASE_AFTER {
+            let largest = self.round_largest.max(self.keep);
+            self.round_uses = 0;
+            self.round_largest = 0;
+            if self.touched > largest.next_multiple_of(Self::ALIGN) {
+                self.release(largest, region);
             }
         }
         if self.map.as_ref().is_none_or(|m| m.len() < len) {
@@ -418,5 +437,43 @@ mod tests {
         fill(buf, 9);
         assert!(check(buf, 9));
         assert_eq!(resident(&mut s), 20 * page);
+    }
+
+    /// A window held through a round of uses that read at most half windows shrinks to
+    /// half a window, and a full window afterwards still works: a filler whose streams went
+    /// lean held a full window's frames for ever, since single pages and half windows
+    /// alternate and never make a run of small uses.
+    #[test]
+    fn scratch_shrinks_to_the_largest_use_of_a_round() {
+        let page = 32_768;
+        let mut s = Scratch::new(page);
+        let buf = s.get(9 * page, None);
+        buf.fill(7);
+        assert_eq!(resident(&mut s), 9 * page);
+        // A round: the full window's use began it; then half windows between single pages.
+        for k in 1..Scratch::RELEASE_AFTER {
+            let len = if k % 8 == 0 { 5 * page } else { page };
+            s.get(len, None).fill(1);
+        }
+        assert_eq!(resident(&mut s), 9 * page, "the round held the full window");
+        for k in 0..Scratch::RELEASE_AFTER {
+            let len = if k % 8 == 0 { 5 * page } else { page };
+            let buf = s.get(len, None);
+            buf.fill(2);
+            assert!(buf.iter().all(|&b| b == 2));
+        }
+        assert_eq!(
+            resident(&mut s),
+            5 * page,
+            "shrinks to the largest use of the round"
+        );
+        let buf = s.get(9 * page, None);
+        assert!(
+            buf[5 * page..].iter().all(|&b| b == 0),
+            "fresh pages past the kept ones"
+        );
+        buf.fill(3);
+        assert!(buf.iter().all(|&b| b == 3));
+        assert_eq!(resident(&mut s), 9 * page);
     }
 }

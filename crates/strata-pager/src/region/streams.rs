@@ -5,18 +5,22 @@
 //! faults have one, and reading ahead (or unprotecting ahead) for them wastes frames, store
 //! reads and write-backs. A fault exactly at the end of a recent run is rare by chance.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 /// Runs remembered in each ring: a few concurrent streams (threads sweeping arrays side by
 /// side, a merge reading two runs and writing a third) each keep their slot long enough to
 /// be continued.
 const SLOTS: usize = 8;
 
-/// A ring of runs: their first pages and their ends (one past the last page).
+/// Runs remembered in the long history, where a stream that faults only once in a few dozen
+/// faults (between them, random ones) is still found; see [`Streams::note`].
+const HISTORY: usize = 64;
+
+/// A ring of `N` runs: their first pages and their ends (one past the last page).
 #[derive(Debug)]
-struct Ring {
-    starts: [AtomicUsize; SLOTS],
-    ends: [AtomicUsize; SLOTS],
+struct Ring<const N: usize = SLOTS> {
+    starts: [AtomicUsize; N],
+    ends: [AtomicUsize; N],
     cursor: AtomicUsize,
 }
 
@@ -24,7 +28,7 @@ struct Ring {
 /// address space).
 const NO_START: usize = usize::MAX;
 
-impl Ring {
+impl<const N: usize> Ring<N> {
     fn new() -> Self {
         Self {
             starts: std::array::from_fn(|_| AtomicUsize::new(NO_START)),
@@ -35,7 +39,7 @@ impl Ring {
     }
 
     fn note(&self, first: usize, end: usize) {
-        let slot = self.cursor.fetch_add(1, Ordering::Relaxed) % SLOTS;
+        let slot = self.cursor.fetch_add(1, Ordering::Relaxed) % N;
         self.starts[slot].store(first, Ordering::Relaxed);
         self.ends[slot].store(end, Ordering::Relaxed);
     }
@@ -58,23 +62,79 @@ impl Ring {
 /// between two of its faults, and read-ahead never started: `sort` at 3x the budget with
 /// 16 KiB pages took 4x the faults of 64 KiB pages for the same bytes. Only a run that
 /// already continued once enters `streams`, so random faults cannot evict it.
+///
+/// A stream slower than that (GNU sort's last merge passes a page of line structs once in
+/// about 24 faults on its line text) is found over two steps: a run that continues one of
+/// the last [`HISTORY`] runs becomes a candidate, and a fault that continues a candidate
+/// continues a stream. A random fault lands next to one of 64 runs often, but next to one
+/// of the few candidates rarely (about 2 % of sort's faults on its text).
 #[derive(Debug)]
 pub(super) struct Streams {
     recent: Ring,
     streams: Ring,
+    history: Ring<HISTORY>,
+    candidates: Ring,
+    /// The share of recent faults that continued a stream, in 1/[`SHARE_ONE`]ths, decaying by
+    /// a 32nd per fault (see [`Streams::mostly_random`]).
+    share: AtomicUsize,
+    /// Whether streams keep a lean footprint now (see [`Streams::mostly_random`]).
+    lean: AtomicBool,
 }
+
+/// [`Streams::share`] when every recent fault continued a stream.
+const SHARE_ONE: usize = 1 << 10;
 
 impl Streams {
     pub(super) fn new() -> Self {
         Self {
             recent: Ring::new(),
             streams: Ring::new(),
+            history: Ring::new(),
+            candidates: Ring::new(),
+            share: AtomicUsize::new(SHARE_ONE / 2),
+            lean: AtomicBool::new(false),
         }
     }
 
-    /// Remembers a run `first..end` not known to be part of a stream.
+    /// Counts a fault into the share of faults that continue streams.
+    pub(super) fn count_fault(&self, continued_a_stream: bool) {
+        let share = self.share.load(Ordering::Relaxed);
+        let target = if continued_a_stream { SHARE_ONE } else { 0 };
+        // Racing faults may lose an update; the share is a trend, not a count.
+        let next = if target > share {
+            share + (target - share).div_ceil(32)
+        } else {
+            share - (share - target).div_ceil(32)
+        };
+        self.share.store(next, Ordering::Relaxed);
+        if next < SHARE_ONE / 4 {
+            self.lean.store(true, Ordering::Relaxed);
+        } else if next > SHARE_ONE * 3 / 4 {
+            self.lean.store(false, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether the program reads mostly at random, its streams slow beside it (GNU sort's
+    /// last merge: about 24 faults on its line text for each page of line structs it
+    /// passes): from when fewer than a quarter of recent faults continued a stream until
+    /// more than three quarters do. Such a program's working set is what it reads at
+    /// random; a stream then keeps a lean footprint (a smaller window, none queued ahead, a
+    /// short gap behind), since frames held by streams are frames taken from it, and a slow
+    /// stream needs no deep read-ahead to stay ahead. The gap between the two thresholds
+    /// keeps a program whose random set just fitted from going back at once to the
+    /// footprint that pushed it out.
+    pub(super) fn mostly_random(&self) -> bool {
+        self.lean.load(Ordering::Relaxed)
+    }
+
+    /// Remembers a run `first..end` not known to be part of a stream; one that continues a
+    /// run of the history either way becomes a candidate.
     pub(super) fn note(&self, first: usize, end: usize) {
+        if (first > 0 && self.history.ends_at(first)) || self.history.starts_at(end) {
+            self.candidates.note(first, end);
+        }
         self.recent.note(first, end);
+        self.history.note(first, end);
     }
 
     /// Remembers a run `first..end` that continued a stream (or was read ahead for one).
@@ -84,13 +144,19 @@ impl Streams {
 
     /// Whether `page` is where a recent run ended (it continues an ascending stream).
     pub(super) fn continues(&self, page: usize) -> bool {
-        page > 0 && (self.streams.ends_at(page) || self.recent.ends_at(page))
+        page > 0
+            && (self.streams.ends_at(page)
+                || self.recent.ends_at(page)
+                || self.candidates.ends_at(page))
     }
 
     /// Whether a recent run starts just above `page` (it continues a descending stream).
     pub(super) fn continues_down(&self, page: usize) -> bool {
-        page.checked_add(1)
-            .is_some_and(|above| self.streams.starts_at(above) || self.recent.starts_at(above))
+        page.checked_add(1).is_some_and(|above| {
+            self.streams.starts_at(above)
+                || self.recent.starts_at(above)
+                || self.candidates.starts_at(above)
+        })
     }
 }
 
@@ -134,11 +200,43 @@ mod tests {
         }
         assert!(s.continues(51), "a random burst evicted the stream");
         assert!(!s.continues(50) && !s.continues(52));
-        // SLOTS newer streams do push it out (the table stays small and exact).
+        // SLOTS newer streams and candidates do push it out (the tables stay small and
+        // exact).
         for end in 2000..2000 + SLOTS {
             s.note_stream(end - 1, end);
         }
+        for end in 3001..3002 + SLOTS {
+            s.note(end - 1, end);
+        }
         assert!(!s.continues(51));
+    }
+
+    #[test]
+    fn a_slow_stream_among_random_faults_is_found_on_its_third_fault() {
+        let s = Streams::new();
+        let mut random = 1000..;
+        let mut burst = |s: &Streams| {
+            // Two dozen random faults between two of the stream's (sort's last merge),
+            // spread far apart, none next to another.
+            for _ in 0..24 {
+                let p = random.next().expect("endless") * 13;
+                s.note(p, p + 1);
+            }
+        };
+        // Descending, one page per fault: 80, then 79, then 78.
+        s.note(80, 81);
+        burst(&s);
+        assert!(!s.continues_down(79), "the recent ring forgot it");
+        s.note(79, 80);
+        burst(&s);
+        assert!(s.continues_down(78), "the candidate continues");
+        // Ascending likewise.
+        s.note(500, 501);
+        burst(&s);
+        assert!(!s.continues(501));
+        s.note(501, 502);
+        burst(&s);
+        assert!(s.continues(502));
     }
 
     #[test]
@@ -159,5 +257,42 @@ mod tests {
             "a random burst evicted the descending stream"
         );
         assert!(!s.continues_down(39));
+    }
+
+    #[test]
+    fn the_share_of_stream_faults_follows_the_recent_faults() {
+        let s = Streams::new();
+        assert!(!s.mostly_random(), "starts in between");
+        for _ in 0..100 {
+            s.count_fault(false);
+        }
+        assert!(s.mostly_random());
+        // One stream fault in 25 (sort's last merge) stays mostly random.
+        for k in 0..500 {
+            s.count_fault(k % 25 == 0);
+        }
+        assert!(s.mostly_random());
+        // A run of stream faults ends it within a few dozen faults, once they are more than
+        // three quarters of the recent ones.
+        for _ in 0..20 {
+            s.count_fault(true);
+        }
+        assert!(s.mostly_random(), "half is not enough to leave");
+        for _ in 0..30 {
+            s.count_fault(true);
+        }
+        assert!(!s.mostly_random());
+        for _ in 0..1000 {
+            s.count_fault(true);
+        }
+        assert_eq!(
+            s.share.load(Ordering::Relaxed),
+            SHARE_ONE,
+            "saturates at one"
+        );
+        for _ in 0..1000 {
+            s.count_fault(false);
+        }
+        assert_eq!(s.share.load(Ordering::Relaxed), 0, "and at zero");
     }
 }
