@@ -230,12 +230,12 @@ impl CompressedStore {
         usize::try_from((self.size - start).min(self.page as u64)).expect("at most one page")
     }
 
-    /// Encodes one page into a slot image (header + stored bytes). LZ4 compresses straight
-    /// into the slot, so a page costs one buffer, not three (the compressor's own, its
-    /// shrunk copy and the slot): in a program under `strata run` these buffers are charged
-    /// to its memory like the rest of it.
-    fn encode(&self, page: &[u8]) -> Vec<u8> {
-        let mut slot = Vec::new();
+    /// Encodes one page into a slot image (header + stored bytes) in `slot`, whose earlier
+    /// contents go. LZ4 compresses straight into the slot, so a page costs one buffer, not
+    /// three (the compressor's own, its shrunk copy and the slot): in a program under `strata
+    /// run` these buffers are charged to its memory like the rest of it.
+    fn encode_into(&self, page: &[u8], slot: &mut Vec<u8>) {
+        slot.clear();
         let mut stored: Option<(Format, f64)> = None;
         match self.codec {
             CodecKind::Lz4 => {
@@ -282,7 +282,6 @@ impl CompressedStore {
         };
         let header = encode_header(format, &slot[HEADER_BYTES..], tolerance);
         slot[..HEADER_BYTES].copy_from_slice(&header);
-        slot
     }
 
     /// ZFP-compresses a page if it is all finite and the result honours the bound.
@@ -392,15 +391,14 @@ impl CompressedStore {
     /// remote inner store keeps them all in flight.
     fn read_pages(&self, pages: &mut [(u64, &mut [u8])]) -> Result<(), StoreError> {
         let slot = self.slot();
-        let mut images: Vec<Vec<u8>> = pages
-            .iter()
-            .map(|(index, _)| {
-                let known = self.known_lengths[usize::try_from(*index).expect("page index fits")]
-                    .load(Ordering::Relaxed) as usize;
-                let whole = HEADER_BYTES + self.page_len(*index);
-                vec![0u8; if known == 0 { whole } else { known.min(whole) }]
-            })
-            .collect();
+        let mut images = SlotImages::take(pages.len());
+        for (image, (index, _)) in images.iter_mut().zip(pages.iter()) {
+            let known = self.known_lengths[usize::try_from(*index).expect("page index fits")]
+                .load(Ordering::Relaxed) as usize;
+            let whole = HEADER_BYTES + self.page_len(*index);
+            image.clear();
+            image.resize(if known == 0 { whole } else { known.min(whole) }, 0);
+        }
         {
             let mut requests: Vec<ReadRequest<'_>> = images
                 .iter_mut()
@@ -446,7 +444,10 @@ impl CompressedStore {
 
     fn write_batch_of_pages(&self, pages: &[(u64, &[u8])]) -> Result<(), StoreError> {
         let slot = self.slot();
-        let images: Vec<Vec<u8>> = pages.iter().map(|(_, p)| self.encode(p)).collect();
+        let mut images = SlotImages::take(pages.len());
+        for (image, (_, page)) in images.iter_mut().zip(pages) {
+            self.encode_into(page, image);
+        }
         let requests: Vec<(u64, &[u8])> = images
             .iter()
             .zip(pages)
@@ -570,6 +571,59 @@ impl Store for CompressedStore {
             self.write_pages(&[(index, scratch.as_slice())])?;
         }
         Ok(())
+    }
+}
+
+/// Slot images lent to one read or write batch by the calling thread's pool, and given back
+/// to it when dropped.
+///
+/// Why a pool: under `strata run` a page is encoded as it is evicted, often while the
+/// program's memory group is at its limit, and the eviction is what makes room. A fresh
+/// buffer per page (as before) made the C library touch new heap pages now and then (after
+/// trimming its heap), and a page the group cannot charge gets the program OOM-killed: one
+/// in a few `sort` runs over LZ4 on a memory node died that way, in the room keeper's
+/// eviction. Each thread keeps the images of its largest batch (a few slots) instead, so
+/// steady work touches no new memory.
+struct SlotImages {
+    images: Vec<Vec<u8>>,
+    count: usize,
+}
+
+thread_local! {
+    static POOL: std::cell::RefCell<Vec<Vec<u8>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+impl SlotImages {
+    /// `count` images from this thread's pool (empty ones where it has too few).
+    fn take(count: usize) -> Self {
+        let mut images = POOL
+            .try_with(|pool| std::mem::take(&mut *pool.borrow_mut()))
+            .unwrap_or_default();
+        if images.len() < count {
+            images.resize_with(count, Vec::new);
+        }
+        Self { images, count }
+    }
+
+    fn iter(&self) -> std::slice::Iter<'_, Vec<u8>> {
+        self.images[..self.count].iter()
+    }
+
+    fn iter_mut(&mut self) -> std::slice::IterMut<'_, Vec<u8>> {
+        self.images[..self.count].iter_mut()
+    }
+}
+
+impl Drop for SlotImages {
+    fn drop(&mut self) {
+        let images = std::mem::take(&mut self.images);
+        // A thread that is exiting has no pool left: the images are simply freed.
+        let _ = POOL.try_with(|pool| {
+            let mut pool = pool.borrow_mut();
+            if pool.len() < images.len() {
+                *pool = images;
+            }
+        });
     }
 }
 
