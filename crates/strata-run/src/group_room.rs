@@ -50,6 +50,14 @@ pub const DEFAULT_HEADROOM: u64 = 2 << 20;
 /// Room beyond the headroom before withheld frames go back: without a gap, every page the
 /// program faults in would take the room below the headroom again.
 pub const RELEASE_GAP: u64 = 1 << 20;
+/// Memory the watcher holds while the group has room and gives back the moment its free room
+/// falls below the headroom: what the pager's threads charge as they make room (the
+/// eviction's own small allocations, a new heap page of this very thread) then finds it
+/// free. Without it, a group at its limit whose page cache a `read()` held could not charge
+/// that one page, and the kernel killed the program in the middle of its rescue: the most
+/// common OOM kill of `sort` in a 32 MiB group (session 15; the failing charge was a heap
+/// page of `strata-room` in every report).
+pub const RESERVE: usize = 256 << 10;
 /// How often the list of the program's open files is made again (while the group has room).
 const FDS_EVERY: Duration = Duration::from_millis(20);
 /// How often the limit is read again (a container can be resized while it runs).
@@ -367,6 +375,7 @@ fn watch(
     let mut dents = [0u8; 2048];
     let mut fds_read = Instant::now() - FDS_EVERY;
     let mut warned = false;
+    let mut reserve = crate::sys::Reserve::new(RESERVE);
     loop {
         std::thread::sleep(TICK);
         if limit_read.elapsed() >= LIMIT_EVERY {
@@ -392,6 +401,17 @@ fn watch(
         };
         // The headroom also stands for the page cache a waiting `read()` may hold.
         let mut sample = sample;
+        let free = limit.saturating_sub(sample.usage);
+        if free < headroom && reserve.is_some() {
+            // Given back before anything below charges the group.
+            reserve = None;
+            sample.usage = sample.usage.saturating_sub(RESERVE as u64);
+        } else if reserve.is_none() && free > headroom + RELEASE_GAP + RESERVE as u64 {
+            reserve = crate::sys::Reserve::new(RESERVE);
+            if reserve.is_some() {
+                sample.usage += RESERVE as u64;
+            }
+        }
         // The list of open files is made while there is room: listing them charges the
         // group (kernel inodes), which a group short of room may answer with a kill.
         if limit.saturating_sub(sample.usage) >= headroom + RELEASE_GAP

@@ -104,6 +104,9 @@ pub const DEFAULT_WATER_MARKS: (u8, u8) = (99, 100);
 /// Measured (`results/RESULTS.md`): `stress-ng` incdec at 4x the budget, 64 KiB pages, 0 / 8
 /// / 16 pages: lz4 memory store 0.93 / 0.69 / 0.83 s, file store 1.69 / 1.48 / 1.57 s,
 /// memory node 3.25 / 1.98 / 2.10 s (single runs, before the other stream changes).
+/// While most faults are random the pager halves it by itself and queues no window ahead
+/// (`strata-pager` `streams.rs`): a fixed 4 made `sort` faster (its slow merge streams took
+/// frames from its line text) and NumPy slower (session 15, `results/RESULTS.md`).
 pub const DEFAULT_READ_AHEAD: u64 = 8;
 /// Whether the arena installs pages written during their last stay writable on a read fault
 /// (saving the write-protect fault of programs that read, then write each page).

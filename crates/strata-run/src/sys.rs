@@ -418,6 +418,46 @@ fn regular_file_stat(fd: c_int) -> Option<libc::stat> {
     (st.st_mode & libc::S_IFMT == libc::S_IFREG).then_some(st)
 }
 
+/// Memory held in reserve: an anonymous private mapping whose pages are touched (so charged
+/// to the process's memory group) when it is made, and given back to the kernel at once when
+/// it is dropped (`munmap`). Only for threads inside Strata ([`crate::runtime::Guard`]), so
+/// that the interposer passes `mmap` and `munmap` through.
+#[derive(Debug)]
+pub struct Reserve {
+    addr: *mut c_void,
+    len: usize,
+}
+
+// SAFETY: the mapping is owned by the value alone; nothing reads or writes it after it is
+// made, so moving it between threads shares nothing.
+unsafe impl Send for Reserve {}
+
+impl Reserve {
+    /// `len` bytes (whole pages), every page touched; None when the kernel refuses.
+    pub fn new(len: usize) -> Option<Self> {
+        // SAFETY: a fresh anonymous private mapping at an address the kernel chooses; it
+        // overlaps nothing of the program's.
+        let addr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
+                -1,
+                0,
+            )
+        };
+        (addr != libc::MAP_FAILED).then_some(Self { addr, len })
+    }
+}
+
+impl Drop for Reserve {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`, of `len` bytes, unmapped once here.
+        unsafe { libc::munmap(self.addr, self.len) };
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
