@@ -375,7 +375,9 @@ fn watch(
     let mut dents = [0u8; 2048];
     let mut fds_read = Instant::now() - FDS_EVERY;
     let mut warned = false;
-    let mut reserve = crate::sys::Reserve::new(RESERVE);
+    // Made below once the group has room for it: populating it in a group already at its
+    // limit would be the very charge it is there to spare.
+    let mut reserve: Option<crate::sys::Reserve> = None;
     loop {
         std::thread::sleep(TICK);
         if limit_read.elapsed() >= LIMIT_EVERY {
