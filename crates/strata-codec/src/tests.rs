@@ -594,3 +594,55 @@ fn long_write_backs_go_in_bounded_batches_and_a_failed_batch_is_reported() {
         assert_eq!(&out, page, "page {i}");
     }
 }
+
+/// The slot images are lent from one pool to every thread: eight threads writing and
+/// reading batches of their own pages at once (batches of one to 20 pages, every kind,
+/// including raw ones of a page plus header and tiny LZ4 ones) each read back exactly what
+/// they wrote, so no image is lent to two batches at once or comes back with another's
+/// bytes; and the pool stays bounded.
+#[test]
+fn threads_sharing_the_slot_image_pool_keep_their_own_pages() {
+    let seed = rng("shared_pool").random::<u64>();
+    let (threads, per_thread) = (8u64, 24u64);
+    let (_, s) = store(CodecKind::Lz4, threads * per_thread * PAGE);
+    std::thread::scope(|scope| {
+        for t in 0..threads {
+            let s = &s;
+            scope.spawn(move || {
+                let mut rng = StdRng::seed_from_u64(seed ^ t);
+                let first = t * per_thread;
+                let mut mine: Vec<Vec<u8>> = vec![vec![0u8; PAGE as usize]; per_thread as usize];
+                for round in 0..30 {
+                    let count = rng.random_range(1..=20u64).min(per_thread);
+                    let at = rng.random_range(0..=per_thread - count);
+                    let pages: Vec<Vec<u8>> = (0..count)
+                        .map(|k| page_of_kind(rng.random_range(0..6) + k as usize, &mut rng))
+                        .collect();
+                    let requests: Vec<(u64, &[u8])> = pages
+                        .iter()
+                        .enumerate()
+                        .map(|(k, p)| ((first + at + k as u64) * PAGE, p.as_slice()))
+                        .collect();
+                    s.write_batch(&requests).expect("write");
+                    for (k, p) in pages.into_iter().enumerate() {
+                        mine[(at as usize) + k] = p;
+                    }
+                    let mut back = vec![vec![0u8; PAGE as usize]; per_thread as usize];
+                    let mut reads: Vec<ReadRequest<'_>> = back
+                        .iter_mut()
+                        .enumerate()
+                        .map(|(k, buf)| ReadRequest {
+                            offset: (first + k as u64) * PAGE,
+                            buf: buf.as_mut_slice(),
+                        })
+                        .collect();
+                    s.read_batch(&mut reads).expect("read");
+                    for (k, (got, want)) in back.iter().zip(&mine).enumerate() {
+                        assert!(got == want, "thread {t}, round {round}, page {k} differs");
+                    }
+                }
+            });
+        }
+    });
+    assert!(POOL.lock().unwrap().len() <= POOL_MOST);
+}

@@ -37,8 +37,9 @@
 //!   neighbour is not enough, see `region/streams.rs`) reads the next window with the faulting
 //!   page and queues the two windows after it for read-ahead threads, so three reads are in
 //!   flight; streams run both ways, and pages a stream passed are evicted first. While most
-//!   faults are random (a program whose working set is read at random, beside slow streams),
-//!   a stream reads half a window and queues none, so its frames stay with that set. A write stream over pages read ahead lifts their write protection a window at a
+//!   faults are random (a program whose working set is read at random, beside slow
+//!   streams), a stream reads half a window and queues none, so its frames stay with that
+//!   set. A write stream over pages read ahead lifts their write protection a window at a
 //!   time, so they do not trap one by one. Runs of discarded pages fill with zeros together.
 //!   Read-ahead never starves a demand fault: it takes only free frames above a reserve kept
 //!   for faults, never evicts, never waits, and claims a queued window only when it reads it;

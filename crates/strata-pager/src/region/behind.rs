@@ -93,18 +93,16 @@ impl Shared {
         let up = next & UP != 0;
         let last = self.pages.len() - 1;
         let start = next & !UP;
-        // The pages looked at, `lo..=hi`, walked away from the stream.
+        // The pages looked at, `lo..=hi`, walked away from the stream (none when a descending
+        // stream's search starts past the region's end).
         let (lo, hi) = if up {
             (start, start.saturating_add(SEARCH).min(last))
         } else {
             let start = start.min(last);
             (start.saturating_sub(SEARCH), start)
         };
-        for i in 0..=hi.saturating_sub(lo) {
+        for i in 0..(hi + 1).saturating_sub(lo) {
             let q = if up { lo + i } else { hi - i };
-            if q > last {
-                break;
-            }
             let w = self.pages.load(q);
             // Hot pages go too: a sweep repeated over a little more than the buffer brings
             // each page back soon after its eviction, which marks it hot (sparing hot pages

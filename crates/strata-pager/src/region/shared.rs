@@ -168,8 +168,11 @@ pub(super) const IDLE_RELEASE: Duration = Duration::from_millis(50);
 /// before a window's worth per filler and read-ahead thread (half a MiB each with 64 KiB
 /// pages and 8 pages ahead) came on top of it. The bytes past `keep` go back to the kernel
 /// (`MADV_DONTNEED`), and their frames to the free list, after [`Scratch::RELEASE_AFTER`]
-/// uses in a row that stayed within `keep` (a filler keeps one page, so random faults never
-/// touch fresh pages), or when the thread goes idle ([`Scratch::release`]). A window after
+/// uses in a row that each needed less than the buffer holds: all but the largest of them
+/// (at least `keep`: a filler keeps one page, so random faults never touch fresh pages) goes
+/// back. So a filler whose streams went lean (half windows between single pages) stops
+/// holding the frames of full windows, and one down to single pages holds one page. The
+/// rest goes when the thread goes idle ([`Scratch::release`]). A window after
 /// that pays the kernel's zero-fill faults on its pages once (about 10 us per 64 KiB),
 /// small beside the store reads that fill it. Measured in `crates/strata-run/results`
 /// (session 11).
@@ -179,12 +182,9 @@ pub(super) struct Scratch {
     keep: usize,
     /// Bytes from the start that may be resident (touched since the last release).
     touched: usize,
-    /// Uses in a row that stayed within `keep`.
-    small_uses: u32,
-    /// Uses since the last look at what the buffer holds ([`Scratch::RELEASE_AFTER`] make a
-    /// round), and the largest of them.
-    round_uses: u32,
-    round_largest: usize,
+    /// Uses in a row that each needed less than `touched`, and the largest of them.
+    smaller_uses: u32,
+    smaller_largest: usize,
     /// Frames of the region held out of use for the resident bytes.
     held: Vec<u32>,
 }
@@ -201,9 +201,8 @@ impl Scratch {
             map: None,
             keep: keep.next_multiple_of(Self::ALIGN),
             touched: 0,
-            small_uses: 0,
-            round_uses: 0,
-            round_largest: 0,
+            smaller_uses: 0,
+            smaller_largest: 0,
             held: Vec::new(),
         }
     }
@@ -212,25 +211,16 @@ impl Scratch {
     /// pages (taken without waiting: free ones above the demand reserve, then pages evicted
     /// now; fewer when none can be had).
     pub(super) fn get(&mut self, len: usize, region: Option<&Shared>) -> &mut [u8] {
-        if len > self.keep {
-            self.small_uses = 0;
+        if len.next_multiple_of(Self::ALIGN) >= self.touched {
+            self.smaller_uses = 0;
+            self.smaller_largest = 0;
         } else {
-            self.small_uses = self.small_uses.saturating_add(1);
-            if self.small_uses == Self::RELEASE_AFTER {
-                self.release(self.keep, region);
-            }
-        }
-        // Over a round of uses, the buffer shrinks to the largest of them: a filler that
-        // read full windows for a while and now reads half ones beside single pages (a
-        // stream gone lean, `streams.rs`) stops holding the frames of the full ones.
-        self.round_largest = self.round_largest.max(len);
-        self.round_uses += 1;
-        if self.round_uses == Self::RELEASE_AFTER {
-            let largest = self.round_largest.max(self.keep);
-            self.round_uses = 0;
-            self.round_largest = 0;
-            if self.touched > largest.next_multiple_of(Self::ALIGN) {
-                self.release(largest, region);
+            self.smaller_uses += 1;
+            self.smaller_largest = self.smaller_largest.max(len);
+            if self.smaller_uses == Self::RELEASE_AFTER {
+                self.release(self.smaller_largest.max(self.keep), region);
+                self.smaller_uses = 0;
+                self.smaller_largest = 0;
             }
         }
         if self.map.as_ref().is_none_or(|m| m.len() < len) {

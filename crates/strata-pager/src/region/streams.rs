@@ -53,11 +53,30 @@ impl<const N: usize> Ring<N> {
             .iter()
             .any(|e| e.load(Ordering::Relaxed) == page)
     }
+
+    /// The slots of the `k` runs noted last (a racing `note` may shift them by one).
+    fn newest(&self, k: usize) -> impl Iterator<Item = usize> {
+        let cursor = self.cursor.load(Ordering::Relaxed);
+        (1..=k.min(N)).map(move |back| cursor.wrapping_sub(back) % N)
+    }
+
+    /// Whether one of the `k` runs noted last ends at `page`.
+    fn newest_end_at(&self, k: usize, page: usize) -> bool {
+        self.newest(k)
+            .any(|slot| self.ends[slot].load(Ordering::Relaxed) == page)
+    }
+
+    /// Whether one of the `k` runs noted last starts at `page`.
+    fn newest_start_at(&self, k: usize, page: usize) -> bool {
+        self.newest(k)
+            .any(|slot| self.starts[slot].load(Ordering::Relaxed) == page)
+    }
 }
 
-/// Recent runs (first page and end), in two rings: every run lands in `recent`; runs that continued
-/// a stream (or were read ahead for one) land in `streams` too. Random faults each note a
-/// run of their own, so with one ring a program that interleaves a sequential sweep with
+/// Recent runs (first page and end), in rings: every run lands in `history`, whose newest
+/// [`SLOTS`] are the recent ones; runs that continued a stream (or were read ahead for one)
+/// land in `streams` too. Random faults each note a run of their own, so with one ring a
+/// program that interleaves a sequential sweep with
 /// random accesses (a merge sort's runs and the lines they point to) pushed its stream out
 /// between two of its faults, and read-ahead never started: `sort` at 3x the budget with
 /// 16 KiB pages took 4x the faults of 64 KiB pages for the same bytes. Only a run that
@@ -70,9 +89,9 @@ impl<const N: usize> Ring<N> {
 /// of the few candidates rarely (about 2 % of sort's faults on its text).
 #[derive(Debug)]
 pub(super) struct Streams {
-    recent: Ring,
-    streams: Ring,
+    /// Every run noted; its newest [`SLOTS`] are the recent runs.
     history: Ring<HISTORY>,
+    streams: Ring,
     candidates: Ring,
     /// The share of recent faults that continued a stream, in 1/[`SHARE_ONE`]ths, decaying by
     /// a 32nd per fault (see [`Streams::mostly_random`]).
@@ -87,9 +106,8 @@ const SHARE_ONE: usize = 1 << 10;
 impl Streams {
     pub(super) fn new() -> Self {
         Self {
-            recent: Ring::new(),
-            streams: Ring::new(),
             history: Ring::new(),
+            streams: Ring::new(),
             candidates: Ring::new(),
             share: AtomicUsize::new(SHARE_ONE / 2),
             lean: AtomicBool::new(false),
@@ -133,7 +151,6 @@ impl Streams {
         if (first > 0 && self.history.ends_at(first)) || self.history.starts_at(end) {
             self.candidates.note(first, end);
         }
-        self.recent.note(first, end);
         self.history.note(first, end);
     }
 
@@ -146,7 +163,7 @@ impl Streams {
     pub(super) fn continues(&self, page: usize) -> bool {
         page > 0
             && (self.streams.ends_at(page)
-                || self.recent.ends_at(page)
+                || self.history.newest_end_at(SLOTS, page)
                 || self.candidates.ends_at(page))
     }
 
@@ -154,7 +171,7 @@ impl Streams {
     pub(super) fn continues_down(&self, page: usize) -> bool {
         page.checked_add(1).is_some_and(|above| {
             self.streams.starts_at(above)
-                || self.recent.starts_at(above)
+                || self.history.newest_start_at(SLOTS, above)
                 || self.candidates.starts_at(above)
         })
     }
