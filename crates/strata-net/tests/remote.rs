@@ -22,6 +22,39 @@ use strata_ucx::{AmAction, Context, ContextOptions, Worker};
 const TOKEN: &str = "test-token-0123456789-\u{1F511}";
 const TLS: &str = "tcp";
 
+/// Held by every test here while it uses UCX, shared, and alone by the one that adds a network
+/// interface: UCX lists the host's interfaces when a worker starts, and a veth pair appearing
+/// or going away meanwhile made endpoint creation fail with "Destination is unreachable" (one
+/// suite run in about 40 on CI; most runs with two suites at once). A file lock, so that test
+/// runners with a process per test and several suites at once are kept apart as well.
+struct Interfaces(#[allow(dead_code)] std::fs::File);
+
+impl Interfaces {
+    fn open() -> std::fs::File {
+        let path = std::env::temp_dir().join("strata-net-tests-interfaces.lock");
+        std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .unwrap_or_else(|e| panic!("open {}: {e}", path.display()))
+    }
+
+    /// UCX may be used: no interface is added or removed until this is dropped.
+    fn stay() -> Self {
+        let file = Self::open();
+        file.lock_shared().expect("lock the interface lock shared");
+        Self(file)
+    }
+
+    /// Interfaces may be added and removed: no other test uses UCX until this is dropped.
+    fn change() -> Self {
+        let file = Self::open();
+        file.lock().expect("lock the interface lock");
+        Self(file)
+    }
+}
+
 fn rng(test: &str) -> StdRng {
     let seed = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -133,6 +166,7 @@ fn exercise(store: &dyn Store, rng: &mut StdRng, rounds: usize) {
 
 #[test]
 fn several_clients_read_and_write_random_pages_on_striped_nodes() {
+    let _interfaces = Interfaces::stay();
     let mut seed_rng = rng("several_clients");
     let nodes = [node(64 << 20), node(64 << 20)];
     let addresses: Vec<SocketAddr> = nodes.iter().map(MemoryNode::address).collect();
@@ -177,6 +211,7 @@ fn several_clients_read_and_write_random_pages_on_striped_nodes() {
 
 #[test]
 fn wrong_token_and_too_little_capacity_are_refused() {
+    let _interfaces = Interfaces::stay();
     let n = node(1 << 20);
     let mut o = options(&[n.address()], AccessPath::Messages);
     o.token = "not-the-token".into();
@@ -231,6 +266,7 @@ fn wrong_token_and_too_little_capacity_are_refused() {
 
 #[test]
 fn client_side_bounds_are_checked() {
+    let _interfaces = Interfaces::stay();
     let n = node(1 << 20);
     let store =
         RemoteStore::connect(1 << 20, options(&[n.address()], AccessPath::Messages)).unwrap();
@@ -368,6 +404,7 @@ impl RawClient {
 
 #[test]
 fn the_node_checks_tokens_bounds_and_ownership() {
+    let _interfaces = Interfaces::stay();
     let n = node(4 << 20);
     let mut a = RawClient::connect(n.address());
     let mut b = RawClient::connect(n.address());
@@ -427,6 +464,7 @@ fn the_node_checks_tokens_bounds_and_ownership() {
 
 #[test]
 fn a_client_that_leaves_by_the_front_door_is_cut_off_and_the_node_lives() {
+    let _interfaces = Interfaces::stay();
     let n = node(4 << 20);
     for _ in 0..3 {
         let mut a = RawClient::connect(n.address());
@@ -474,6 +512,7 @@ fn fuzz_budget() -> Duration {
 /// node must answer or drop each, never crash, and keep serving.
 #[test]
 fn fuzz_the_node_with_hostile_requests() {
+    let _interfaces = Interfaces::stay();
     let mut rng = rng("fuzz_node");
     let n = node(8 << 20);
     let mut a = RawClient::connect(n.address());
@@ -545,6 +584,7 @@ fn fuzz_the_node_with_hostile_requests() {
 #[test]
 #[ignore = "helper: the lost-node tests run it in a child process"]
 fn child_memory_node() {
+    // No interface lock here: the parent test holds one for it (alone, for the namespace).
     let Ok(capacity) = std::env::var("NET_TEST_CHILD_NODE") else {
         return;
     };
@@ -627,6 +667,7 @@ fn first_failure(store: &RemoteStore) -> (StoreError, Duration) {
 
 #[test]
 fn a_killed_node_is_an_error_within_the_timeout() {
+    let _interfaces = Interfaces::stay();
     let mut rng = rng("killed_node");
     killed_node(AccessPath::Messages, &mut rng);
 }
@@ -676,6 +717,7 @@ fn killed_node(access: AccessPath, rng: &mut StdRng) {
 
 #[test]
 fn a_stopped_node_is_an_error_within_the_timeout() {
+    let _interfaces = Interfaces::stay();
     let child = ChildNode::start();
     let mut o = options(&[child.address], AccessPath::Messages);
     o.timeout = Duration::from_secs(2);
@@ -692,6 +734,7 @@ fn a_stopped_node_is_an_error_within_the_timeout() {
 
 #[test]
 fn open_store_builds_remote_stores_with_codecs() {
+    let _interfaces = Interfaces::stay();
     let mut rng = rng("open_store");
     let n = node(64 << 20);
     for codec in [CodecKind::None, CodecKind::Lz4] {
@@ -721,6 +764,7 @@ fn open_store_builds_remote_stores_with_codecs() {
 
 #[test]
 fn one_store_serves_many_threads_at_once() {
+    let _interfaces = Interfaces::stay();
     let mut seed_rng = rng("one_store_many_threads");
     let nodes = [node(32 << 20), node(32 << 20)];
     let addresses: Vec<SocketAddr> = nodes.iter().map(MemoryNode::address).collect();
@@ -764,6 +808,7 @@ fn one_store_serves_many_threads_at_once() {
 
 #[test]
 fn a_pager_region_pages_through_a_compressed_remote_store() {
+    let _interfaces = Interfaces::stay();
     let mut rng = rng("pager_region");
     let n = node(64 << 20);
     let page = 64u64 << 10;
@@ -814,6 +859,7 @@ const SHM: &str = "posix,sysv";
 
 #[test]
 fn a_node_on_this_host_serves_over_shared_memory_without_one_sided_access() {
+    let _interfaces = Interfaces::stay();
     let mut rng = rng("shared_memory");
     let n = node_on("127.0.0.1:0".parse().unwrap(), 64 << 20, SHM);
     let mut o = options(&[n.address()], AccessPath::Messages);
@@ -839,6 +885,7 @@ fn a_node_on_this_host_serves_over_shared_memory_without_one_sided_access() {
 
 #[test]
 fn a_killed_node_on_this_host_is_noticed_through_its_front_door() {
+    let _interfaces = Interfaces::stay();
     let mut rng = rng("killed_shm_node");
     let child = ChildNode::start_with(
         &[("NET_TEST_CHILD_TLS", SHM)],
@@ -874,6 +921,7 @@ fn a_killed_node_on_this_host_is_noticed_through_its_front_door() {
 
 #[test]
 fn the_node_refuses_rendezvous_writes_unread() {
+    let _interfaces = Interfaces::stay();
     let mut rng = rng("rendezvous");
     let n = node(8 << 20);
     let mut c = RawClient::connect(n.address());
@@ -899,6 +947,8 @@ struct NetNs {
     name: String,
     outer: String,
     inner: String,
+    /// The pair's end in this namespace.
+    outside: String,
 }
 
 impl NetNs {
@@ -910,8 +960,9 @@ impl NetNs {
             name: format!("strata-net-{tag}"),
             outer: format!("10.{b}.{c}.1"),
             inner: format!("10.{b}.{c}.2"),
+            outside: format!("snt{tag}a"),
         };
-        let (outside, inside) = (format!("snt{tag}a"), format!("snt{tag}b"));
+        let (outside, inside) = (ns.outside.clone(), format!("snt{tag}b"));
         let ip = |args: &[&str]| {
             Command::new("ip")
                 .args(args)
@@ -943,15 +994,29 @@ impl NetNs {
 
 impl Drop for NetNs {
     fn drop(&mut self) {
-        // Deleting the namespace deletes its veth end, and with it the pair.
+        // The pair goes first, at once: deleting the namespace alone deletes its end later,
+        // from the kernel's cleanup, after the interface lock is given back.
+        let _ = Command::new("ip")
+            .args(["link", "del", &self.outside])
+            .stderr(Stdio::null())
+            .status();
         let _ = Command::new("ip")
             .args(["netns", "del", &self.name])
             .status();
+        let gone = Instant::now() + Duration::from_secs(5);
+        while std::path::Path::new("/sys/class/net")
+            .join(&self.outside)
+            .exists()
+            && Instant::now() < gone
+        {
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 }
 
 #[test]
 fn a_node_at_another_host_address_is_reached_over_tcp() {
+    let _interfaces = Interfaces::change();
     let mut rng = rng("other_host");
     let Some(ns) = NetNs::create(&mut rng) else {
         println!("skipped: cannot make a network namespace here (needs root and iproute2)");
