@@ -295,12 +295,13 @@ pub fn address_space_left() -> Option<u64> {
 ///
 /// Listing `/proc/self/fd` makes the kernel allocate an inode per descriptor, charged to
 /// the memory group: done when the group has room ([`OwnFds::refresh`]), never when it is
-/// short, where [`OwnFds::drop_file_cache`] uses the last list (a descriptor opened since
-/// waits for the next refresh).
+/// short, where [`OwnFds::probe`] asks descriptor numbers one by one instead.
 #[derive(Debug)]
 pub struct OwnFds {
     dir: std::os::fd::OwnedFd,
     files: Vec<c_int>,
+    /// The highest descriptor the last listing found.
+    highest: c_int,
     /// Files changed at or after this time (seconds, nanoseconds since the epoch) are the
     /// program's own output.
     since: (i64, i64),
@@ -308,6 +309,8 @@ pub struct OwnFds {
 
 /// Most descriptors remembered (a program with more gets the first ones' cache dropped).
 const MOST_FILES: usize = 256;
+/// Descriptor numbers [`OwnFds::probe`] asks beyond the highest the last listing found.
+pub const PROBE_BEYOND: c_int = 32;
 
 impl OwnFds {
     /// Opens `/proc/self/fd` (the list is empty until [`OwnFds::refresh`]).
@@ -322,6 +325,7 @@ impl OwnFds {
         Ok(Self {
             dir: dir.into(),
             files: Vec::with_capacity(MOST_FILES),
+            highest: 0,
             since: (secs - 1, i64::from(now.subsec_nanos())),
         })
     }
@@ -331,6 +335,7 @@ impl OwnFds {
         use std::os::fd::AsRawFd;
         let dir = self.dir.as_raw_fd();
         self.files.clear();
+        self.highest = 0;
         // SAFETY: `dir` is our open directory; rewinding it has no other effect.
         if unsafe { libc::lseek(dir, 0, libc::SEEK_SET) } != 0 {
             return;
@@ -358,11 +363,29 @@ impl OwnFds {
                     .ok()
                     .and_then(|s| s.parse::<c_int>().ok())
                     && fd != dir
-                    && self.files.len() < MOST_FILES
-                    && written_file(fd, self.since)
                 {
-                    self.files.push(fd);
+                    self.highest = self.highest.max(fd);
+                    if self.files.len() < MOST_FILES && written_file(fd, self.since) {
+                        self.files.push(fd);
+                    }
                 }
+            }
+        }
+    }
+
+    /// Lists the regular files open now among descriptors up to [`PROBE_BEYOND`] above the
+    /// highest the last [`OwnFds::refresh`] found, by asking each number (`fstat`, `fcntl`):
+    /// slower than a listing, but it charges nothing, so it serves while the group is short.
+    /// A program opens a new file at the lowest free number, so one opened since the
+    /// listing is found (GNU sort's temporary runs, opened while the group is short).
+    pub fn probe(&mut self) {
+        use std::os::fd::AsRawFd;
+        let dir = self.dir.as_raw_fd();
+        self.files.clear();
+        for fd in 0..=self.highest.saturating_add(PROBE_BEYOND) {
+            if fd != dir && self.files.len() < MOST_FILES && written_file(fd, self.since) {
+                // No allocation: `files` was made with room for `MOST_FILES`.
+                self.files.push(fd);
             }
         }
     }
@@ -560,6 +583,52 @@ mod tests {
         assert_eq!(std::fs::read(new_dir.join("data")).unwrap(), new_data);
         std::fs::remove_dir_all(&old_dir).unwrap();
         std::fs::remove_dir_all(&new_dir).unwrap();
+    }
+
+    #[test]
+    fn a_file_opened_after_the_listing_is_found_by_asking_descriptor_numbers() {
+        use std::os::fd::AsRawFd;
+        let len = 1 << 20;
+        let mut fds = OwnFds::open().unwrap();
+        let mut buf = [0u8; 512];
+        fds.refresh(&mut buf);
+        // Written during the run, opened after the listing (as sort opens its temporary
+        // runs while the group is short): not listed until probed.
+        let (dir, data) = cached_file("opened-later", len, std::time::Duration::ZERO);
+        let file = std::fs::File::open(dir.join("data")).unwrap();
+        let fd = file.as_raw_fd();
+        assert!(!fds.files.contains(&fd), "listed before it was open");
+        assert!(
+            fd <= fds.highest + PROBE_BEYOND,
+            "descriptor {fd} far above the highest listed ({})",
+            fds.highest
+        );
+        fds.probe();
+        assert!(
+            fds.files.contains(&fd),
+            "probing missed {fd}: {:?}",
+            fds.files
+        );
+        let before = cached_pages(&file, len);
+        assert!(before > 200, "{before} pages cached after a read");
+        fds.drop_file_cache();
+        let after = cached_pages(&file, len);
+        assert!(after < before / 4, "{after} of {before} pages still cached");
+        // A descriptor far above the listing's highest is beyond the probe (the next listing
+        // finds it): the probe asks a bounded range.
+        let far = fds.highest + PROBE_BEYOND + 100;
+        // SAFETY: duplicates our open descriptor onto a number this test alone uses; closed
+        // below.
+        assert_eq!(unsafe { libc::dup2(fd, far) }, far);
+        fds.probe();
+        assert!(!fds.files.contains(&far));
+        fds.refresh(&mut buf);
+        assert!(fds.files.contains(&far), "the listing finds {far}");
+        // SAFETY: closing the duplicate made above.
+        unsafe { libc::close(far) };
+        assert_eq!(std::fs::read(dir.join("data")).unwrap(), data);
+        drop(file);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
