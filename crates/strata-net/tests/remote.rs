@@ -22,37 +22,26 @@ use strata_ucx::{AmAction, Context, ContextOptions, Worker};
 const TOKEN: &str = "test-token-0123456789-\u{1F511}";
 const TLS: &str = "tcp";
 
-/// Held by every test here while it uses UCX, shared, and alone by the one that adds a network
-/// interface: UCX lists the host's interfaces when a worker starts, and a veth pair appearing
-/// or going away meanwhile made endpoint creation fail with "Destination is unreachable" (one
-/// suite run in about 40 on CI; most runs with two suites at once). A file lock, so that test
-/// runners with a process per test and several suites at once are kept apart as well.
-struct Interfaces(#[allow(dead_code)] std::fs::File);
-
-impl Interfaces {
-    fn open() -> std::fs::File {
-        let path = std::env::temp_dir().join("strata-net-tests-interfaces.lock");
-        std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .unwrap_or_else(|e| panic!("open {}: {e}", path.display()))
-    }
-
-    /// UCX may be used: no interface is added or removed until this is dropped.
-    fn stay() -> Self {
-        let file = Self::open();
-        file.lock_shared().expect("lock the interface lock shared");
-        Self(file)
-    }
-
-    /// Interfaces may be added and removed: no other test uses UCX until this is dropped.
-    fn change() -> Self {
-        let file = Self::open();
+/// The interface lock: held by every test here while it uses UCX, shared, and alone by the
+/// one that adds a network interface. UCX lists the host's interfaces when a worker starts,
+/// and a veth pair appearing or going away meanwhile made worker or endpoint creation fail
+/// ("No such device", "Destination is unreachable": one suite run in about 40 on CI; most
+/// runs with two suites at once). A file lock (held until the file returned is dropped), so
+/// that test runners with a process per test and several suites at once agree as well.
+fn interface_lock(alone: bool) -> std::fs::File {
+    let path = std::env::temp_dir().join("strata-net-tests-interfaces.lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
+    if alone {
         file.lock().expect("lock the interface lock");
-        Self(file)
+    } else {
+        file.lock_shared().expect("lock the interface lock shared");
     }
+    file
 }
 
 fn rng(test: &str) -> StdRng {
@@ -166,7 +155,7 @@ fn exercise(store: &dyn Store, rng: &mut StdRng, rounds: usize) {
 
 #[test]
 fn several_clients_read_and_write_random_pages_on_striped_nodes() {
-    let _interfaces = Interfaces::stay();
+    let _interfaces = interface_lock(false);
     let mut seed_rng = rng("several_clients");
     let nodes = [node(64 << 20), node(64 << 20)];
     let addresses: Vec<SocketAddr> = nodes.iter().map(MemoryNode::address).collect();
@@ -211,7 +200,7 @@ fn several_clients_read_and_write_random_pages_on_striped_nodes() {
 
 #[test]
 fn wrong_token_and_too_little_capacity_are_refused() {
-    let _interfaces = Interfaces::stay();
+    let _interfaces = interface_lock(false);
     let n = node(1 << 20);
     let mut o = options(&[n.address()], AccessPath::Messages);
     o.token = "not-the-token".into();
@@ -266,7 +255,7 @@ fn wrong_token_and_too_little_capacity_are_refused() {
 
 #[test]
 fn client_side_bounds_are_checked() {
-    let _interfaces = Interfaces::stay();
+    let _interfaces = interface_lock(false);
     let n = node(1 << 20);
     let store =
         RemoteStore::connect(1 << 20, options(&[n.address()], AccessPath::Messages)).unwrap();
@@ -404,7 +393,7 @@ impl RawClient {
 
 #[test]
 fn the_node_checks_tokens_bounds_and_ownership() {
-    let _interfaces = Interfaces::stay();
+    let _interfaces = interface_lock(false);
     let n = node(4 << 20);
     let mut a = RawClient::connect(n.address());
     let mut b = RawClient::connect(n.address());
@@ -464,7 +453,7 @@ fn the_node_checks_tokens_bounds_and_ownership() {
 
 #[test]
 fn a_client_that_leaves_by_the_front_door_is_cut_off_and_the_node_lives() {
-    let _interfaces = Interfaces::stay();
+    let _interfaces = interface_lock(false);
     let n = node(4 << 20);
     for _ in 0..3 {
         let mut a = RawClient::connect(n.address());
@@ -512,7 +501,7 @@ fn fuzz_budget() -> Duration {
 /// node must answer or drop each, never crash, and keep serving.
 #[test]
 fn fuzz_the_node_with_hostile_requests() {
-    let _interfaces = Interfaces::stay();
+    let _interfaces = interface_lock(false);
     let mut rng = rng("fuzz_node");
     let n = node(8 << 20);
     let mut a = RawClient::connect(n.address());
@@ -667,7 +656,7 @@ fn first_failure(store: &RemoteStore) -> (StoreError, Duration) {
 
 #[test]
 fn a_killed_node_is_an_error_within_the_timeout() {
-    let _interfaces = Interfaces::stay();
+    let _interfaces = interface_lock(false);
     let mut rng = rng("killed_node");
     killed_node(AccessPath::Messages, &mut rng);
 }
@@ -717,7 +706,7 @@ fn killed_node(access: AccessPath, rng: &mut StdRng) {
 
 #[test]
 fn a_stopped_node_is_an_error_within_the_timeout() {
-    let _interfaces = Interfaces::stay();
+    let _interfaces = interface_lock(false);
     let child = ChildNode::start();
     let mut o = options(&[child.address], AccessPath::Messages);
     o.timeout = Duration::from_secs(2);
@@ -734,7 +723,7 @@ fn a_stopped_node_is_an_error_within_the_timeout() {
 
 #[test]
 fn open_store_builds_remote_stores_with_codecs() {
-    let _interfaces = Interfaces::stay();
+    let _interfaces = interface_lock(false);
     let mut rng = rng("open_store");
     let n = node(64 << 20);
     for codec in [CodecKind::None, CodecKind::Lz4] {
@@ -764,7 +753,7 @@ fn open_store_builds_remote_stores_with_codecs() {
 
 #[test]
 fn one_store_serves_many_threads_at_once() {
-    let _interfaces = Interfaces::stay();
+    let _interfaces = interface_lock(false);
     let mut seed_rng = rng("one_store_many_threads");
     let nodes = [node(32 << 20), node(32 << 20)];
     let addresses: Vec<SocketAddr> = nodes.iter().map(MemoryNode::address).collect();
@@ -808,7 +797,7 @@ fn one_store_serves_many_threads_at_once() {
 
 #[test]
 fn a_pager_region_pages_through_a_compressed_remote_store() {
-    let _interfaces = Interfaces::stay();
+    let _interfaces = interface_lock(false);
     let mut rng = rng("pager_region");
     let n = node(64 << 20);
     let page = 64u64 << 10;
@@ -859,7 +848,7 @@ const SHM: &str = "posix,sysv";
 
 #[test]
 fn a_node_on_this_host_serves_over_shared_memory_without_one_sided_access() {
-    let _interfaces = Interfaces::stay();
+    let _interfaces = interface_lock(false);
     let mut rng = rng("shared_memory");
     let n = node_on("127.0.0.1:0".parse().unwrap(), 64 << 20, SHM);
     let mut o = options(&[n.address()], AccessPath::Messages);
@@ -885,7 +874,7 @@ fn a_node_on_this_host_serves_over_shared_memory_without_one_sided_access() {
 
 #[test]
 fn a_killed_node_on_this_host_is_noticed_through_its_front_door() {
-    let _interfaces = Interfaces::stay();
+    let _interfaces = interface_lock(false);
     let mut rng = rng("killed_shm_node");
     let child = ChildNode::start_with(
         &[("NET_TEST_CHILD_TLS", SHM)],
@@ -921,7 +910,7 @@ fn a_killed_node_on_this_host_is_noticed_through_its_front_door() {
 
 #[test]
 fn the_node_refuses_rendezvous_writes_unread() {
-    let _interfaces = Interfaces::stay();
+    let _interfaces = interface_lock(false);
     let mut rng = rng("rendezvous");
     let n = node(8 << 20);
     let mut c = RawClient::connect(n.address());
@@ -1016,7 +1005,7 @@ impl Drop for NetNs {
 
 #[test]
 fn a_node_at_another_host_address_is_reached_over_tcp() {
-    let _interfaces = Interfaces::change();
+    let _interfaces = interface_lock(true);
     let mut rng = rng("other_host");
     let Some(ns) = NetNs::create(&mut rng) else {
         println!("skipped: cannot make a network namespace here (needs root and iproute2)");

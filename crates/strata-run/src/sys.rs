@@ -616,10 +616,10 @@ mod tests {
         assert!(after < before / 4, "{after} of {before} pages still cached");
         // A descriptor far above the listing's highest is beyond the probe (the next listing
         // finds it): the probe asks a bounded range.
-        let far = fds.highest + PROBE_BEYOND + 100;
-        // SAFETY: duplicates our open descriptor onto a number this test alone uses; closed
-        // below.
-        assert_eq!(unsafe { libc::dup2(fd, far) }, far);
+        // SAFETY: F_DUPFD duplicates our open descriptor onto the lowest free number at or
+        // above the one given, so it replaces no descriptor of another test; closed below.
+        let far = unsafe { libc::fcntl(fd, libc::F_DUPFD, fds.highest + PROBE_BEYOND + 100) };
+        assert!(far > fds.highest + PROBE_BEYOND, "F_DUPFD gave {far}");
         fds.probe();
         assert!(!fds.files.contains(&far));
         fds.refresh(&mut buf);
