@@ -49,8 +49,9 @@
 //!   read-ahead and water marks; any number of regions; memory is given back on eviction.
 //! - A store error on a fault answers the faulting thread with `SIGBUS` (poisoned page) and
 //!   is returned by the next `flush`; a write-back error keeps the page dirty and resident.
-//!   `SIGBUS` means the store failed, and nothing else: a read error, or a store that left
-//!   every frame busy for [`region::FRAME_WAIT`] (30 s).
+//!   `SIGBUS` means the store failed, and nothing else: a read error, a buffer whose every
+//!   frame holds a page the store refused to take back, or a store that left every frame
+//!   busy for [`region::FRAME_WAIT`] (30 s).
 //!   See [`region`] for the details.
 //!
 //! Layout (rustix-style): [`sys`] holds every raw kernel call (userfaultfd ioctls with

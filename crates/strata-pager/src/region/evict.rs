@@ -36,7 +36,11 @@ impl std::str::FromStr for EvictionPolicy {
 pub(super) enum Evicted {
     Frame(u32),
     Nothing,
-    WriteFailed(RegionError),
+    /// The victim's write-back failed: it stays resident and dirty.
+    WriteFailed {
+        page: usize,
+        error: RegionError,
+    },
 }
 
 /// Pages an evictor claims and drops together.
@@ -105,7 +109,10 @@ impl Shared {
         let (mut frames, error) = self.complete_evictions(vec![victim]);
         match (frames.pop(), error) {
             (Some(f), _) => Evicted::Frame(f),
-            (None, Some(e)) => Evicted::WriteFailed(e),
+            (None, Some(error)) => Evicted::WriteFailed {
+                page: victim.0,
+                error,
+            },
             (None, None) => Evicted::Nothing,
         }
     }

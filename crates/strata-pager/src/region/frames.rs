@@ -2,12 +2,14 @@
 //! reserve), and direct reclaim for a fault that must have one. Only a run's first frame
 //! may wait, so no thread ever holds frames while waiting for more.
 
+use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use super::RegionError;
 use super::evict::Evicted;
 use super::shared::{Shared, bump};
+use crate::pages::NO_PAGE;
 
 /// Longest a fault waits for a frame to come free. Frames are only ever held across one store
 /// read or write (no thread holds a frame while it waits for another), so this passes only
@@ -91,8 +93,8 @@ impl Shared {
         match self.evict_one() {
             Evicted::Frame(f) => Some(f),
             Evicted::Nothing => None,
-            Evicted::WriteFailed(e) => {
-                self.record(e);
+            Evicted::WriteFailed { error, .. } => {
+                self.record(error);
                 None
             }
         }
@@ -101,14 +103,22 @@ impl Shared {
     /// A frame for a page that must have one: a free frame, else one this thread evicts
     /// (direct reclaim). The caller holds no frame, and every frame is held only across one
     /// store operation, so frames come free unless the store stops answering: after
-    /// [`FRAME_WAIT`] the fault fails with `BufferBusy`, or with `BufferExhausted` when every
-    /// write-back of a dirty page failed.
+    /// [`FRAME_WAIT`] the fault fails with `BufferBusy`. It fails sooner, with
+    /// `BufferExhausted`, once every frame holds a page whose write-back failed in this wait.
     pub(super) fn wait_for_frame(&self) -> Result<Option<u32>, RegionError> {
         if let Some(f) = self.pop_frame() {
             return Ok(Some(f));
         }
         bump(&self.counters.direct_reclaims, 1);
+        // Pages whose write-back failed during this wait. A count of failures is not enough:
+        // the clock gives hot pages extra passes, so it may offer the same few unwritable
+        // pages many times before the clean or unchanged pages beside them (a four-frame
+        // buffer with two unwritable pages failed faults that way).
+        let mut unwritable: HashSet<usize> = HashSet::new();
         let mut failures = 0usize;
+        // Failures at which the frames are checked next: each check walks every frame, so
+        // they come at doubling counts (a large buffer of dead pages costs a few walks).
+        let mut check_at = 2 * self.frames.len() + 1;
         let mut last_error = None;
         let started = Instant::now();
         let mut idle = 0u32;
@@ -118,27 +128,34 @@ impl Shared {
             }
             match self.evict_one() {
                 Evicted::Frame(f) => return Ok(Some(f)),
-                Evicted::Nothing => {
-                    // Every frame is being filled or written back: those end with their store
-                    // operation. Back off so that spinning does not slow them down.
-                    idle += 1;
-                    if idle < 16 {
-                        std::thread::yield_now();
-                    } else {
-                        std::thread::sleep(Duration::from_micros(100));
+                Evicted::Nothing => {}
+                Evicted::WriteFailed { page, error } => {
+                    failures += 1;
+                    unwritable.insert(page);
+                    last_error = Some(error.to_string());
+                    self.record(error);
+                    if failures >= check_at {
+                        check_at *= 2;
+                        if self.only_pages_held(&unwritable) {
+                            if let Some(f) = self.frames.pop() {
+                                return Ok(Some(f));
+                            }
+                            return Err(RegionError::BufferExhausted {
+                                frames: self.frames.len(),
+                                last: last_error.unwrap_or_default(),
+                            });
+                        }
                     }
                 }
-                Evicted::WriteFailed(e) => {
-                    failures += 1;
-                    last_error = Some(e.to_string());
-                    self.record(e);
-                }
             }
-            if failures > 2 * self.frames.len() {
-                return Err(RegionError::BufferExhausted {
-                    frames: self.frames.len(),
-                    last: last_error.unwrap_or_default(),
-                });
+            // Every frame is being filled or written back (those end with their store
+            // operation), or its page cannot be written now: back off so that spinning does
+            // not slow the others down or hammer a failing store.
+            idle += 1;
+            if idle < 16 {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(Duration::from_micros(100));
             }
             if started.elapsed() > FRAME_WAIT {
                 return Err(match last_error {
@@ -153,5 +170,15 @@ impl Shared {
                 });
             }
         }
+    }
+
+    /// Whether every frame that holds a page holds one of `pages` (frames free, withheld or
+    /// held by a scratch buffer hold none). While another page holds a frame (clean, written
+    /// or unchanged, or in another thread's fill or eviction) a frame may still come free.
+    fn only_pages_held(&self, pages: &HashSet<usize>) -> bool {
+        (0..self.frames.len()).all(|f| {
+            let owner = self.frames.owner(f);
+            owner == NO_PAGE || usize::try_from(owner).is_ok_and(|p| pages.contains(&p))
+        })
     }
 }
