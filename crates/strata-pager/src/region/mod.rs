@@ -89,6 +89,10 @@ use strata_core::{PagerConfig, StatsSnapshot, Store};
 use crate::pages::{State, word};
 use shared::{Scratch, Shared};
 
+/// Scans of the frames [`Region::counters`] makes at most, looking for one during which no
+/// frame moved.
+const COUNT_TRIES: usize = 64;
+
 /// Pager counters beyond the shared [`StatsSnapshot`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct PagerCounters {
@@ -201,24 +205,43 @@ impl Region {
         self.shared.stats.snapshot()
     }
 
-    /// Pager-specific counters (waits like [`Region::stats`]).
+    /// Pager-specific counters (waits like [`Region::stats`]). While threads fault, the
+    /// resident, scratch and withheld counts are from one scan during which no frame left a
+    /// page, when one of a few scans manages that; under very heavy churn they may count a
+    /// frame that moved during the last scan twice.
     pub fn counters(&self) -> PagerCounters {
         self.shared.quiesce();
         let c = &self.shared.counters;
-        let (mut resident, mut dirty, mut moving) = (0, 0, 0);
-        for f in 0..self.shared.frames.len() {
-            let page = self.shared.frames.owner(f);
-            if page == crate::pages::NO_PAGE {
-                continue;
+        let frames = &self.shared.frames;
+        // Resident pages are counted frame by frame while the region runs: a frame counted
+        // under its page that then goes to the withheld list or a scratch buffer would be
+        // counted twice, so the count is taken again (a few times at most) until no frame
+        // moved during it.
+        let (mut resident, mut dirty, mut moving, mut withheld, mut scratch);
+        let mut tries = 0;
+        loop {
+            let moves = frames.moves();
+            (resident, dirty, moving) = (0, 0, 0);
+            for f in 0..frames.len() {
+                let page = frames.owner(f);
+                if page == crate::pages::NO_PAGE {
+                    continue;
+                }
+                let Ok(page) = usize::try_from(page) else {
+                    continue;
+                };
+                let w = self.shared.pages.load(page);
+                if word::frame(w) as usize == f && !matches!(word::state(w), State::Absent) {
+                    resident += 1;
+                    dirty += u64::from(word::state(w) == State::Dirty);
+                    moving += u64::from(word::in_transition(w));
+                }
             }
-            let Ok(page) = usize::try_from(page) else {
-                continue;
-            };
-            let w = self.shared.pages.load(page);
-            if word::frame(w) as usize == f && !matches!(word::state(w), State::Absent) {
-                resident += 1;
-                dirty += u64::from(word::state(w) == State::Dirty);
-                moving += u64::from(word::in_transition(w));
+            withheld = frames.withheld_count() as u64;
+            scratch = self.shared.parked.load(Ordering::Acquire) as u64;
+            tries += 1;
+            if frames.moves() == moves || tries == COUNT_TRIES {
+                break;
             }
         }
         PagerCounters {
@@ -231,10 +254,10 @@ impl Region {
             read_back_pages: c.read_back_pages.load(Ordering::Relaxed),
             unchanged_write_backs: c.unchanged_write_backs.load(Ordering::Relaxed),
             resident_pages: resident,
-            scratch_frames: self.shared.parked.load(Ordering::Acquire) as u64,
+            scratch_frames: scratch,
             dirty_pages: dirty,
             pages_in_transition: moving,
-            withheld_frames: self.shared.frames.withheld_count() as u64,
+            withheld_frames: withheld,
             evicted_before_fills: c.evicted_before_fills.load(Ordering::Relaxed),
         }
     }

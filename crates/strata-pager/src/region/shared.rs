@@ -256,10 +256,11 @@ impl Scratch {
             return;
         }
         let frames = region.frames_evicting(more);
-        region.parked.fetch_add(frames.len(), Ordering::AcqRel);
+        // Owners cleared first, so a count that sees them parked sees them moved.
         for &f in &frames {
             region.frames.clear_owner(f);
         }
+        region.parked.fetch_add(frames.len(), Ordering::AcqRel);
         self.held.extend(frames);
     }
 
