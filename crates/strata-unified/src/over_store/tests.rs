@@ -45,15 +45,24 @@ fn gpu_writes(
 }
 
 /// The CPU writes `writes` random bytes at random places of the region; returns the pages.
-fn cpu_writes(side: &mut CpuSide, replay: &mut [u8], writes: u64, rng: &mut StdRng) -> Vec<u64> {
+/// Each byte written differs from `synced` (the bytes the store held for it when the phase
+/// began), so every page written is still changed at the hand-over: random bytes could put a
+/// page back to the store's bytes (one byte written twice: about once in 256), and the pager
+/// rightly writes no such page back (`a_page_put_back_to_its_stored_bytes_is_not_handed_over`).
+fn cpu_writes(
+    side: &mut CpuSide,
+    replay: &mut [u8],
+    synced: &[u8],
+    writes: u64,
+    rng: &mut StdRng,
+) -> Vec<u64> {
     let size = side.size();
     let mut pages = BTreeSet::new();
     for _ in 0..writes {
         let at = rng.random_range(0..size) as usize;
-        let v: u8 = rng.random_range(1..=255);
-        replay[at] = replay[at].wrapping_add(v);
-        let b = &mut side.region.as_mut_slice()[at];
-        *b = b.wrapping_add(v);
+        let v = synced[at].wrapping_add(rng.random_range(1..=255));
+        replay[at] = v;
+        side.region.as_mut_slice()[at] = v;
         pages.insert(at as u64 / side.page);
     }
     pages.into_iter().collect()
@@ -124,9 +133,11 @@ fn phases_hand_over_exactly_the_pages_each_side_wrote() {
         let mut replay = vec![0u8; rounded as usize];
         for round in 0..6 {
             let what = format!("page {page}, size {size}, round {round}");
+            let synced = replay.clone();
             let mine = cpu_writes(
                 &mut side,
                 &mut replay,
+                &synced,
                 rng.random_range(1..4 * pages),
                 &mut rng,
             );
@@ -164,7 +175,8 @@ fn syncs_out_of_order_are_refused_and_move_nothing() {
     let inner: Arc<dyn Store> = Arc::new(MemoryStore::new(rounded));
     let mut side = cpu_side(inner.clone(), size, page, rounded);
     let mut replay = vec![0u8; rounded as usize];
-    cpu_writes(&mut side, &mut replay, 50, &mut rng);
+    let synced = replay.clone();
+    cpu_writes(&mut side, &mut replay, &synced, 50, &mut rng);
     side.hand_to_gpu().unwrap();
 
     // The GPU wrote (kernels), and the CPU wrote during the GPU phase too.
@@ -261,7 +273,8 @@ fn a_store_that_fails_writes_loses_nothing() {
             ..FaultPlan::default()
         },
     ] {
-        let mine = cpu_writes(&mut side, &mut replay, 300, &mut rng);
+        let synced = replay.clone();
+        let mine = cpu_writes(&mut side, &mut replay, &synced, 300, &mut rng);
         faulty.set_plan(plan.clone()).unwrap();
         // (The pager's eviction may have written some pages already: they are logged too.)
         let before = store_bytes(memory.as_ref(), rounded as usize);
@@ -329,6 +342,8 @@ fn random_step_sequences_keep_both_sides_coherent() {
         let mut side = cpu_side(inner.clone(), size, page, buffer);
         let what = format!("page {page}, size {size}, buffer {buffer}");
         let mut replay = vec![0u8; rounded as usize];
+        // What the store holds for each byte as far as the CPU knows (last hand-over, GPU writes).
+        let mut synced = replay.clone();
         let mut in_gpu_phase = false;
         let mut cpu_pages: BTreeSet<u64> = BTreeSet::new(); // written since the last hand-over
         let mut gpu_pages: BTreeSet<u64> = BTreeSet::new(); // written in this GPU phase
@@ -337,7 +352,7 @@ fn random_step_sequences_keep_both_sides_coherent() {
             match (in_gpu_phase, rng.random_range(0..4)) {
                 (false, 0 | 1) => {
                     let n = rng.random_range(1..3 * pages + 2);
-                    cpu_pages.extend(cpu_writes(&mut side, &mut replay, n, &mut rng));
+                    cpu_pages.extend(cpu_writes(&mut side, &mut replay, &synced, n, &mut rng));
                 }
                 (false, 2) => {
                     // A sync to the CPU in a CPU phase after CPU writes: refused.
@@ -353,6 +368,7 @@ fn random_step_sequences_keep_both_sides_coherent() {
                         store_bytes(inner.as_ref(), size as usize) == replay[..size as usize],
                         "{at}: the store holds the CPU's bytes"
                     );
+                    synced.copy_from_slice(&replay);
                     cpu_pages.clear();
                     in_gpu_phase = true;
                 }
@@ -363,6 +379,10 @@ fn random_step_sequences_keep_both_sides_coherent() {
                         .filter(|p| !cpu_pages.contains(p))
                         .collect();
                     gpu_writes(&side.gpu_log, page, &mut replay, &theirs, &mut rng);
+                    for &p in &theirs {
+                        let span = (p * page) as usize..((p + 1) * page) as usize;
+                        synced[span.clone()].copy_from_slice(&replay[span]);
+                    }
                     gpu_pages.extend(theirs);
                 }
                 (true, 2) => {
@@ -371,6 +391,7 @@ fn random_step_sequences_keep_both_sides_coherent() {
                         // Allowed: it hands over what the CPU wrote in this phase (if any).
                         let got = side.hand_to_gpu().unwrap();
                         assert_eq!(got, cpu_pages.iter().copied().collect::<Vec<_>>(), "{at}");
+                        synced.copy_from_slice(&replay);
                         cpu_pages.clear();
                     } else {
                         let e = side.hand_to_gpu().unwrap_err();
@@ -380,8 +401,10 @@ fn random_step_sequences_keep_both_sides_coherent() {
                     if let Some(p) = (0..pages).find(|p| !gpu_pages.contains(p)) {
                         let b = (p * page) as usize
                             + rng.random_range(0..(size - p * page).min(page)) as usize;
-                        replay[b] ^= 0xa5;
-                        side.region.as_mut_slice()[b] ^= 0xa5;
+                        // Never the store's byte (see `cpu_writes`).
+                        let v = synced[b].wrapping_add(rng.random_range(1..=255));
+                        replay[b] = v;
+                        side.region.as_mut_slice()[b] = v;
                         cpu_pages.insert(p);
                     }
                 }
@@ -406,4 +429,32 @@ fn random_step_sequences_keep_both_sides_coherent() {
             }
         }
     }
+}
+
+/// A page the CPU wrote and put back to the store's bytes is not handed over (the pager
+/// skips writing it back), while a page left changed is: the case behind the exact
+/// expectation in `phases_hand_over_exactly_the_pages_each_side_wrote`.
+#[test]
+fn a_page_put_back_to_its_stored_bytes_is_not_handed_over() {
+    let mut rng = rng();
+    let page = 4096u64;
+    let inner: Arc<dyn Store> = Arc::new(MemoryStore::new(2 * page));
+    let mut side = cpu_side(inner.clone(), 2 * page, page, 2 * page);
+    let v: u8 = rng.random_range(1..=255);
+    let at = rng.random_range(0..page) as usize;
+    let s = side.region.as_mut_slice();
+    let byte = std::ptr::from_mut(&mut s[at]);
+    // SAFETY: `byte` points into the region borrowed just above; volatile so that both
+    // stores happen (page 0 is written, then holds the store's bytes again).
+    unsafe {
+        let old = std::ptr::read_volatile(byte);
+        std::ptr::write_volatile(byte, old.wrapping_add(v));
+        std::ptr::write_volatile(byte, old);
+    }
+    s[page as usize + at] ^= v; // page 1: changed
+    assert_eq!(side.hand_to_gpu().unwrap(), vec![1]);
+    assert_eq!(
+        store_bytes(inner.as_ref(), 2 * page as usize)[page as usize + at],
+        v
+    );
 }
