@@ -40,6 +40,7 @@ hunt() {
   for round in $(seq 1 "$rounds"); do
     shuf "$list" | while read -r name exe dir; do
       local log="$out/run-$id.log"
+      echo "$round $name" >> "$out/runs-$id.txt"
       if ! (cd "$dir" && timeout 900 "$exe" -q > "$log" 2>&1); then
         local kept="$out/fail-$round-$id-$name-$(basename "$exe").log"
         cp "$log" "$kept"
@@ -49,8 +50,9 @@ hunt() {
   done
 }
 
+rm -f "$out"/runs-*.txt
 for id in $(seq 1 "$workers"); do
   hunt "$id" &
 done
 wait
-echo "done: $(find "$out" -name 'fail-*' | wc -l) failure(s) kept in $out"
+echo "done: $(cat "$out"/runs-*.txt | wc -l) runs, $(find "$out" -name 'fail-*' | wc -l) failure(s) kept in $out"
