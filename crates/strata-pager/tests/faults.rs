@@ -245,3 +245,57 @@ fn failed_reads_of_every_kind_end_in_sigbus_within_the_bound() {
         );
     }
 }
+
+/// The smallest buffer (4 frames), every frame holding a page the program wrote, and a store
+/// that refuses every write: a fault on a fifth page can get no frame, and its thread gets
+/// `SIGBUS` within the bound, not after the 30 s wait for busy frames. (A fault gives up only
+/// once every frame holds a page whose write-back failed; `write_tracking.rs` has the case
+/// where some frames can still be dropped and the fault must be served.)
+#[test]
+fn a_buffer_of_unwritable_pages_ends_the_next_fault_in_sigbus_within_the_bound() {
+    const VAR: &str = "PAGER_FAULT_EXHAUSTED";
+    if std::env::var(VAR).is_ok() {
+        let store = Arc::new(FaultyStore::new(Arc::new(MemoryStore::new(1 << 20)), 1));
+        let config = PagerConfig::builder()
+            .page_bytes(PAGE)
+            .buffer_bytes(4 * PAGE)
+            .read_ahead(0)
+            .build()
+            .unwrap();
+        let mut region = Region::new(store.clone(), 1 << 20, config).unwrap();
+        store
+            .set_plan(FaultPlan {
+                write_error: 1.0,
+                ..FaultPlan::default()
+            })
+            .unwrap();
+        for p in 0..4 {
+            region.as_mut_slice()[p * PAGE as usize + 7] = 0x5a;
+        }
+        println!("CHILD WROTE");
+        let v = region.as_slice()[9 * PAGE as usize];
+        println!("CHILD READ {v}");
+        std::process::exit(3);
+    }
+    if !uffd_available("a_buffer_of_unwritable_pages") {
+        return;
+    }
+    let out = run_child(
+        "a_buffer_of_unwritable_pages_ends_the_next_fault_in_sigbus_within_the_bound",
+        VAR,
+        "1",
+        Duration::from_secs(45),
+    );
+    assert_eq!(out.signal(), Some(libc::SIGBUS), "{out:?}\n{}", out.output);
+    assert!(
+        out.output.contains("CHILD WROTE") && !out.output.contains("CHILD READ"),
+        "the writes to the four frames are served, the fifth page is not:\n{}",
+        out.output
+    );
+    assert!(
+        out.elapsed < Duration::from_secs(10),
+        "took {:?}: the fault waited for frames that could never come free",
+        out.elapsed
+    );
+    println!("unwritable buffer: SIGBUS after {:?}", out.elapsed);
+}
